@@ -1,0 +1,210 @@
+"""The data sets: numpy arrays N x 1 x 28 x 28 float32 in [0, 1] and int64 labels, identical for
+every framework. Files are verified as they are read; a bad file gets an error that names it."""
+import gzip
+import hashlib
+import os
+import urllib.request
+from dataclasses import dataclass
+
+import numpy as np
+
+from .interface import RosettaError
+
+DATASETS = ("digits", "fashion-mnist", "mnist", "synthetic")
+DEBIAN_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}   # apt-get install dataset-fashion-mnist
+MIRRORS = {
+    "fashion-mnist": ["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"],
+    "mnist": ["https://ossci-datasets.s3.amazonaws.com/mnist/",
+              "https://storage.googleapis.com/cvdf-datasets/mnist/"],
+}
+IDX_FILES = {  # split: (images file, labels file), standard names without .gz
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+IMAGES_MAGIC, LABELS_MAGIC = 2051, 2049   # 0x00000803 and 0x00000801: unsigned bytes, 3 or 1 dims
+
+
+@dataclass
+class Dataset:
+    name: str
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+
+    def fingerprint(self):
+        """A short hash of all four arrays: equal fingerprints mean identical data."""
+        h = hashlib.sha256()
+        for a in (self.X_train, self.y_train, self.X_test, self.y_test):
+            h.update(str(a.shape).encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()[:16]
+
+    def summary(self):
+        return {"name": self.name, "n_train": len(self.y_train), "n_test": len(self.y_test),
+                "fingerprint": self.fingerprint()}
+
+
+def load_dataset(name, data_dir=None, n_synthetic=60000, seed=0):
+    if name == "digits":
+        return load_digits()
+    if name == "synthetic":
+        return make_synthetic(n_synthetic, seed=seed)
+    if name in MIRRORS:
+        return load_idx_dataset(name, data_dir)
+    raise RosettaError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+
+
+# --- digits: the embedded default ------------------------------------------------------------------
+
+def load_digits():
+    """scikit-learn's 1797 real 8x8 digits, resized to 28x28 (bilinear) and split 80/20, stratified,
+    with a fixed seed: the same split on every machine."""
+    from scipy.ndimage import zoom
+    from sklearn.datasets import load_digits as sklearn_digits
+    from sklearn.model_selection import train_test_split
+    digits = sklearn_digits()
+    images = zoom(digits.images.astype(np.float32) / 16.0, (1, 3.5, 3.5), order=1)
+    images = np.clip(images, 0.0, 1.0)[:, None].astype(np.float32)
+    labels = digits.target.astype(np.int64)
+    X_train, X_test, y_train, y_test = train_test_split(
+        images, labels, test_size=0.2, stratify=labels, random_state=0)
+    return Dataset("digits", X_train, y_train, X_test, y_test)
+
+
+# --- synthetic: any size, for throughput runs --------------------------------------------------------
+
+def make_synthetic(n, seed=0, n_test=None):
+    """n training images (and n // 6 test images) drawn around 10 smooth random class prototypes:
+    learnable, but not trivially (noise and random shifts)."""
+    if n < 1:
+        raise RosettaError(f"synthetic data needs at least one image, got {n}")
+    rng = np.random.default_rng(seed)
+    grid = np.linspace(-1, 1, 28)
+    yy, xx = np.meshgrid(grid, grid, indexing="ij")
+    prototypes = []
+    for _ in range(10):
+        img = np.zeros((28, 28))
+        for _ in range(3):   # three Gaussian blobs per class
+            cy, cx = rng.uniform(-0.6, 0.6, 2)
+            img += np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / rng.uniform(0.02, 0.1))
+        prototypes.append(img / img.max())
+    prototypes = np.stack(prototypes)
+
+    def draw(count):
+        labels = rng.integers(0, 10, count)
+        images = prototypes[labels]
+        shifts = rng.integers(-2, 3, (count, 2))
+        images = np.stack([np.roll(im, tuple(s), axis=(0, 1)) for im, s in zip(images, shifts)])
+        images = images + rng.normal(0, 0.3, images.shape)
+        return np.clip(images, 0, 1).astype(np.float32)[:, None], labels.astype(np.int64)
+
+    X_train, y_train = draw(n)
+    X_test, y_test = draw(n_test if n_test is not None else max(n // 6, 100))
+    return Dataset("synthetic", X_train, y_train, X_test, y_test)
+
+
+# --- IDX files: MNIST and Fashion-MNIST ----------------------------------------------------------------
+
+def cache_dir(name):
+    root = os.environ.get("ROSETTA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "rosetta-dp"))
+    return os.path.join(root, name)
+
+
+def find_idx_file(directory, base):
+    """The file `base` or `base.gz` in directory (also the `base.idx3-ubyte` spelling), or None."""
+    for candidate in (base, base + ".gz", base.replace("-idx", ".idx"), base.replace("-idx", ".idx") + ".gz"):
+        path = os.path.join(directory, candidate)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def load_idx_dataset(name, data_dir=None):
+    """Look in --data-dir (only there, if given), else Debian's folder, else the cache; download into
+    the cache when none has the files."""
+    if data_dir is not None:
+        if not os.path.isdir(data_dir):
+            raise RosettaError(f"data directory {data_dir} does not exist")
+        places = [data_dir]
+    else:
+        places = [d for d in (DEBIAN_DIRS.get(name), cache_dir(name)) if d and os.path.isdir(d)]
+    for directory in places:
+        paths = {split: [find_idx_file(directory, base) for base in files] for split, files in IDX_FILES.items()}
+        found = [p for pair in paths.values() for p in pair]
+        if all(found):
+            return Dataset(name, *read_idx_pair(*paths["train"]), *read_idx_pair(*paths["test"]))
+        if data_dir is not None:
+            missing = [base for pair in IDX_FILES.values() for base in pair if not find_idx_file(directory, base)]
+            raise RosettaError(f"{data_dir} lacks {', '.join(missing)} (raw or .gz)")
+    download(name)
+    return load_idx_dataset(name, cache_dir(name))
+
+
+def download(name):
+    target = cache_dir(name)
+    hint = (" or install Debian's dataset-fashion-mnist package" if name in DEBIAN_DIRS else "")
+    os.makedirs(target, exist_ok=True)
+    for base in (b for pair in IDX_FILES.values() for b in pair):
+        if find_idx_file(target, base):
+            continue
+        errors = []
+        for mirror in MIRRORS[name]:
+            try:
+                with urllib.request.urlopen(mirror + base + ".gz", timeout=20) as response:
+                    blob = response.read()
+                break
+            except OSError as err:
+                errors.append(f"{mirror}: {err}")
+        else:
+            raise RosettaError(f"{name} not found locally and could not be downloaded ({errors[-1]}); "
+                               f"put the IDX files in a folder and pass --data-dir{hint}")
+        with open(os.path.join(target, base + ".gz.part"), "wb") as f:
+            f.write(blob)
+        os.replace(os.path.join(target, base + ".gz.part"), os.path.join(target, base + ".gz"))
+
+
+def read_idx(path, magic):
+    """One IDX file as a uint8 array, its header checked against its size."""
+    try:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rb") as f:
+            blob = f.read()
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise RosettaError(f"{path}: cannot be read ({err})") from err
+    ndim = magic - 2048
+    header = 4 + 4 * ndim
+    if len(blob) < header:
+        raise RosettaError(f"{path}: truncated IDX file ({len(blob)} bytes, no full header)")
+    found = int.from_bytes(blob[:4], "big")
+    if found != magic:
+        raise RosettaError(f"{path}: not an IDX {'image' if ndim == 3 else 'label'} file "
+                           f"(magic number {found:#010x}, expected {magic:#010x})")
+    dims = [int.from_bytes(blob[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    expected = header + int(np.prod(dims))
+    if len(blob) != expected:
+        raise RosettaError(f"{path}: {'truncated' if len(blob) < expected else 'oversized'} IDX file "
+                           f"(header says {dims}, {expected} bytes; file has {len(blob)})")
+    return np.frombuffer(blob, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def read_idx_pair(images_path, labels_path):
+    images = read_idx(images_path, IMAGES_MAGIC)
+    labels = read_idx(labels_path, LABELS_MAGIC)
+    if images.shape[1:] != (28, 28):
+        raise RosettaError(f"{images_path}: images are {images.shape[1]}x{images.shape[2]}, expected 28x28")
+    if len(images) != len(labels):
+        raise RosettaError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
+    if labels.size and labels.max() >= 10:
+        raise RosettaError(f"{labels_path}: label {labels.max()} out of range 0-9")
+    return (images[:, None].astype(np.float32) / 255.0), labels.astype(np.int64)
+
+
+def write_idx(path, array):
+    """Write a uint8 array as an IDX file (gzip if path ends in .gz): for tests and for making subsets."""
+    array = np.asarray(array, dtype=np.uint8)
+    blob = (2048 + array.ndim).to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in array.shape)
+    blob += array.tobytes()
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(blob)

@@ -1,0 +1,29 @@
+"""How a global batch is cut into per-device shards: the same arithmetic in every framework."""
+from .interface import RosettaError
+
+
+def shard_bounds(n, k):
+    """(start, stop) of k contiguous shards of n rows; sizes differ by at most one, larger ones first
+    (like numpy.array_split and MXNet's even_split=False)."""
+    if k < 1:
+        raise RosettaError(f"need at least one device, got {k}")
+    if n < k:
+        raise RosettaError(f"cannot split {n} rows across {k} devices: every device needs at least one row")
+    base, extra = divmod(n, k)
+    bounds, start = [], 0
+    for i in range(k):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def check_device_count(n, available_gpus):
+    """Validate a requested device count: n < 1 is always an error, more GPUs than exist too.
+    On a CPU-only machine any n >= 1 is fine: the devices are virtual."""
+    if n is None:
+        return
+    if not isinstance(n, int) or n < 1:
+        raise RosettaError(f"the number of devices must be an integer >= 1, got {n!r}")
+    if available_gpus and n > available_gpus:
+        raise RosettaError(f"asked for {n} devices but only {available_gpus} GPU(s) exist")

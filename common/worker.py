@@ -1,0 +1,58 @@
+"""One run in its own process: `python -m common.worker SPEC_JSON OUT_JSON`.
+
+compare.py starts one worker per run so that each framework gets a fresh process with its thread
+count fixed before the framework is imported, and a crash loses only that run.
+"""
+import json
+import os
+import sys
+import traceback
+
+
+def set_threads(n):
+    """Must happen before the framework is imported: OpenMP, MKL and TensorFlow read these at start-up."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "MXNET_CPU_WORKER_NTHREADS"):
+        os.environ[var] = str(n)
+    os.environ["TF_NUM_INTEROP_THREADS"] = "1" if n == 1 else "2"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's start-up chatter
+
+
+def progress(epoch, epochs, loss):
+    print(f"epoch {epoch}/{epochs} loss {loss:.4f}", file=sys.stderr, flush=True)
+
+
+def run(spec):
+    from common.interface import load_framework
+    fw = load_framework(spec["framework"])
+    if spec.get("task") == "devices":
+        return {"devices": fw.device_info(fw.get_devices(spec.get("devices")))}
+    from common.data import load_dataset
+    from common.training import train
+    data = load_dataset(spec["dataset"], spec.get("data_dir"), spec.get("n_synthetic", 60000), spec["seed"])
+    devices = fw.get_devices(spec["devices"])
+    result = train(fw, data, devices, spec["epochs"], spec["batch_size"], spec["lr"], spec["seed"],
+                   spec.get("init", "he"), progress)
+    result["fingerprint"] = data.fingerprint()
+    result["device_names"] = [d["name"] for d in fw.device_info(devices)]
+    return result
+
+
+def main(spec_json, out_path):
+    spec = json.loads(spec_json)
+    set_threads(spec.get("threads") or os.cpu_count())
+    from common.interface import RosettaError, installed_version
+    try:
+        result = {"status": "ok", "error": None, **run(spec)}
+    except RosettaError as err:
+        not_installed = installed_version(spec["framework"]) is None or "not implemented" in str(err)
+        result = {"status": "skipped" if not_installed else "failed", "error": str(err)}
+    except Exception as err:   # a crash in one framework must not take the others' results with it
+        traceback.print_exc()
+        result = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    return 0 if result["status"] != "failed" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,53 @@
+"""Data parallelism from scratch in PyTorch: split the batch, forward and backward on every device,
+sum the gradients across devices, apply the same SGD update to every replica."""
+import numpy as np
+import torch
+
+from common.sharding import shard_bounds
+
+from .lenet import forward, loss_sum
+
+
+def split_and_load(array, devices):
+    return [torch.from_numpy(np.ascontiguousarray(array[a:b])).to(d)
+            for (a, b), d in zip(shard_bounds(len(array), len(devices)), devices)]
+
+
+def allreduce(tensors):
+    """Sum on the first tensor's device, then copy the sum back into every tensor, in place."""
+    with torch.no_grad():
+        for t in tensors[1:]:
+            tensors[0] += t.to(tensors[0].device)
+        for t in tensors[1:]:
+            t.copy_(tensors[0].to(t.device))
+    return tensors
+
+
+def sgd(params, grads, lr, batch_size):
+    with torch.no_grad():
+        for p, g in zip(params, grads):
+            p.sub_(g, alpha=lr / batch_size)
+
+
+def train_step(replicas, X, y, devices, lr):
+    X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
+    losses, grads = [], []
+    for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):
+        loss = loss_sum(forward(params, X_shard), y_shard)
+        grads.append(torch.autograd.grad(loss, params))
+        losses.append(loss.detach())
+    for per_device in zip(*grads):         # one parameter's gradient on every device
+        allreduce(list(per_device))
+    for params, device_grads in zip(replicas, grads):
+        sgd(params, device_grads, lr, len(X))
+    return sum(loss.item() for loss in losses) / len(X)
+
+
+def evaluate(params, X, y, batch_size=1000):
+    device = params[0].device
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(X), batch_size):
+            X_batch = torch.from_numpy(X[i:i + batch_size]).to(device)
+            correct += (forward(params, X_batch).argmax(1).cpu().numpy() == y[i:i + batch_size]).sum()
+    return float(correct) / len(X)

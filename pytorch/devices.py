@@ -1,0 +1,32 @@
+"""PyTorch devices: `cuda:i` for each GPU; on a CPU-only machine, n virtual devices that are all `cpu`
+(PyTorch gives the CPU no index, so several replicas on `cpu` stand in for several devices)."""
+import torch
+
+from common.interface import RosettaError
+from common.sharding import check_device_count
+
+
+def get_devices(n=None):
+    gpus = torch.cuda.device_count()
+    check_device_count(n, gpus)
+    if gpus:
+        return [torch.device(f"cuda:{i}") for i in range(n or gpus)]
+    return [torch.device("cpu")] * (n or 1)
+
+
+def device_info(devices):
+    info = []
+    for i, d in enumerate(devices):
+        if d.type == "cuda":
+            props = torch.cuda.get_device_properties(d)
+            info.append({"name": props.name, "type": "gpu", "index": d.index, "memory_bytes": props.total_memory})
+        else:
+            info.append({"name": f"cpu (virtual device {i})", "type": "cpu", "index": i, "memory_bytes": None})
+    return info
+
+
+def sync(devices):
+    """CUDA kernels run asynchronously: a timer must wait for them. CPU ops are synchronous."""
+    for d in set(devices):
+        if d.type == "cuda":
+            torch.cuda.synchronize(d)
