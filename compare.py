@@ -36,14 +36,20 @@ def name_list(choices, what):
         names = [n.strip() for n in text.split(",") if n.strip()]
         bad = [n for n in names if n not in choices]
         if bad or not names:
-            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(bad) or text!r}; "
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(map(repr, bad)) or repr(text)}; "
                                              f"choose from {', '.join(choices)}")
         return names
     return parse
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """One line, not the whole usage block: the problem and where to look."""
+        self.exit(2, f"error: {message} (see python compare.py --help)\n")
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("--frameworks", type=name_list(FRAMEWORKS, "framework"), default=list(FRAMEWORKS),
                    help="comma-separated, default all: " + ",".join(FRAMEWORKS))
     p.add_argument("--mode", type=name_list(MODES, "mode"), default=["scratch"], help="default scratch")

@@ -1,6 +1,5 @@
 """Data parallelism from scratch in PyTorch: split the batch, forward and backward on every device,
 sum the gradients across devices, apply the same SGD update to every replica."""
-import numpy as np
 import torch
 
 from common.sharding import shard_bounds
@@ -9,7 +8,8 @@ from .lenet import forward, loss_sum
 
 
 def split_and_load(array, devices):
-    return [torch.from_numpy(np.ascontiguousarray(array[a:b])).to(d)
+    """torch.tensor copies: a shard never aliases the caller's numpy array, on the CPU as on a GPU."""
+    return [torch.tensor(array[a:b], device=d)
             for (a, b), d in zip(shard_bounds(len(array), len(devices)), devices)]
 
 

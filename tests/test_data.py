@@ -1,0 +1,103 @@
+import gzip
+import os
+
+import numpy as np
+import pytest
+
+from common import RosettaError
+from common.data import load_dataset, make_synthetic, read_idx_pair, write_idx
+
+
+def test_digits_split_is_fixed_stratified_and_normalised(digits):
+    again = load_dataset("digits")
+    assert digits.fingerprint() == again.fingerprint()
+    assert digits.X_train.shape == (1437, 1, 28, 28) and digits.X_test.shape == (360, 1, 28, 28)
+    assert digits.X_train.dtype == np.float32 and digits.y_train.dtype == np.int64
+    assert 0.0 <= digits.X_train.min() and digits.X_train.max() <= 1.0
+    counts = np.bincount(digits.y_test, minlength=10)
+    assert counts.min() >= 35 and counts.max() <= 37                          # stratified: ~36 per class
+    # The split itself, pinned: these labels come from the fixed random_state.
+    assert digits.y_test[:12].tolist() == [7, 6, 3, 7, 7, 3, 2, 8, 9, 3, 2, 6]
+    assert digits.fingerprint() == "5436588296f1b099"   # pixels too (pinned scipy/scikit-learn)
+
+
+def make_idx_dir(tmp_path, n_train=30, n_test=10, gz=True):
+    rng = np.random.default_rng(0)
+    ext = ".gz" if gz else ""
+    arrays = {}
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, n, dtype=np.uint8)
+        write_idx(str(tmp_path / f"{split}-images-idx3-ubyte{ext}"), images)
+        write_idx(str(tmp_path / f"{split}-labels-idx1-ubyte{ext}"), labels)
+        arrays[split] = (images, labels)
+    return arrays
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_idx_round_trip(tmp_path, gz):
+    arrays = make_idx_dir(tmp_path, gz=gz)
+    data = load_dataset("fashion-mnist", data_dir=str(tmp_path))
+    assert data.X_train.shape == (30, 1, 28, 28) and data.X_test.shape == (10, 1, 28, 28)
+    np.testing.assert_allclose(data.X_train[:, 0] * 255, arrays["train"][0], atol=1e-3)
+    np.testing.assert_array_equal(data.y_test, arrays["t10k"][1])
+
+
+def test_truncated_file_is_named(tmp_path):
+    make_idx_dir(tmp_path, gz=False)
+    path = tmp_path / "train-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(RosettaError, match="train-images-idx3-ubyte: truncated"):
+        load_dataset("mnist", data_dir=str(tmp_path))
+
+
+def test_corrupt_gzip_is_named(tmp_path):
+    make_idx_dir(tmp_path)
+    path = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(RosettaError, match="t10k-labels-idx1-ubyte.gz: cannot be read"):
+        load_dataset("mnist", data_dir=str(tmp_path))
+
+
+def test_swapped_files_fail_on_the_magic_number(tmp_path):
+    make_idx_dir(tmp_path, gz=False)
+    images, labels = tmp_path / "train-images-idx3-ubyte", tmp_path / "train-labels-idx1-ubyte"
+    with pytest.raises(RosettaError, match="not an IDX image file"):
+        read_idx_pair(str(labels), str(images))
+
+
+def test_mismatched_counts_and_sizes(tmp_path):
+    make_idx_dir(tmp_path, gz=False)
+    write_idx(str(tmp_path / "train-labels-idx1-ubyte"), np.zeros(29, np.uint8))
+    with pytest.raises(RosettaError, match="30 images but .* 29 labels"):
+        load_dataset("mnist", data_dir=str(tmp_path))
+    write_idx(str(tmp_path / "train-images-idx3-ubyte"), np.zeros((29, 32, 32), np.uint8))
+    with pytest.raises(RosettaError, match="32x32, expected 28x28"):
+        load_dataset("mnist", data_dir=str(tmp_path))
+
+
+def test_missing_files_and_directories(tmp_path):
+    with pytest.raises(RosettaError, match="does not exist"):
+        load_dataset("fashion-mnist", data_dir=str(tmp_path / "nowhere"))
+    make_idx_dir(tmp_path)
+    os.remove(tmp_path / "t10k-images-idx3-ubyte.gz")
+    with pytest.raises(RosettaError, match="lacks t10k-images-idx3-ubyte"):
+        load_dataset("fashion-mnist", data_dir=str(tmp_path))
+
+
+def test_synthetic_is_seeded_balanced_and_any_size():
+    a, b = make_synthetic(600, seed=1), make_synthetic(600, seed=1)
+    assert a.fingerprint() == b.fingerprint() != make_synthetic(600, seed=2).fingerprint()
+    assert a.X_train.shape == (600, 1, 28, 28) and len(a.y_test) == 100
+    assert np.bincount(a.y_train, minlength=10).min() > 30
+    # learnable: the nearest class mean already beats chance by far
+    means = np.stack([a.X_train[a.y_train == c].mean(0).ravel() for c in range(10)])
+    pred = np.argmin(((a.X_test.reshape(len(a.X_test), -1)[:, None] - means) ** 2).sum(-1), axis=1)
+    assert (pred == a.y_test).mean() > 0.5
+
+
+@pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"), reason="Debian's Fashion-MNIST absent")
+def test_debian_fashion_mnist_is_the_standard_set():
+    data = load_dataset("fashion-mnist")
+    assert data.X_train.shape == (60000, 1, 28, 28) and data.X_test.shape == (10000, 1, 28, 28)
+    assert np.bincount(data.y_train).tolist() == [6000] * 10
