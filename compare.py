@@ -13,12 +13,14 @@ import sys
 
 from common.data import DATASETS, load_dataset
 from common.interface import FRAMEWORKS, RosettaError, check_name
-from common.launch import run_worker
 from common.lenet import INITS
+from common.launch import run_workers
 from common.report import add_parity, environment, format_table, write_json
+from common.training import MODES, summarize
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
-MODES = ("scratch",)
+# DistributedDataParallel is PyTorch's only working data parallelism on the CPU: one process per device.
+PROCESS_PER_DEVICE = {("pytorch", "builtin")}
 
 
 def int_list(text):
@@ -52,8 +54,11 @@ def parse_args(argv):
     p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("--frameworks", type=name_list(FRAMEWORKS, "framework"), default=list(FRAMEWORKS),
                    help="comma-separated, default all: " + ",".join(FRAMEWORKS))
-    p.add_argument("--mode", type=name_list(MODES, "mode"), default=["scratch"], help="default scratch")
+    p.add_argument("--mode", type=name_list(tuple(MODES), "mode"), default=["scratch"],
+                   help="scratch (the recipe, default) and/or builtin (the framework's own engine)")
     p.add_argument("--devices", type=int_list, default=[2], help="device counts, e.g. 1,2 (default 2)")
+    p.add_argument("--processes", type=int_list, default=[1],
+                   help="process counts, e.g. 1,2 (default 1): the devices are shared out among them")
     p.add_argument("--dataset", choices=DATASETS, default="digits")
     p.add_argument("--data-dir", help="folder with the IDX files (fashion-mnist, mnist)")
     p.add_argument("--n-synthetic", type=int, default=60000, help="training images of the synthetic set")
@@ -81,8 +86,8 @@ def parse_args(argv):
 
 def list_devices(args):
     for name in args.frameworks:
-        result = run_worker({"task": "devices", "framework": name, "devices": max(args.devices),
-                             "threads": args.threads}, timeout=args.timeout)
+        result = run_workers({"task": "devices", "framework": name, "devices": max(args.devices),
+                              "threads": args.threads}, timeout=args.timeout)[0]
         if result["status"] != "ok":
             print(f"{name}: {result['status']}: {result['error']}")
             continue
@@ -93,13 +98,31 @@ def list_devices(args):
 
 
 def run_specs(args):
+    """Every requested (mode, devices, processes, framework), or the reason it cannot run."""
     for mode in args.mode:
         for devices in args.devices:
-            for name in args.frameworks:
-                yield {"framework": name, "mode": mode, "devices": devices, "processes": 1,
-                       "dataset": args.dataset, "data_dir": args.data_dir, "n_synthetic": args.n_synthetic,
-                       "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
-                       "seed": args.seed, "init": args.init, "threads": args.threads}
+            for processes in args.processes:
+                for name in args.frameworks:
+                    world = devices if (name, mode) in PROCESS_PER_DEVICE else processes
+                    spec = {"framework": name, "mode": mode, "devices": devices, "processes": world,
+                            "dataset": args.dataset, "data_dir": args.data_dir, "n_synthetic": args.n_synthetic,
+                            "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+                            "seed": args.seed, "init": args.init, "threads": max(1, args.threads // world)}
+                    skip = None
+                    if devices % world:
+                        skip = f"{devices} devices cannot be shared evenly among {world} processes"
+                    yield spec, skip
+
+
+def run_one(spec, dataset, timeout):
+    """One row: launch the run's processes, merge their records, check they saw the same data."""
+    results = run_workers(spec, timeout, spec["processes"])
+    if any(r["status"] != "ok" for r in results):
+        return next(r for r in results if r["status"] != "ok")
+    if {r["fingerprint"] for r in results} != {dataset["fingerprint"]}:
+        return {"status": "failed", "error": "a worker saw different data (fingerprint mismatch)"}
+    return {"status": "ok", "error": None, "device_names": sum((r["device_names"] for r in results), []),
+            **summarize(results)}
 
 
 def compare(args):
@@ -108,12 +131,10 @@ def compare(args):
     print(f"dataset {dataset['name']}: {dataset['n_train']} train / {dataset['n_test']} test images, "
           f"fingerprint {dataset['fingerprint']}", file=sys.stderr)
     runs = []
-    for spec in run_specs(args):
-        label = f"{spec['framework']} {spec['mode']} {spec['devices']} device(s)"
+    for spec, skip in run_specs(args):
+        label = f"{spec['framework']} {spec['mode']}, {spec['devices']} device(s), {spec['processes']} process(es)"
         print(f"running {label} ...", file=sys.stderr, flush=True)
-        result = run_worker(spec, timeout=args.timeout)
-        if result["status"] == "ok" and result.get("fingerprint") != dataset["fingerprint"]:
-            result = {"status": "failed", "error": "the worker saw different data (fingerprint mismatch)"}
+        result = {"status": "skipped", "error": skip} if skip else run_one(spec, dataset, args.timeout)
         print(f"  {result['status']}" + (f": {result['error']}" if result.get("error") else ""),
               file=sys.stderr, flush=True)
         runs.append({**{k: spec[k] for k in ("framework", "mode", "devices", "processes", "epochs",

@@ -37,9 +37,10 @@ CONTRACT = {
     "split_and_load": "split_and_load(array, devices) -> list of len(devices) contiguous shards along axis 0, "
                       "sizes differing by at most one (common.sharding), shard i on devices[i].",
     "allreduce": "allreduce(tensors) -> the same list, every tensor now holding the element-wise sum.",
-    "train_step": "train_step(replicas, X, y, devices, lr) -> float: one synchronous SGD step on the global "
-                  "numpy batch (summed loss per shard, gradients summed across devices, update divided by the "
-                  "global batch size), returning the mean loss over the global batch.",
+    "train_step": "train_step(replicas, X, y, devices, lr, batch_size=None) -> float: one synchronous SGD step "
+                  "on a numpy batch (summed loss per shard, gradients summed across devices, update divided by "
+                  "batch_size, the global batch size: len(X) unless processes share the batch), returning the "
+                  "mean loss over X.",
     "evaluate": "evaluate(replica, X, y) -> float: accuracy of one replica on numpy data.",
 }
 

@@ -1,16 +1,58 @@
-"""Starting worker processes and making sure they end: on success, failure, timeout and Ctrl-C."""
+"""Starting worker processes and making sure they all end: on success, failure, timeout and Ctrl-C.
+
+A run is one worker process, or for a multi-process engine `processes` workers (plus MXNet's
+scheduler and server), all on 127.0.0.1 with free ports. Each worker is started with exactly the
+variables the framework's own launcher would set (torchrun, TF_CONFIG, DMLC_*), so the same workers
+can also be started by hand (see README).
+"""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 from .interface import ROOT
 
+POLL_SECONDS = 0.2
+
+
+def free_ports(n):
+    """n ports that are free right now (the OS picks them; we release them just before use)."""
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def engine_env(framework, world):
+    """(per-worker environments, [(name, environment)] of helper processes) for one run."""
+    if world == 1:
+        return [{}], []
+    ports = free_ports(world + 1)
+    if framework == "pytorch":   # what `torchrun --standalone --nproc-per-node=N` sets
+        base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports[0]), "WORLD_SIZE": str(world),
+                "GLOO_SOCKET_IFNAME": "lo"}
+        return [{**base, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world)], []
+    if framework == "tensorflow":   # MultiWorkerMirroredStrategy reads the cluster from TF_CONFIG
+        cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
+        return [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": r}})}
+                for r in range(world)], []
+    if framework == "mxnet":   # ps-lite: a scheduler, one server, N workers
+        base = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(ports[0]), "DMLC_NUM_SERVER": "1",
+                "DMLC_NUM_WORKER": str(world), "DMLC_NODE_HOST": "127.0.0.1", "DMLC_INTERFACE": "lo"}
+        helpers = [(role, {**base, "DMLC_ROLE": role}) for role in ("scheduler", "server")]
+        return [{**base, "DMLC_ROLE": "worker"} for _ in range(world)], helpers
+    raise ValueError(framework)
+
 
 def kill_group(proc):
-    """Each worker leads its own process group, so its children (launchers, servers) die with it."""
+    """Each process leads its own process group, so anything it started dies with it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -19,35 +61,74 @@ def kill_group(proc):
 
 
 def last_line(text):
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""
 
 
-def run_worker(spec, timeout=None, env=None):
-    """Run one spec in a fresh `python -m common.worker`; return its result dict (never raises for a
-    failed run: a crash, a timeout or a kill becomes status 'failed' with the reason)."""
+def describe_exit(code):
+    return f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+
+def run_workers(spec, timeout=None, processes=1):
+    """Run one spec in `processes` fresh `python -m common.worker` processes; return their result dicts
+    in rank order, or one failed result. Never raises for a failed run: a crash, a dead worker, a timeout
+    becomes status 'failed' with the reason, and every process of the run is gone when this returns."""
+    worker_envs, helper_envs = engine_env(spec["framework"], processes)
     with tempfile.TemporaryDirectory(prefix="rosetta-") as tmp:
-        out_path, log_path = os.path.join(tmp, "result.json"), os.path.join(tmp, "stderr.log")
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "common.worker", json.dumps(spec), out_path],
-                                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**os.environ, **(env or {})})
-            try:
-                proc.wait(timeout=timeout)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                kill_group(proc)   # also on Ctrl-C: the KeyboardInterrupt propagates after the kill
-        with open(log_path, errors="replace") as log:
-            stderr = log.read()
-        if timed_out:
-            return {"status": "failed", "error": f"timed out after {timeout} s", "log": stderr[-4000:]}
-        if os.path.exists(out_path):
-            with open(out_path) as f:
-                result = json.load(f)
-            if result["status"] == "failed":
-                result["log"] = stderr[-4000:]
-            return result
-        return {"status": "failed", "log": stderr[-4000:],
-                "error": f"worker exited with code {proc.returncode}: {last_line(stderr) or 'no output'}"}
+        procs, logs = [], []
+
+        def start(name, env, args):
+            log_path = os.path.join(tmp, f"{name}.log")
+            with open(log_path, "w") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "common.worker", json.dumps(spec), *args], cwd=ROOT, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **env}))
+            logs.append(log_path)
+
+        def log_tail(i):
+            with open(logs[i], errors="replace") as f:
+                return f.read()[-4000:]
+
+        outs = [os.path.join(tmp, f"rank{r}.json") for r in range(processes)]
+        try:
+            for name, env in helper_envs:
+                start(name, env, [os.path.join(tmp, f"{name}.json")])
+            for r, env in enumerate(worker_envs):
+                start(f"worker{r}", env, [outs[r]])
+            workers = procs[len(helper_envs):]
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                codes = [p.poll() for p in workers]
+                dead = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+                if dead:   # the others would wait for it in a collective: stop them all now
+                    i, code = dead[0]
+                    if os.path.exists(outs[i]):   # it failed cleanly and said why
+                        with open(outs[i]) as f:
+                            return [{**json.load(f), "log": log_tail(len(helper_envs) + i)}]
+                    who = f"worker {i} of {processes}" if processes > 1 else "worker"
+                    return [{"status": "failed", "log": log_tail(len(helper_envs) + i),
+                             "error": f"{who} {describe_exit(code)}: "
+                                      f"{last_line(log_tail(len(helper_envs) + i)) or 'no output'}"}]
+                if all(c == 0 for c in codes):
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    return [{"status": "failed", "error": f"timed out after {timeout:g} s",
+                             "log": log_tail(len(helper_envs))}]
+                time.sleep(POLL_SECONDS)
+        finally:
+            for p in procs:   # also on Ctrl-C: the KeyboardInterrupt propagates after the kill
+                kill_group(p)
+        results = []
+        for r, out in enumerate(outs):
+            if not os.path.exists(out):
+                return [{"status": "failed", "error": f"worker {r} wrote no result",
+                         "log": log_tail(len(helper_envs) + r)}]
+            with open(out) as f:
+                results.append(json.load(f))
+            if results[-1]["status"] == "failed":
+                results[-1]["log"] = log_tail(len(helper_envs) + r)
+        return results
+
+
+def run_worker(spec, timeout=None):
+    return run_workers(spec, timeout, 1)[0]

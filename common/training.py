@@ -1,54 +1,136 @@
-"""The training loop every framework shares: the framework supplies train_step, this file supplies the
-data order, the timing and the bookkeeping, so the frameworks differ only where they really differ."""
+"""The training loop every framework and mode shares: it owns the data order, the split of each global
+batch across processes, the timing and the bookkeeping; a framework supplies only the step.
+
+A run has `world` processes (1 unless an engine runs several); each one calls `train` with its rank and
+trains on its contiguous part of every global batch, dividing the summed gradient by the global batch
+size. `summarize` merges the per-process records into one run.
+"""
+import hashlib
+
 import numpy as np
 
 from .batches import epoch_batches
+from .interface import load_module
 from .lenet import init_weights
+from .sharding import shard_bounds
 from .timing import Timer
 
-
-def max_replica_spread(fw, replicas):
-    """Largest |difference| between any replica's weights and the first one's: 0 when in sync."""
-    first = fw.to_numpy(replicas[0])
-    return max((float(np.max(np.abs(fw.to_numpy(r)[k] - first[k]))) for r in replicas[1:] for k in first),
-               default=0.0)
+LOGGED_STEPS = 20   # per-step losses kept for the parity checks
 
 
-def train(fw, data, devices, epochs, batch_size, lr, seed=0, init="he", progress=None):
-    """Scratch data-parallel training; returns the run's measurements (see compare.py for the schema)."""
-    replicas = [fw.get_params(init_weights(seed, init), d) for d in devices]
-    sync = lambda: fw.sync(devices)   # noqa: E731
-    epoch_losses, epoch_seconds, step_losses = [], [], []
-    first_step_seconds, first_step_images, images = None, 0, 0
+class Scratch:
+    """The recipe from scratch: one replica per device and the framework's own train_step."""
+
+    def __init__(self, fw, devices):
+        self.fw, self.devices = fw, devices
+
+    def start(self, weights):
+        self.replicas = [self.fw.get_params(weights, d) for d in self.devices]
+
+    def step(self, X, y, lr, batch_size):
+        return self.fw.train_step(self.replicas, X, y, self.devices, lr, batch_size)
+
+    def weights(self):
+        return self.fw.to_numpy(self.replicas[0])
+
+    def evaluate(self, X, y):
+        return self.fw.evaluate(self.replicas[0], X, y)
+
+    def spread(self):
+        """Largest |difference| between any replica's weights and the first one's: 0 when in sync."""
+        first = self.weights()
+        return max((float(np.max(np.abs(self.fw.to_numpy(r)[k] - first[k])))
+                    for r in self.replicas[1:] for k in first), default=0.0)
+
+    def sync(self):
+        self.fw.sync(self.devices)
+
+
+class Builtin(Scratch):
+    """The framework's own data-parallel engine (its folder's builtin.py), driven the same way."""
+
+    def __init__(self, fw, devices):
+        super().__init__(fw, devices)
+        self.engine = load_module(fw.name, "builtin")
+
+    def start(self, weights):
+        self.model = self.engine.get_model(weights, self.devices)
+
+    def step(self, X, y, lr, batch_size):
+        return self.engine.train_step(self.model, X, y, self.devices, lr, batch_size)
+
+    def weights(self):
+        return self.engine.to_numpy(self.model)
+
+    def evaluate(self, X, y):
+        return self.engine.evaluate(self.model, X, y)
+
+    def spread(self):
+        return None   # the engine keeps its replicas itself; equality is tested through to_numpy
+
+
+MODES = {"scratch": Scratch, "builtin": Builtin}
+
+
+def digest(weights):
+    """A hash of all weights: every process holds the same replicas exactly, or the digests differ."""
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        h.update(np.ascontiguousarray(weights[name], dtype=np.float32).tobytes())
+    return h.hexdigest()[:16]
+
+
+def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world=1, min_size=1,
+          progress=None):
+    """Train this process's part; return its record: loss sums and sizes rather than means, so that
+    processes with shards of different sizes merge exactly."""
+    runner.start(init_weights(seed, init))
+    record = {"epoch_loss_sums": [], "epoch_sizes": [], "epoch_seconds": [], "step_loss_sums": [],
+              "step_sizes": [], "first_step_seconds": None, "first_step_images": 0, "images": 0}
     for epoch in range(epochs):
-        losses, sizes = [], []
-        with Timer(sync) as epoch_timer:
-            for step, idx in enumerate(epoch_batches(len(data.y_train), batch_size, seed, epoch, len(devices))):
-                if first_step_seconds is None:   # includes one-off costs: tracing, allocation, caches
-                    with Timer(sync) as first:
-                        loss = fw.train_step(replicas, data.X_train[idx], data.y_train[idx], devices, lr)
-                    first_step_seconds, first_step_images = first.seconds, len(idx)
-                else:
-                    loss = fw.train_step(replicas, data.X_train[idx], data.y_train[idx], devices, lr)
-                losses.append(loss)
-                sizes.append(len(idx))
-                if len(step_losses) < 20:
-                    step_losses.append(loss)
-        epoch_losses.append(float(np.average(losses, weights=sizes)))
-        epoch_seconds.append(epoch_timer.seconds)
-        images += sum(sizes)
-        if progress:
-            progress(epoch + 1, epochs, epoch_losses[-1])
-    train_seconds = float(sum(epoch_seconds))
-    steady_images = images - first_step_images
-    steady_seconds = train_seconds - first_step_seconds
+        loss_sum, size = 0.0, 0
+        with Timer(runner.sync) as epoch_timer:
+            for idx in epoch_batches(len(data.y_train), batch_size, seed, epoch, min_size):
+                a, b = shard_bounds(len(idx), world)[rank]
+                local = idx[a:b]
+                first = record["first_step_seconds"] is None   # one-off costs: tracing, allocation, caches
+                with Timer(runner.sync if first else lambda: None) as t:
+                    loss = runner.step(data.X_train[local], data.y_train[local], lr, len(idx))
+                if first:
+                    record["first_step_seconds"], record["first_step_images"] = t.seconds, len(idx)
+                record["images"] += len(idx)
+                loss_sum, size = loss_sum + loss * len(local), size + len(local)
+                if len(record["step_loss_sums"]) < LOGGED_STEPS:
+                    record["step_loss_sums"].append(loss * len(local))
+                    record["step_sizes"].append(len(local))
+        record["epoch_loss_sums"].append(loss_sum)
+        record["epoch_sizes"].append(size)
+        record["epoch_seconds"].append(epoch_timer.seconds)
+        if progress and rank == 0:
+            progress(epoch + 1, epochs, loss_sum / size)
+    record["test_accuracy"] = runner.evaluate(data.X_test, data.y_test)
+    record["replica_spread"] = runner.spread()
+    record["digest"] = digest(runner.weights())
+    return record
+
+
+def summarize(records):
+    """Merge the records of all processes (one for an in-process run) into the run's measurements."""
+    add = lambda key: np.sum([r[key] for r in records], axis=0)   # noqa: E731
+    epoch_seconds = np.max([r["epoch_seconds"] for r in records], axis=0)   # the slowest process sets the pace
+    train_seconds = float(epoch_seconds.sum())
+    first = max(r["first_step_seconds"] for r in records)
+    steady_seconds = train_seconds - first
+    steady_images = records[0]["images"] - records[0]["first_step_images"]
+    spreads = [r["replica_spread"] for r in records if r["replica_spread"] is not None]
     return {
         "train_seconds": train_seconds,
-        "first_step_seconds": first_step_seconds,
-        "epoch_seconds": epoch_seconds,
+        "first_step_seconds": first,
+        "epoch_seconds": epoch_seconds.tolist(),
         "images_per_second": steady_images / steady_seconds if steady_seconds > 0 else None,
-        "epoch_losses": epoch_losses,
-        "step_losses": step_losses,
-        "test_accuracy": fw.evaluate(replicas[0], data.X_test, data.y_test),
-        "replica_spread": max_replica_spread(fw, replicas),
+        "epoch_losses": (add("epoch_loss_sums") / add("epoch_sizes")).tolist(),
+        "step_losses": (add("step_loss_sums") / add("step_sizes")).tolist(),
+        "test_accuracy": records[0]["test_accuracy"],
+        "replica_spread": max(spreads) if spreads else None,
+        "processes_in_sync": len({r["digest"] for r in records}) == 1,
     }

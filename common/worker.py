@@ -1,7 +1,8 @@
-"""One run in its own process: `python -m common.worker SPEC_JSON OUT_JSON`.
+"""One process of a run: `python -m common.worker SPEC_JSON OUT_JSON`.
 
-compare.py starts one worker per run so that each framework gets a fresh process with its thread
-count fixed before the framework is imported, and a crash loses only that run.
+compare.py starts one worker per run (several for a multi-process engine) so that each framework gets
+a fresh process with its thread count fixed before the framework is imported, and a crash loses only
+that run. The worker writes its own record; compare.py merges the records of a run's processes.
 """
 import json
 import os
@@ -21,20 +22,42 @@ def progress(epoch, epochs, loss):
     print(f"epoch {epoch}/{epochs} loss {loss:.4f}", file=sys.stderr, flush=True)
 
 
+def local_devices(fw, total, rank, world):
+    """This process's share of the run's devices: with GPUs its own ones, on the CPU its virtual ones."""
+    per_process = total // world
+    slot = int(os.environ.get("LOCAL_RANK", rank))
+    return fw.get_devices(per_process * (slot + 1))[per_process * slot:]
+
+
 def run(spec):
-    from common.interface import load_framework
+    from common.interface import load_framework, load_module
     fw = load_framework(spec["framework"])
     if spec.get("task") == "devices":
         return {"devices": fw.device_info(fw.get_devices(spec.get("devices")))}
     from common.data import load_dataset
-    from common.training import train
+    from common.training import MODES, train
     data = load_dataset(spec["dataset"], spec.get("data_dir"), spec.get("n_synthetic", 60000), spec["seed"])
-    devices = fw.get_devices(spec["devices"])
-    result = train(fw, data, devices, spec["epochs"], spec["batch_size"], spec["lr"], spec["seed"],
-                   spec.get("init", "he"), progress)
-    result["fingerprint"] = data.fingerprint()
-    result["device_names"] = [d["name"] for d in fw.device_info(devices)]
-    return result
+    world = spec.get("processes", 1)
+    engine = load_module(fw.name, "distributed") if world > 1 else None
+    rank, world = engine.init_process() if engine else (0, 1)
+    try:
+        devices = local_devices(fw, spec["devices"], rank, world)
+        runner = MODES[spec["mode"]](fw, devices)
+        record = train(runner, data, spec["epochs"], spec["batch_size"], spec["lr"], spec["seed"],
+                       spec.get("init", "he"), rank, world, min_size=spec["devices"], progress=progress)
+    finally:
+        if engine:
+            engine.shutdown()
+    record.update(rank=rank, fingerprint=data.fingerprint(),
+                  device_names=[d["name"] for d in fw.device_info(devices)])
+    return record
+
+
+def serve(spec):
+    """MXNet's scheduler and server: importing mxnet with DMLC_ROLE set runs them until the job ends."""
+    from common.interface import load_framework
+    load_framework(spec["framework"])
+    return {}
 
 
 def main(spec_json, out_path):
@@ -42,7 +65,8 @@ def main(spec_json, out_path):
     set_threads(spec.get("threads") or os.cpu_count())
     from common.interface import RosettaError, installed_version
     try:
-        result = {"status": "ok", "error": None, **run(spec)}
+        role = os.environ.get("DMLC_ROLE", "worker")
+        result = {"status": "ok", "error": None, **(run(spec) if role == "worker" else serve(spec))}
     except RosettaError as err:
         not_installed = installed_version(spec["framework"]) is None or "not implemented" in str(err)
         result = {"status": "skipped" if not_installed else "failed", "error": str(err)}

@@ -1,6 +1,7 @@
 """Data parallelism from scratch in PyTorch: split the batch, forward and backward on every device,
 sum the gradients across devices, apply the same SGD update to every replica."""
 import torch
+import torch.distributed as dist
 
 from common.sharding import shard_bounds
 
@@ -14,10 +15,13 @@ def split_and_load(array, devices):
 
 
 def allreduce(tensors):
-    """Sum on the first tensor's device, then copy the sum back into every tensor, in place."""
+    """Sum on the first tensor's device, then copy the sum back into every tensor, in place.
+    In a multi-process run the local sum is also summed across processes by torch.distributed."""
     with torch.no_grad():
         for t in tensors[1:]:
             tensors[0] += t.to(tensors[0].device)
+        if dist.is_initialized():
+            dist.all_reduce(tensors[0])
         for t in tensors[1:]:
             t.copy_(tensors[0].to(t.device))
     return tensors
@@ -29,7 +33,7 @@ def sgd(params, grads, lr, batch_size):
             p.sub_(g, alpha=lr / batch_size)
 
 
-def train_step(replicas, X, y, devices, lr):
+def train_step(replicas, X, y, devices, lr, batch_size=None):
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, grads = [], []
     for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):
@@ -39,7 +43,7 @@ def train_step(replicas, X, y, devices, lr):
     for per_device in zip(*grads):         # one parameter's gradient on every device
         allreduce(list(per_device))
     for params, device_grads in zip(replicas, grads):
-        sgd(params, device_grads, lr, len(X))
+        sgd(params, device_grads, lr, batch_size or len(X))
     return sum(loss.item() for loss in losses) / len(X)
 
 

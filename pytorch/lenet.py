@@ -2,9 +2,10 @@
 common.lenet.PARAM_NAMES order; the layout is canonical, so no conversion is needed."""
 import numpy as np
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-from common.lenet import PARAM_NAMES, POOL
+from common.lenet import LAYERS, PARAM_NAMES, POOL
 
 
 def get_params(weights, device):
@@ -27,3 +28,17 @@ def loss_sum(logits, y):
 
 def to_numpy(params):
     return {name: p.detach().cpu().numpy().astype(np.float32) for name, p in zip(PARAM_NAMES, params)}
+
+
+def build_model(weights):
+    """The same LeNet as an idiomatic nn.Module (for the built-in engines and the reference loop); its
+    parameters come out in PARAM_NAMES order, so the scratch forward and to_numpy work on them too."""
+    (c1, _, k1, _), (c2, _, k2, _) = LAYERS["conv1"][1], LAYERS["conv2"][1]
+    (h1, f1), (out, h2) = LAYERS["fc1"][1], LAYERS["fc2"][1]
+    model = nn.Sequential(nn.Conv2d(1, c1, k1), nn.ReLU(), nn.AvgPool2d(POOL),
+                          nn.Conv2d(c1, c2, k2), nn.ReLU(), nn.AvgPool2d(POOL),
+                          nn.Flatten(), nn.Linear(f1, h1), nn.ReLU(), nn.Linear(h2, out))
+    with torch.no_grad():
+        for p, name in zip(model.parameters(), PARAM_NAMES):
+            p.copy_(torch.from_numpy(weights[name]))
+    return model

@@ -1,0 +1,43 @@
+"""PyTorch's own data parallelism: DistributedDataParallel, one process per device. PyTorch has no
+working in-process data parallelism on the CPU (nn.DataParallel silently does nothing there), so the
+built-in mode always runs processes, even for a run that asks for one."""
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from common.interface import RosettaError
+
+from .data_parallel import evaluate as evaluate_params
+from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
+
+
+def get_model(weights, devices):
+    if not dist.is_initialized() or len(devices) != 1:
+        raise RosettaError("DistributedDataParallel runs one process per device: start it through compare.py "
+                           "or torchrun (README)")
+    device = devices[0]
+    ddp = DistributedDataParallel(build_model(weights).to(device),
+                                  device_ids=[device.index] if device.type == "cuda" else None)
+    return ddp, torch.optim.SGD(ddp.parameters(), lr=0.0)
+
+
+def train_step(model, X, y, devices, lr, batch_size=None):
+    """DDP averages gradients over processes; scaling each summed loss by world / global batch makes that
+    average the recipe's sum / global batch, exactly, even when the shards differ in size."""
+    ddp, optimizer = model
+    X, y = torch.tensor(X, device=devices[0]), torch.tensor(y, device=devices[0])
+    loss = loss_sum(ddp(X), y)
+    optimizer.zero_grad()
+    (loss * dist.get_world_size() / (batch_size or len(X))).backward()
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.step()
+    return loss.item() / len(X)
+
+
+def to_numpy(model):
+    return params_to_numpy(list(model[0].module.parameters()))
+
+
+def evaluate(model, X, y):
+    return evaluate_params(list(model[0].module.parameters()), X, y)
