@@ -121,8 +121,8 @@ def run_one(spec, dataset, timeout):
         return next(r for r in results if r["status"] != "ok")
     if {r["fingerprint"] for r in results} != {dataset["fingerprint"]}:
         return {"status": "failed", "error": "a worker saw different data (fingerprint mismatch)"}
-    return {"status": "ok", "error": None, "device_names": sum((r["device_names"] for r in results), []),
-            **summarize(results)}
+    return {"status": "ok", "error": None, "fingerprint": dataset["fingerprint"],
+            "device_names": sum((r["device_names"] for r in results), []), **summarize(results)}
 
 
 def compare(args):
