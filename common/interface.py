@@ -96,4 +96,6 @@ def load_framework(name):
 def load_module(name, file):
     """One more file of a framework folder (beyond the contract), e.g. ('pytorch', 'builtin')."""
     load_framework(name)
+    if not os.path.exists(os.path.join(ROOT, name, file + ".py")):
+        raise RosettaError(f"{name} is not implemented yet ({name}/{file}.py is missing)")
     return importlib.import_module(f"rosetta_{name}.{file}")

@@ -81,26 +81,33 @@ def digest(weights):
 
 
 def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world=1, min_size=1,
-          progress=None):
+          progress=None, max_steps=None):
     """Train this process's part; return its record: loss sums and sizes rather than means, so that
-    processes with shards of different sizes merge exactly."""
+    processes with shards of different sizes merge exactly. max_steps stops early (for parity checks)."""
     runner.start(init_weights(seed, init))
     record = {"epoch_loss_sums": [], "epoch_sizes": [], "epoch_seconds": [], "step_loss_sums": [],
               "step_sizes": [], "first_step_seconds": None, "first_step_images": 0, "images": 0}
+    steps = 0
     for epoch in range(epochs):
+        batches = epoch_batches(len(data.y_train), batch_size, seed, epoch, min_size)
+        if max_steps is not None:
+            batches = batches[:max_steps - steps]
+        if not batches:
+            break
         loss_sum, size = 0.0, 0
         with Timer(runner.sync) as epoch_timer:
-            for idx in epoch_batches(len(data.y_train), batch_size, seed, epoch, min_size):
+            for idx in batches:
                 a, b = shard_bounds(len(idx), world)[rank]
                 local = idx[a:b]
-                first = record["first_step_seconds"] is None   # one-off costs: tracing, allocation, caches
+                first = steps == 0   # one-off costs: tracing, allocation, caches
                 with Timer(runner.sync if first else lambda: None) as t:
                     loss = runner.step(data.X_train[local], data.y_train[local], lr, len(idx))
                 if first:
                     record["first_step_seconds"], record["first_step_images"] = t.seconds, len(idx)
+                steps += 1
                 record["images"] += len(idx)
                 loss_sum, size = loss_sum + loss * len(local), size + len(local)
-                if len(record["step_loss_sums"]) < LOGGED_STEPS:
+                if steps <= max(LOGGED_STEPS, max_steps or 0):
                     record["step_loss_sums"].append(loss * len(local))
                     record["step_sizes"].append(len(local))
         record["epoch_loss_sums"].append(loss_sum)

@@ -44,7 +44,11 @@ def run(spec):
         devices = local_devices(fw, spec["devices"], rank, world)
         runner = MODES[spec["mode"]](fw, devices)
         record = train(runner, data, spec["epochs"], spec["batch_size"], spec["lr"], spec["seed"],
-                       spec.get("init", "he"), rank, world, min_size=spec["devices"], progress=progress)
+                       spec.get("init", "he"), rank, world, min_size=spec["devices"], progress=progress,
+                       max_steps=spec.get("max_steps"))
+        if spec.get("weights_out") and rank == 0:   # final weights, canonical layout, for parity checks
+            import numpy as np
+            np.savez(spec["weights_out"], **runner.weights())
     finally:
         if engine:
             engine.shutdown()

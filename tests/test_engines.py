@@ -1,0 +1,151 @@
+"""Every mode and process count computes the in-process scratch step, and every process ends."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from common import FRAMEWORKS
+from common.launch import run_workers
+from conftest import ROOT, framework_or_skip
+
+CONFIGS = [("scratch", 2, 2), ("builtin", 2, 1), ("builtin", 2, 2)]   # (mode, devices, processes)
+
+
+def one_step(framework, mode, devices, processes, tmp_path, steps=1):
+    out = tmp_path / f"{framework}-{mode}-{devices}-{processes}.npz"
+    spec = {"framework": framework, "mode": mode, "devices": devices, "processes": processes,
+            "dataset": "digits", "epochs": 1, "batch_size": 97, "lr": 0.2, "seed": 5, "threads": 1,
+            "max_steps": steps, "weights_out": str(out)}
+    results = run_workers(spec, timeout=240, processes=processes)
+    if results[0]["status"] == "skipped" or "not implemented" in str(results[0].get("error")):
+        pytest.skip(results[0]["error"])
+    assert all(r["status"] == "ok" for r in results), results[0].get("error")
+    loss = sum(r["step_loss_sums"][0] for r in results) / sum(r["step_sizes"][0] for r in results)
+    assert len({r["digest"] for r in results}) == 1, "processes hold different weights"
+    return loss, dict(np.load(out))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The in-process scratch step on 2 devices, per framework (computed once)."""
+    cache = {}
+
+    def get(framework):
+        if framework not in cache:
+            cache[framework] = one_step(framework, "scratch", 2, 1, tmp_path_factory.mktemp("ref"))
+        return cache[framework]
+    return get
+
+
+@pytest.mark.parametrize("mode,devices,processes", CONFIGS)
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_every_mode_computes_the_scratch_step(framework, mode, devices, processes, reference, tmp_path):
+    framework_or_skip(framework)
+    ref_loss, ref_weights = reference(framework)
+    world = devices if (framework, mode) == ("pytorch", "builtin") else processes
+    loss, weights = one_step(framework, mode, devices, world, tmp_path)
+    assert loss == pytest.approx(ref_loss, abs=1e-5)
+    for name, value in ref_weights.items():
+        np.testing.assert_allclose(weights[name], value, atol=1e-5, err_msg=name)
+
+
+def processes_tagged(tag):
+    """Live processes whose environment carries our tag (children inherit it, orphans too)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if tag.encode() in f.read():
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def start_compare(tag, *args):
+    env = {**os.environ, "ROSETTA_TEST_TAG": tag}
+    return subprocess.Popen([sys.executable, "compare.py", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_for_workers(tag, count, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        workers = [p for p in processes_tagged(tag) if b"common.worker" in open(f"/proc/{p}/cmdline", "rb").read()]
+        if len(workers) >= count:
+            time.sleep(1)   # let them get going
+            return workers
+        time.sleep(0.2)
+    raise AssertionError("workers did not start")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_killed_worker_fails_its_row_and_keeps_the_others(framework):
+    framework_or_skip(framework)
+    tag = f"rosetta-{uuid.uuid4()}"
+    proc = start_compare(tag, "--frameworks", framework, "--processes", "2,1", "--epochs", "20")
+    workers = wait_for_workers(tag, 2)
+    os.kill(max(workers), signal.SIGKILL)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1, err
+    lines = [line for line in out.splitlines() if line.startswith(f"| {framework}")]
+    assert "failed: worker" in lines[0] and "killed by signal 9" in lines[0], lines[0]
+    assert lines[1].rstrip(" |").endswith("ok"), lines[1]
+    assert not processes_tagged(tag)
+
+
+def long_spec(framework="pytorch"):
+    return {"framework": framework, "mode": "scratch", "devices": 2, "processes": 2, "dataset": "synthetic",
+            "n_synthetic": 2000, "epochs": 10_000, "batch_size": 256, "lr": 0.1, "seed": 0, "threads": 1}
+
+
+def in_background(fn):
+    import threading
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(value=fn()))
+    thread.start()
+    return thread, result
+
+
+@pytest.fixture
+def tag(monkeypatch):
+    value = f"rosetta-{uuid.uuid4()}"
+    monkeypatch.setenv("ROSETTA_TEST_TAG", value)
+    yield value
+    assert not processes_tagged(value), "a process of the run outlived it"
+
+
+def test_a_dead_worker_stops_the_run_within_seconds(tag):
+    framework_or_skip("pytorch")
+    thread, result = in_background(lambda: run_workers(long_spec(), timeout=600, processes=2))
+    workers = wait_for_workers(tag, 2)
+    os.kill(workers[-1], signal.SIGKILL)
+    start = time.monotonic()
+    thread.join(60)
+    assert not thread.is_alive() and time.monotonic() - start < 60
+    assert result["value"][0]["status"] == "failed" and "killed by signal 9" in result["value"][0]["error"]
+
+
+def test_a_timeout_ends_every_process(tag):
+    framework_or_skip("pytorch")
+    start = time.monotonic()
+    (result,) = run_workers(long_spec(), timeout=8, processes=2)
+    assert result["status"] == "failed" and "timed out after 8 s" in result["error"]
+    assert time.monotonic() - start < 20
+
+
+def test_ctrl_c_ends_every_process(tag):
+    framework_or_skip("pytorch")
+    proc = start_compare(tag, "--frameworks", "pytorch", "--processes", "2", "--epochs", "10000",
+                         "--dataset", "synthetic", "--n-synthetic", "2000")
+    wait_for_workers(tag, 2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert "Traceback" not in err
