@@ -2,6 +2,8 @@
 
     python compare.py                          # all frameworks, digits, 2 devices
     python compare.py --dataset fashion-mnist  # the recipe's data set (see README)
+    python compare.py --mode scratch,builtin --processes 1,2   # the frameworks' own engines too
+    python compare.py --benchmark              # the timing table: table, CSV, JSON and PNG
     python compare.py --list-devices           # what each framework sees
 
 Each run happens in its own process (common/worker.py): thread counts are fixed before the framework
@@ -11,16 +13,31 @@ import argparse
 import os
 import sys
 
+from common.benchmark import add_scaling, aggregate, write_csv
 from common.data import DATASETS, load_dataset
-from common.interface import FRAMEWORKS, RosettaError, check_name
-from common.lenet import INITS
+from common.interface import FRAMEWORKS, RosettaError
 from common.launch import run_workers
+from common.lenet import INITS
 from common.report import add_parity, environment, format_table, write_json
 from common.training import MODES, summarize
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
+EXEC_LEVELS = ("default", "eager", "graph", "xla")
 # DistributedDataParallel is PyTorch's only working data parallelism on the CPU: one process per device.
 PROCESS_PER_DEVICE = {("pytorch", "builtin")}
+# --benchmark: the issue's setting (synthetic 60,000 images, batch 256), every execution mode on one
+# device, the idiomatic reference loops, and the default mode on 2 devices for scaling; 3 trials.
+BENCHMARK = {"dataset": "synthetic", "n_synthetic": 60000, "epochs": 1, "batch_size": 256, "repeats": 3,
+             "plan": [("scratch", ("eager", "graph", "xla"), 1), ("idiomatic", ("default",), 1),
+                      ("scratch", ("default",), 2)]}
+SPEC_FIELDS = ("framework", "mode", "exec", "devices", "processes", "epochs", "batch_size", "lr", "seed",
+               "init", "threads")
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """One line, not the whole usage block: the problem and where to look."""
+        self.exit(2, f"error: {message} (see python compare.py --help)\n")
 
 
 def int_list(text):
@@ -44,18 +61,16 @@ def name_list(choices, what):
     return parse
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        """One line, not the whole usage block: the problem and where to look."""
-        self.exit(2, f"error: {message} (see python compare.py --help)\n")
-
-
 def parse_args(argv):
     p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("--frameworks", type=name_list(FRAMEWORKS, "framework"), default=list(FRAMEWORKS),
                    help="comma-separated, default all: " + ",".join(FRAMEWORKS))
     p.add_argument("--mode", type=name_list(tuple(MODES), "mode"), default=["scratch"],
-                   help="scratch (the recipe, default) and/or builtin (the framework's own engine)")
+                   help="scratch (the recipe, default), builtin (the framework's own engine), "
+                        "idiomatic (its minimal single-device loop, the timing reference)")
+    p.add_argument("--exec", type=name_list(EXEC_LEVELS, "exec level"), default=["default"],
+                   help="how the scratch step runs: default (the framework's usual way), eager, graph "
+                        "(torch.compile, tf.function, hybridize), xla (tf.function+XLA)")
     p.add_argument("--devices", type=int_list, default=[2], help="device counts, e.g. 1,2 (default 2)")
     p.add_argument("--processes", type=int_list, default=[1],
                    help="process counts, e.g. 1,2 (default 1): the devices are shared out among them")
@@ -68,13 +83,26 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=0, help="initial weights and batch order")
     p.add_argument("--init", choices=INITS, default="he", help="he (default) or the recipe's normal(0, 0.01)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="threads per run (default: all cores)")
+    p.add_argument("--repeats", type=int, default=1, help="trials per row, interleaved; medians are reported")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--csv", metavar="PATH", help="write the table as CSV")
+    p.add_argument("--plot", metavar="PATH", help="write loss curves and throughput bars as a PNG")
+    p.add_argument("--benchmark", action="store_true",
+                   help="the timing benchmark: synthetic 60,000 images, batch 256, every exec mode, the "
+                        "idiomatic references, 3 trials; writes results/benchmark.{md,csv,json,png}")
     p.add_argument("--list-devices", action="store_true", help="print the devices each framework sees; no training")
     args = p.parse_args(argv)
+    args.plan = [(mode, tuple(args.exec), None) for mode in args.mode]
+    if args.benchmark:
+        for key, value in BENCHMARK.items():
+            setattr(args, key, value)
+        args.devices = sorted({d for _, _, d in args.plan})
+        for ext in ("json", "csv", "plot"):
+            setattr(args, ext, getattr(args, ext) or os.path.join("results", f"benchmark.{'png' if ext == 'plot' else ext}"))
     if args.epochs is None:
         args.epochs = DEFAULT_EPOCHS.get(args.dataset, 10)
-    for name in ("epochs", "batch_size", "threads", "n_synthetic"):
+    for name in ("epochs", "batch_size", "threads", "n_synthetic", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.lr <= 0:
@@ -98,25 +126,44 @@ def list_devices(args):
 
 
 def run_specs(args):
-    """Every requested (mode, devices, processes, framework), or the reason it cannot run."""
-    for mode in args.mode:
-        for devices in args.devices:
-            for processes in args.processes:
-                for name in args.frameworks:
-                    world = devices if (name, mode) in PROCESS_PER_DEVICE else processes
-                    spec = {"framework": name, "mode": mode, "devices": devices, "processes": world,
-                            "dataset": args.dataset, "data_dir": args.data_dir, "n_synthetic": args.n_synthetic,
-                            "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
-                            "seed": args.seed, "init": args.init, "threads": max(1, args.threads // world)}
-                    skip = None
-                    if devices % world:
-                        skip = f"{devices} devices cannot be shared evenly among {world} processes"
-                    yield spec, skip
+    """Every requested row as (spec, reason it cannot run or None)."""
+    for mode, levels, only_devices in args.plan:
+        for level in levels:
+            for devices in ([only_devices] if only_devices else args.devices):
+                for processes in args.processes:
+                    for name in args.frameworks:
+                        world = devices if (name, mode) in PROCESS_PER_DEVICE else processes
+                        spec = {"framework": name, "mode": mode, "exec": level, "devices": devices,
+                                "processes": world, "dataset": args.dataset, "data_dir": args.data_dir,
+                                "n_synthetic": args.n_synthetic, "epochs": args.epochs,
+                                "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
+                                "init": args.init, "threads": max(1, args.threads // world)}
+                        skip = None
+                        if devices % world:
+                            skip = f"{devices} devices cannot be shared evenly among {world} processes"
+                        elif mode != "scratch" and level != "default":
+                            skip = f"exec levels apply to the scratch mode; {mode} runs its framework's own way"
+                        elif mode == "idiomatic" and (devices, world) != (1, 1):
+                            skip = "the idiomatic reference loop is single-device, single-process"
+                        yield spec, skip
 
 
-def run_one(spec, dataset, timeout):
-    """One row: launch the run's processes, merge their records, check they saw the same data."""
-    results = run_workers(spec, timeout, spec["processes"])
+def progress_bar(label):
+    """A one-line bar on stderr when it is a terminal; nothing in logs and pipes."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(step, steps):
+        done = int(30 * step / max(steps, 1))
+        print(f"\r  {label} [{'#' * done}{'.' * (30 - done)}] {step}/{steps}", end="", file=sys.stderr, flush=True)
+    return show
+
+
+def run_one(spec, dataset, timeout, label):
+    """One trial of one row: launch its processes, merge their records, check they saw the same data."""
+    results = run_workers(spec, timeout, spec["processes"], progress=progress_bar(label))
+    if sys.stderr.isatty():
+        print("\r\033[K", end="", file=sys.stderr)
     if any(r["status"] != "ok" for r in results):
         return next(r for r in results if r["status"] != "ok")
     if {r["fingerprint"] for r in results} != {dataset["fingerprint"]}:
@@ -130,20 +177,37 @@ def compare(args):
     dataset = data.summary()
     print(f"dataset {dataset['name']}: {dataset['n_train']} train / {dataset['n_test']} test images, "
           f"fingerprint {dataset['fingerprint']}", file=sys.stderr)
-    runs = []
-    for spec, skip in run_specs(args):
-        label = f"{spec['framework']} {spec['mode']}, {spec['devices']} device(s), {spec['processes']} process(es)"
-        print(f"running {label} ...", file=sys.stderr, flush=True)
-        result = {"status": "skipped", "error": skip} if skip else run_one(spec, dataset, args.timeout)
-        print(f"  {result['status']}" + (f": {result['error']}" if result.get("error") else ""),
-              file=sys.stderr, flush=True)
-        runs.append({**{k: spec[k] for k in ("framework", "mode", "devices", "processes", "epochs",
-                                             "batch_size", "lr", "seed", "init", "threads")}, **result})
+    specs = list(run_specs(args))
+    trials = [[] for _ in specs]
+    for trial in range(args.repeats):   # interleaved: machine drift hits every row alike
+        for (spec, skip), row_trials in zip(specs, trials):
+            label = (f"{spec['framework']} {spec['mode']} ({spec['exec']}), {spec['devices']} device(s), "
+                     f"{spec['processes']} process(es)" + (f", trial {trial + 1}/{args.repeats}" if args.repeats > 1 else ""))
+            if skip and trial:
+                continue
+            print(f"running {label} ...", file=sys.stderr, flush=True)
+            result = {"status": "skipped", "error": skip} if skip else run_one(spec, dataset, args.timeout, label)
+            print(f"  {result['status']}" + (f": {result['error']}" if result.get("error") else ""),
+                  file=sys.stderr, flush=True)
+            row_trials.append({**{k: spec[k] for k in SPEC_FIELDS}, **result})
+    runs = [aggregate(t) for t in trials]
+    add_scaling(runs)
     add_parity(runs)
-    print(format_table(runs))
+    table = format_table(runs, timing=args.repeats > 1 or args.benchmark)
+    print(table)
+    env = environment()
     if args.json:
-        write_json(args.json, environment(), dataset, runs)
-        print(f"results written to {args.json}", file=sys.stderr)
+        write_json(args.json, env, dataset, runs)
+    if args.csv:
+        write_csv(args.csv, runs)
+    if args.plot:
+        from common.plots import plot_runs
+        plot_runs(args.plot, runs, title=f"{dataset['name']}, batch {args.batch_size}, {env['cpu']}")
+    if args.benchmark:
+        with open(os.path.join("results", "benchmark.md"), "w") as f:
+            f.write(f"Command: `{env['command']}`\n\nEnvironment: {env}\n\n{table}\n")
+    for path in filter(None, (args.json, args.csv, args.plot)):
+        print(f"wrote {path}", file=sys.stderr)
     return 1 if any(r["status"] == "failed" for r in runs) else 0
 
 
@@ -155,7 +219,7 @@ def main(argv=None):
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("\ninterrupted", file=sys.stderr)
         return 130
 
 

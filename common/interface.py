@@ -49,6 +49,10 @@ class RosettaError(Exception):
     """A problem the user can fix (bad option, missing data, framework not installed): shown as one line."""
 
 
+class Unavailable(RosettaError):
+    """This framework, file, mode or exec level cannot run here: its row is skipped, with this reason."""
+
+
 def installed_version(name):
     """The framework's version from package metadata, without importing it (None if not installed).
     Metadata, not `find_spec`: from the repo root, find_spec would find our own `mxnet/` folder."""
@@ -69,7 +73,7 @@ def load_framework(name):
     """The framework's implementation as one namespace holding every CONTRACT function."""
     check_name(name)
     if installed_version(name) is None:
-        raise RosettaError(f"{name} is not installed (pip install {DISTRIBUTIONS[name][0]}); "
+        raise Unavailable(f"{name} is not installed (pip install {DISTRIBUTIONS[name][0]}); "
                            f"see requirements.txt for the pinned version")
     package = f"rosetta_{name}"
     if package not in sys.modules:
@@ -79,7 +83,7 @@ def load_framework(name):
     impl = types.SimpleNamespace(name=name, version=installed_version(name))
     for file in FILES:
         if not os.path.exists(os.path.join(ROOT, name, file + ".py")):
-            raise RosettaError(f"{name} is not implemented yet ({name}/{file}.py is missing)")
+            raise Unavailable(f"{name} is not implemented yet ({name}/{file}.py is missing)")
         try:
             module = importlib.import_module(f"{package}.{file}")
         except ImportError as err:
@@ -97,5 +101,5 @@ def load_module(name, file):
     """One more file of a framework folder (beyond the contract), e.g. ('pytorch', 'builtin')."""
     load_framework(name)
     if not os.path.exists(os.path.join(ROOT, name, file + ".py")):
-        raise RosettaError(f"{name} is not implemented yet ({name}/{file}.py is missing)")
+        raise Unavailable(f"{name} is not implemented yet ({name}/{file}.py is missing)")
     return importlib.import_module(f"rosetta_{name}.{file}")

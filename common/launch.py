@@ -69,10 +69,21 @@ def describe_exit(code):
     return f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
-def run_workers(spec, timeout=None, processes=1):
+def last_progress(path):
+    """(step, steps) from the last 'progress a/b' line a worker wrote, or None."""
+    with open(path, errors="replace") as f:
+        lines = [line for line in f.read().splitlines() if line.startswith("progress ")]
+    if not lines:
+        return None
+    step, steps = lines[-1].split()[1].split("/")
+    return int(step), int(steps)
+
+
+def run_workers(spec, timeout=None, processes=1, progress=None):
     """Run one spec in `processes` fresh `python -m common.worker` processes; return their result dicts
     in rank order, or one failed result. Never raises for a failed run: a crash, a dead worker, a timeout
-    becomes status 'failed' with the reason, and every process of the run is gone when this returns."""
+    becomes status 'failed' with the reason, and every process of the run is gone when this returns.
+    progress(step, steps), if given, is called as the first worker reports."""
     worker_envs, helper_envs = engine_env(spec["framework"], processes)
     with tempfile.TemporaryDirectory(prefix="rosetta-") as tmp:
         procs, logs = [], []
@@ -114,6 +125,9 @@ def run_workers(spec, timeout=None, processes=1):
                 if deadline is not None and time.monotonic() > deadline:
                     return [{"status": "failed", "error": f"timed out after {timeout:g} s",
                              "log": log_tail(len(helper_envs))}]
+                reported = progress and last_progress(logs[len(helper_envs)])
+                if reported:
+                    progress(*reported)
                 time.sleep(POLL_SECONDS)
         finally:
             for p in procs:   # also on Ctrl-C: the KeyboardInterrupt propagates after the kill

@@ -8,8 +8,10 @@ import sys
 
 from .interface import FRAMEWORKS, installed_version
 
-COLUMNS = ("framework", "mode", "devices", "processes", "epochs", "train s", "images/s",
+COLUMNS = ("framework", "mode", "exec", "devices", "processes", "epochs", "train s", "images/s",
            "test acc", "final loss", "|Δ step-1 loss|", "status")
+TIMING_COLUMNS = ("framework", "mode", "exec", "devices", "processes", "images/s (min-max)", "epoch s",
+                  "first step s", "start-up s", "GFLOP/s", "scaling", "peak RSS MiB", "test acc", "status")
 
 
 def cpu_name():
@@ -62,7 +64,7 @@ def add_parity(runs):
     reference = {}
     for run in runs:
         if run["status"] == "ok" and run.get("step_losses"):
-            key = (run["mode"], run["devices"], run["processes"])
+            key = (run["mode"], run.get("exec"), run["devices"], run["processes"])
             first = run["step_losses"][0]
             reference.setdefault(key, (run["framework"], first))
             run["step1_loss_diff"] = abs(first - reference[key][1])
@@ -73,22 +75,37 @@ def fmt(value, spec):
     return "-" if value is None else format(value, spec)
 
 
-def format_table(runs):
-    rows = []
-    for r in runs:
-        ok = r["status"] == "ok"
-        rows.append([
-            r["framework"], r["mode"], str(r["devices"]), str(r["processes"]), str(r["epochs"]),
+def status(r):
+    return r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error')}"
+
+
+def row_cells(r):
+    ok = r["status"] == "ok"
+    return [r["framework"], r["mode"], r.get("exec") or "-", str(r["devices"]), str(r["processes"]), str(r["epochs"]),
             fmt(r.get("train_seconds"), ".1f"), fmt(r.get("images_per_second"), ",.0f"),
-            fmt(r.get("test_accuracy"), ".4f"), fmt(r["epoch_losses"][-1] if ok and r.get("epoch_losses") else None,
-                                                    ".4f"),
-            fmt(r.get("step1_loss_diff"), ".1e"),
-            r["status"] if ok else f"{r['status']}: {r.get('error')}",
-        ])
-    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(COLUMNS)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
-    out = [line(COLUMNS), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    return "\n".join(out + [line(row) for row in rows])
+            fmt(r.get("test_accuracy"), ".4f"),
+            fmt(r["epoch_losses"][-1] if ok and r.get("epoch_losses") else None, ".4f"),
+            fmt(r.get("step1_loss_diff"), ".1e"), status(r)]
+
+
+def timing_cells(r):
+    ips = fmt(r.get("images_per_second"), ",.0f")
+    if r.get("images_per_second_min") is not None and r.get("trials", 1) > 1:
+        ips += f" ({r['images_per_second_min']:,.0f}-{r['images_per_second_max']:,.0f})"
+    rss = r.get("peak_rss_bytes")
+    return [r["framework"], r["mode"], r.get("exec") or "-", str(r["devices"]), str(r["processes"]), ips,
+            fmt(r.get("epoch_seconds_median"), ".2f"), fmt(r.get("first_step_seconds"), ".2f"),
+            fmt(r.get("startup_seconds"), ".1f"), fmt(r.get("gflops"), ".1f"), fmt(r.get("scaling_efficiency"), ".2f"),
+            fmt(rss / 2**20 if rss else None, ",.0f"), fmt(r.get("test_accuracy"), ".4f"), status(r)]
+
+
+def format_table(runs, timing=False):
+    """A markdown table: the comparison (default) or the timing view (benchmarks, repeated trials)."""
+    columns, cells = (TIMING_COLUMNS, timing_cells) if timing else (COLUMNS, row_cells)
+    rows = [cells(r) for r in runs]
+    widths = [max([len(c)] + [len(row[i]) for row in rows]) for i, c in enumerate(columns)]
+    line = lambda items: "| " + " | ".join(c.ljust(w) for c, w in zip(items, widths)) + " |"  # noqa: E731
+    return "\n".join([line(columns), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
 
 
 def write_json(path, env, dataset, runs):

@@ -15,7 +15,7 @@ from .lenet import init_weights
 from .sharding import shard_bounds
 from .timing import Timer
 
-LOGGED_STEPS = 20   # per-step losses kept for the parity checks
+LOGGED_STEPS = 2000   # per-step losses kept, for the parity checks and the loss curves
 
 
 class Scratch:
@@ -69,7 +69,20 @@ class Builtin(Scratch):
         return None   # the engine keeps its replicas itself; equality is tested through to_numpy
 
 
-MODES = {"scratch": Scratch, "builtin": Builtin}
+class Idiomatic(Builtin):
+    """The framework's minimal single-device loop (its folder's idiomatic.py: model, optimizer, loss):
+    the reference that shows what the from-scratch harness costs."""
+
+    def __init__(self, fw, devices):
+        Scratch.__init__(self, fw, devices)
+        self.engine = load_module(fw.name, "idiomatic")
+
+
+MODES = {"scratch": Scratch, "builtin": Builtin, "idiomatic": Idiomatic}
+
+
+def steps_per_epoch(n, batch_size, min_size=1):
+    return n // batch_size + (1 if n % batch_size >= min_size else 0)
 
 
 def digest(weights):
@@ -87,7 +100,9 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
     runner.start(init_weights(seed, init))
     record = {"epoch_loss_sums": [], "epoch_sizes": [], "epoch_seconds": [], "step_loss_sums": [],
               "step_sizes": [], "first_step_seconds": None, "first_step_images": 0, "images": 0}
-    steps = 0
+    steps, total_steps = 0, epochs * steps_per_epoch(len(data.y_train), batch_size, min_size)
+    if max_steps is not None:
+        total_steps = min(total_steps, max_steps)
     for epoch in range(epochs):
         batches = epoch_batches(len(data.y_train), batch_size, seed, epoch, min_size)
         if max_steps is not None:
@@ -106,6 +121,8 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
                     record["first_step_seconds"], record["first_step_images"] = t.seconds, len(idx)
                 steps += 1
                 record["images"] += len(idx)
+                if progress and rank == 0:
+                    progress(steps, total_steps, loss)
                 loss_sum, size = loss_sum + loss * len(local), size + len(local)
                 if steps <= max(LOGGED_STEPS, max_steps or 0):
                     record["step_loss_sums"].append(loss * len(local))
@@ -113,8 +130,6 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
         record["epoch_loss_sums"].append(loss_sum)
         record["epoch_sizes"].append(size)
         record["epoch_seconds"].append(epoch_timer.seconds)
-        if progress and rank == 0:
-            progress(epoch + 1, epochs, loss_sum / size)
     record["test_accuracy"] = runner.evaluate(data.X_test, data.y_test)
     record["replica_spread"] = runner.spread()
     record["digest"] = digest(runner.weights())
@@ -134,10 +149,15 @@ def summarize(records):
         "train_seconds": train_seconds,
         "first_step_seconds": first,
         "epoch_seconds": epoch_seconds.tolist(),
+        "epoch_seconds_median": float(np.median(epoch_seconds)),
         "images_per_second": steady_images / steady_seconds if steady_seconds > 0 else None,
         "epoch_losses": (add("epoch_loss_sums") / add("epoch_sizes")).tolist(),
         "step_losses": (add("step_loss_sums") / add("step_sizes")).tolist(),
         "test_accuracy": records[0]["test_accuracy"],
         "replica_spread": max(spreads) if spreads else None,
         "processes_in_sync": len({r["digest"] for r in records}) == 1,
+        "exec": records[0].get("exec"),
+        "startup_seconds": max(r.get("startup_seconds", 0.0) for r in records),
+        "peak_rss_bytes": max(r.get("peak_rss_bytes", 0) for r in records),
+        "peak_device_memory_bytes": records[0].get("peak_device_memory_bytes"),
     }

@@ -6,7 +6,9 @@ that run. The worker writes its own record; compare.py merges the records of a r
 """
 import json
 import os
+import resource
 import sys
+import time
 import traceback
 
 
@@ -18,8 +20,15 @@ def set_threads(n):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's start-up chatter
 
 
-def progress(epoch, epochs, loss):
-    print(f"epoch {epoch}/{epochs} loss {loss:.4f}", file=sys.stderr, flush=True)
+_last_report = [0.0]
+
+
+def progress(step, steps, loss):
+    """A line at most twice a second; compare.py reads the last one for its progress bar."""
+    now = time.monotonic()
+    if now - _last_report[0] >= 0.5 or step == steps:
+        _last_report[0] = now
+        print(f"progress {step}/{steps} loss {loss:.4f}", file=sys.stderr, flush=True)
 
 
 def local_devices(fw, total, rank, world):
@@ -29,7 +38,7 @@ def local_devices(fw, total, rank, world):
     return fw.get_devices(per_process * (slot + 1))[per_process * slot:]
 
 
-def run(spec):
+def run(spec, started):
     from common.interface import load_framework, load_module
     fw = load_framework(spec["framework"])
     if spec.get("task") == "devices":
@@ -43,6 +52,9 @@ def run(spec):
     try:
         devices = local_devices(fw, spec["devices"], rank, world)
         runner = MODES[spec["mode"]](fw, devices)
+        exec_name = (load_module(fw.name, "execution").use(spec.get("exec", "default")) if spec["mode"] == "scratch"
+                     else runner.engine.EXEC)   # the built-in engines and reference loops run their own way
+        startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step
         record = train(runner, data, spec["epochs"], spec["batch_size"], spec["lr"], spec["seed"],
                        spec.get("init", "he"), rank, world, min_size=spec["devices"], progress=progress,
                        max_steps=spec.get("max_steps"))
@@ -52,8 +64,10 @@ def run(spec):
     finally:
         if engine:
             engine.shutdown()
-    record.update(rank=rank, fingerprint=data.fingerprint(),
-                  device_names=[d["name"] for d in fw.device_info(devices)])
+    record.update(rank=rank, fingerprint=data.fingerprint(), exec=exec_name, startup_seconds=startup_seconds,
+                  device_names=[d["name"] for d in fw.device_info(devices)],
+                  peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  peak_device_memory_bytes=getattr(fw, "peak_memory", lambda d: None)(devices))
     return record
 
 
@@ -65,15 +79,15 @@ def serve(spec):
 
 
 def main(spec_json, out_path):
+    started = time.perf_counter()
     spec = json.loads(spec_json)
     set_threads(spec.get("threads") or os.cpu_count())
-    from common.interface import RosettaError, installed_version
+    from common.interface import RosettaError, Unavailable
     try:
         role = os.environ.get("DMLC_ROLE", "worker")
-        result = {"status": "ok", "error": None, **(run(spec) if role == "worker" else serve(spec))}
+        result = {"status": "ok", "error": None, **(run(spec, started) if role == "worker" else serve(spec))}
     except RosettaError as err:
-        not_installed = installed_version(spec["framework"]) is None or "not implemented" in str(err)
-        result = {"status": "skipped" if not_installed else "failed", "error": str(err)}
+        result = {"status": "skipped" if isinstance(err, Unavailable) else "failed", "error": str(err)}
     except Exception as err:   # a crash in one framework must not take the others' results with it
         traceback.print_exc()
         result = {"status": "failed", "error": f"{type(err).__name__}: {err}"}

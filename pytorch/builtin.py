@@ -10,6 +10,8 @@ from common.interface import RosettaError
 from .data_parallel import evaluate as evaluate_params
 from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
 
+EXEC = "eager"
+
 
 def get_model(weights, devices):
     if not dist.is_initialized() or len(devices) != 1:

@@ -1,0 +1,56 @@
+"""Turning repeated trials into honest numbers: medians with min and max, derived metrics computed from
+the spec (FLOPs) rather than typed in, scaling efficiency, and the CSV file."""
+import csv
+import statistics
+
+from .lenet import flops_per_image
+
+ROW_KEY = ("framework", "mode", "exec", "devices", "processes")
+TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "first_step_seconds",
+                 "startup_seconds", "test_accuracy", "peak_rss_bytes", "peak_device_memory_bytes")
+CSV_COLUMNS = ("framework", "mode", "exec", "devices", "processes", "trials", "status",
+               "images_per_second", "images_per_second_min", "images_per_second_max", "epoch_seconds_median",
+               "first_step_seconds", "startup_seconds", "gflops", "scaling_efficiency", "test_accuracy",
+               "peak_rss_bytes", "peak_device_memory_bytes", "error")
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def aggregate(trials):
+    """One row from the trials of one configuration: the first trial's details, metrics as medians,
+    throughput also as min and max; a configuration is ok only if every trial was."""
+    row = dict(trials[0])
+    row["trials"] = len(trials)
+    failed = [t for t in trials if t["status"] != "ok"]
+    if failed:
+        row.update(status=failed[0]["status"], error=failed[0].get("error"))
+        return row
+    for metric in TRIAL_METRICS:
+        row[metric] = median([t.get(metric) for t in trials])
+    ips = [t["images_per_second"] for t in trials if t.get("images_per_second")]
+    row["images_per_second_min"], row["images_per_second_max"] = (min(ips), max(ips)) if ips else (None, None)
+    row["gflops"] = row["images_per_second"] * flops_per_image() / 1e9 if row["images_per_second"] else None
+    if len(trials) > 1:
+        row["trial_images_per_second"] = [t.get("images_per_second") for t in trials]
+    return row
+
+
+def add_scaling(rows):
+    """Throughput at N devices / (N x throughput at 1 device), same framework, mode, exec and processes."""
+    single = {(r["framework"], r["mode"], r.get("exec")): r["images_per_second"]
+              for r in rows if r["status"] == "ok" and r["devices"] == 1 and r["processes"] == 1}
+    for r in rows:
+        base = single.get((r["framework"], r["mode"], r.get("exec")))
+        r["scaling_efficiency"] = (r["images_per_second"] / (r["devices"] * base)
+                                   if r["status"] == "ok" and base and r.get("images_per_second") else None)
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, CSV_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: r.get(k) for k in CSV_COLUMNS})

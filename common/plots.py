@@ -1,0 +1,35 @@
+"""The benchmark figure: loss curves of every run overlaid (the same data and weights, so they should
+coincide), and throughput bars with min-max whiskers over the trials."""
+import matplotlib
+
+matplotlib.use("Agg")   # files only, no screen needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {"pytorch": "tab:red", "mxnet": "tab:blue", "tensorflow": "tab:orange"}
+
+
+def label(r):
+    return f"{r['framework']} {r['mode']} {r.get('exec') or ''} {r['devices']}d/{r['processes']}p".replace("  ", " ")
+
+
+def plot_runs(path, runs, title=""):
+    ok = [r for r in runs if r["status"] == "ok"]
+    fig, (curves, bars) = plt.subplots(1, 2, figsize=(15, 6))
+    for r in ok:
+        losses = r.get("step_losses") or []
+        curves.plot(range(1, len(losses) + 1), losses, color=COLORS.get(r["framework"]), alpha=0.6, label=label(r))
+    curves.set(xlabel="training step", ylabel="training loss (global batch)", title="loss curves")
+    curves.legend(fontsize=7)
+    timed = [r for r in ok if r.get("images_per_second")]
+    ips = [r["images_per_second"] for r in timed]
+    low = [v - (r.get("images_per_second_min") or v) for v, r in zip(ips, timed)]
+    high = [(r.get("images_per_second_max") or v) - v for v, r in zip(ips, timed)]
+    bars.barh(range(len(timed)), ips, xerr=[low, high], capsize=3,
+              color=[COLORS.get(r["framework"]) for r in timed])
+    bars.set_yticks(range(len(timed)), [label(r) for r in timed], fontsize=7)
+    bars.invert_yaxis()
+    bars.set(xlabel="images/s (median; whiskers: min-max over trials)", title="training throughput")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,51 @@
+"""LeNet in MXNet ops. A replica is the list of parameter NDArrays on one context, in
+common.lenet.PARAM_NAMES order; MXNet's layout is PyTorch's, so no conversion is needed."""
+import numpy as np
+from mxnet import gluon, nd
+
+from common.lenet import LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
+
+CONV1, CONV2, FC1 = (LAYERS[name][1] for name in ("conv1", "conv2", "fc1"))   # weight shapes
+
+
+def get_params(weights, device):
+    params = [nd.array(weights[name], ctx=device) for name in PARAM_NAMES]
+    for p in params:
+        p.attach_grad()                    # grad_req "write": each backward overwrites the last gradient
+    return params
+
+
+class LeNet(gluon.HybridBlock):
+    """The forward pass with the parameters as inputs, so a replica stays a plain list of NDArrays.
+    A traced graph has no shapes to read: kernel sizes and widths come from the spec."""
+    def hybrid_forward(self, F, X, w1, b1, w2, b2, w3, b3, w4, b4):
+        relu = {"act_type": "relu"}        # Activation, not F.relu: only Activation has a oneDNN kernel
+        pool = {"kernel": (POOL, POOL), "stride": (POOL, POOL), "pool_type": "avg"}
+        h = F.Convolution(X, w1, b1, kernel=CONV1[2:], num_filter=CONV1[0])
+        h = F.Pooling(F.Activation(h, **relu), **pool)
+        h = F.Convolution(h, w2, b2, kernel=CONV2[2:], num_filter=CONV2[0])
+        h = F.Pooling(F.Activation(h, **relu), **pool)
+        h = F.Activation(F.FullyConnected(h, w3, b3, num_hidden=FC1[0]), **relu)   # flattens in C, H, W order
+        return F.FullyConnected(h, w4, b4, num_hidden=NUM_CLASSES)
+
+
+# hybridize: MXNet compiles the graph once, as torch.compile / tf.function would; static_alloc and
+# static_shape also reuse its memory from step to step, as an idiomatic Gluon loop does.
+lenet = LeNet()
+lenet.hybridize(static_alloc=True, static_shape=True)
+
+
+def forward(params, X):
+    return lenet(X, *params)
+
+
+cross_entropy = gluon.loss.SoftmaxCrossEntropyLoss()   # one loss per example
+
+
+def loss_sum(logits, y):
+    """Cross-entropy summed over the shard: shards add up to the global batch exactly."""
+    return cross_entropy(logits, y).sum()
+
+
+def to_numpy(params):
+    return {name: p.asnumpy().astype(np.float32) for name, p in zip(PARAM_NAMES, params)}

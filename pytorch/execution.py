@@ -1,0 +1,19 @@
+"""How the step runs: PyTorch executes eagerly, op by op, unless torch.compile traces the model into
+fused kernels (a first step of seconds, then less Python overhead per step)."""
+import torch
+
+from common.interface import Unavailable
+
+from . import data_parallel, lenet
+
+NAMES = {"eager": "eager", "graph": "torch.compile"}
+DEFAULT = "eager"
+
+
+def use(level):
+    """Switch the scratch step to `level` ('default', 'eager', 'graph' or 'xla'); returns its name here."""
+    level = DEFAULT if level == "default" else level
+    if level not in NAMES:
+        raise Unavailable(f"PyTorch has no {level!r} mode here (choose from {', '.join(NAMES)})")
+    data_parallel.forward = torch.compile(lenet.forward) if level == "graph" else lenet.forward
+    return NAMES[level]

@@ -1,0 +1,65 @@
+"""LeNet in TensorFlow ops. A replica is the list of tf.Variables on one device, in
+common.lenet.PARAM_NAMES order, holding the weights in TensorFlow's layout. The layout functions
+below are the one place where TensorFlow's layout and the canonical (PyTorch) one meet."""
+import numpy as np
+import tensorflow as tf
+
+from common.lenet import PARAM_NAMES, POOL, layer_outputs
+
+FLAT_CHW = dict(layer_outputs())["pool after conv2"]   # (C, H, W) = (50, 4, 4): what fc1 sees
+
+
+def images_to_tf(X):
+    """NCHW -> NHWC: TensorFlow's CPU convolutions want channels last."""
+    return tf.transpose(X, (0, 2, 3, 1))
+
+
+def to_tf_layout(name, a):
+    """Conv kernels (out, in, kh, kw) -> HWIO (kh, kw, in, out); dense weights (out, in) -> (in, out).
+    fc1 also reorders its inputs: TF flattens NHWC in H, W, C order, the canonical flatten is C, H, W.
+    Viewed as (out, C, H, W), fc1 is transposed like a conv kernel, then flattened to (H*W*C, out)."""
+    if name == "fc1.weight":
+        return a.reshape(a.shape[0], *FLAT_CHW).transpose(2, 3, 1, 0).reshape(-1, a.shape[0])
+    if a.ndim == 4:
+        return a.transpose(2, 3, 1, 0)
+    if a.ndim == 2:
+        return a.T
+    return a   # biases
+
+
+def to_canonical(name, a):
+    """The inverse of to_tf_layout."""
+    if name == "fc1.weight":
+        c, h, w = FLAT_CHW
+        return a.reshape(h, w, c, -1).transpose(3, 2, 0, 1).reshape(a.shape[1], -1)
+    if a.ndim == 4:
+        return a.transpose(3, 2, 0, 1)
+    if a.ndim == 2:
+        return a.T
+    return a
+
+
+def get_params(weights, device):
+    with tf.device(device):
+        return [tf.Variable(to_tf_layout(name, weights[name]), name=name) for name in PARAM_NAMES]
+
+
+def forward(params, X):
+    """X is a canonical NCHW batch, like every framework's; it is made NHWC here."""
+    w1, b1, w2, b2, w3, b3, w4, b4 = params
+    h = images_to_tf(X)
+    h = tf.nn.avg_pool2d(tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, w1, 1, "VALID"), b1)), POOL, POOL, "VALID")
+    h = tf.nn.avg_pool2d(tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, w2, 1, "VALID"), b2)), POOL, POOL, "VALID")
+    h = tf.reshape(h, (-1, w3.shape[0]))   # H, W, C order: fc1's rows were reordered to match
+    h = tf.nn.relu(tf.nn.bias_add(tf.matmul(h, w3), b3))
+    return tf.nn.bias_add(tf.matmul(h, w4), b4)
+
+
+def loss_sum(logits, y):
+    """Cross-entropy summed over the shard: shards add up to the global batch exactly."""
+    return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+
+
+def to_numpy(params):
+    return {name: np.ascontiguousarray(to_canonical(name, p.numpy()), dtype=np.float32)
+            for name, p in zip(PARAM_NAMES, params)}
