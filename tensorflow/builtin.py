@@ -9,19 +9,23 @@ from . import distributed as dist
 from .data_parallel import evaluate as evaluate_params, split_and_load
 from .lenet import forward, get_params, loss_sum, to_numpy as params_to_numpy
 
+EXEC = "tf.function"
+
 
 def get_model(weights, devices):
     """On the CPU the in-process strategy reduces on the first device, like the scratch allreduce (its
-    default, NCCL, is for GPUs only); MultiWorkerMirroredStrategy has one replica per CPU worker."""
+    default, NCCL, is for GPUs only). MultiWorkerMirroredStrategy picks its own devices: every GPU, or one
+    replica per CPU worker (on the worker's CPU:0, whichever logical CPU the worker was given)."""
     if dist.is_initialized():
         strategy = dist.STRATEGY
     elif tf.DeviceSpec.from_string(devices[0]).device_type == "GPU":
         strategy = tf.distribute.MirroredStrategy(devices)
     else:
         strategy = tf.distribute.MirroredStrategy(devices, tf.distribute.ReductionToOneDevice(devices[0]))
-    if len(strategy.extended.worker_devices) != len(devices):
-        raise RosettaError(f"MultiWorkerMirroredStrategy runs {len(strategy.extended.worker_devices)} replica(s) "
-                           f"per process here, not {len(devices)}: use as many processes as devices")
+    replicas = len(strategy.extended.worker_devices)
+    if replicas != len(devices):
+        raise RosettaError(f"MultiWorkerMirroredStrategy runs {replicas} replica(s) per process here, "
+                           f"not {len(devices)}: use as many processes as devices")
     with strategy.scope():   # variables made here are mirrored: one copy per replica, updated together
         params = get_params(weights, None)
         optimizer = tf.keras.optimizers.SGD(learning_rate=0.0)

@@ -1,14 +1,16 @@
-"""TensorFlow across processes: MultiWorkerMirroredStrategy. A worker joins from TF_CONFIG (every worker's
-host:port and its own index); compare.py sets it, naming every worker on 127.0.0.1.
+"""TensorFlow across processes: MultiWorkerMirroredStrategy. A worker joins from TF_CONFIG (every
+worker's host:port and its own index); compare.py sets it, naming every worker on 127.0.0.1.
 
-By hand on one machine: the same spec and cluster for every worker, its own index for each (from the repo root):
+By hand on one machine, from the repo root: one spec and one cluster for all workers, an index for each:
     SPEC='{"framework": "tensorflow", "mode": "builtin", "devices": 2, "processes": 2, "dataset": "digits",
            "epochs": 3, "batch_size": 256, "lr": 0.1, "seed": 0}'
     CLUSTER='"cluster": {"worker": ["127.0.0.1:23456", "127.0.0.1:23457"]}'
-    TF_CONFIG="{$CLUSTER, \"task\": {\"type\": \"worker\", \"index\": 0}}" python -m common.worker "$SPEC" rank0.json &
-    TF_CONFIG="{$CLUSTER, \"task\": {\"type\": \"worker\", \"index\": 1}}" python -m common.worker "$SPEC" rank1.json
-On several machines: the same, one worker per machine, the cluster naming each machine's host:port (worker
-i is the i-th entry). Start them in any order: each waits for the others.
+    TF_CONFIG="{$CLUSTER, \"task\": {\"type\": \"worker\", \"index\": 0}}" \
+        python -m common.worker "$SPEC" rank0.json &
+    TF_CONFIG="{$CLUSTER, \"task\": {\"type\": \"worker\", \"index\": 1}}" \
+        python -m common.worker "$SPEC" rank1.json
+On several machines: the same, one worker per machine, the cluster naming each machine's host:port
+(worker i is the i-th entry). Start them in any order: each waits for the others.
 """
 import os
 
@@ -49,7 +51,7 @@ def is_initialized():
 
 def all_reduce(t):
     """The element-wise sum of t over all processes: the strategy's collective all-reduce, run in its one
-    replica here (on the CPU it has one per process; on GPUs one per visible GPU, which would add t in twice)."""
+    replica here (on the CPU it has one per process; on GPUs one per visible GPU: t would count twice)."""
     if len(STRATEGY.extended.worker_devices) != 1:
         raise RosettaError("the scratch mode across processes needs one visible GPU per TensorFlow worker")
     return STRATEGY.run(lambda v: tf.distribute.get_replica_context().all_reduce("sum", v), args=(t,))
