@@ -1,4 +1,5 @@
-"""One process of a run: `python -m common.worker SPEC_JSON OUT_JSON`.
+"""One process of a run: `python -m common.worker SPEC_JSON OUT_JSON` (`{rank}` in OUT_JSON becomes the
+process's rank).
 
 compare.py starts one worker per run (several for a multi-process engine) so that each framework gets
 a fresh process with its thread count fixed before the framework is imported, and a crash loses only
@@ -91,6 +92,8 @@ def main(spec_json, out_path):
     except Exception as err:   # a crash in one framework must not take the others' results with it
         traceback.print_exc()
         result = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
+    if "{rank}" in out_path:   # hand-launched workers (torchrun, TF_CONFIG, DMLC_*) share one command line
+        out_path = out_path.replace("{rank}", str(result.get("rank", os.environ.get("DMLC_ROLE", 0))))
     with open(out_path, "w") as f:
         json.dump(result, f)
     return 0 if result["status"] != "failed" else 1
