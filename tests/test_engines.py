@@ -149,3 +149,25 @@ def test_ctrl_c_ends_every_process(tag):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err
     assert "Traceback" not in err
+
+
+def test_workers_launched_by_torchrun_compute_the_same_step(reference, tmp_path):
+    """The README's hand launch: torchrun sets the variables, the workers need nothing from compare.py."""
+    framework_or_skip("pytorch")
+    import json
+    out = tmp_path / "weights.npz"
+    spec = {"framework": "pytorch", "mode": "scratch", "devices": 2, "processes": 2, "dataset": "digits",
+            "epochs": 1, "batch_size": 97, "lr": 0.2, "seed": 5, "threads": 1, "max_steps": 1,
+            "weights_out": str(out)}
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node=2", "-m", "common.worker", json.dumps(spec),
+                           str(tmp_path / "out-{rank}.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads((tmp_path / f"out-{r}.json").read_text()) for r in (0, 1)]
+    assert records[0]["digest"] == records[1]["digest"]
+    ref_loss, ref_weights = reference("pytorch")
+    loss = sum(r["step_loss_sums"][0] for r in records) / sum(r["step_sizes"][0] for r in records)
+    assert loss == pytest.approx(ref_loss, abs=1e-5)
+    weights = dict(np.load(out))
+    for name, value in ref_weights.items():
+        np.testing.assert_allclose(weights[name], value, atol=1e-5)
