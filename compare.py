@@ -16,15 +16,13 @@ import sys
 from common.benchmark import add_scaling, aggregate, write_csv
 from common.data import DATASETS, load_dataset
 from common.interface import FRAMEWORKS, RosettaError
-from common.launch import run_workers
+from common.launch import PROCESS_PER_DEVICE, run_workers
 from common.lenet import INITS
 from common.report import add_parity, environment, format_table, write_json
 from common.training import MODES, summarize
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 EXEC_LEVELS = ("default", "eager", "graph", "xla")
-# DistributedDataParallel is PyTorch's only working data parallelism on the CPU: one process per device.
-PROCESS_PER_DEVICE = {("pytorch", "builtin")}
 # --benchmark: the setting (synthetic 60,000 images, batch 256), every execution mode on one
 # device, the idiomatic reference loops, and the default mode on 2 devices for scaling; 3 trials.
 BENCHMARK = {"dataset": "synthetic", "n_synthetic": 60000, "epochs": 1, "batch_size": 256, "repeats": 3,

@@ -17,6 +17,14 @@ import time
 from .interface import ROOT
 
 POLL_SECONDS = 0.2
+# DistributedDataParallel is PyTorch's only working data parallelism on the CPU: one process per device,
+# and a process group even for a single device.
+PROCESS_PER_DEVICE = {("pytorch", "builtin")}
+
+
+def uses_engine(spec):
+    """Whether the run's processes join their framework's multi-process engine."""
+    return spec.get("processes", 1) > 1 or (spec["framework"], spec.get("mode")) in PROCESS_PER_DEVICE
 
 
 def free_ports(n):
@@ -32,8 +40,6 @@ def free_ports(n):
 
 def engine_env(framework, world):
     """(per-worker environments, [(name, environment)] of helper processes) for one run."""
-    if world == 1:
-        return [{}], []
     ports = free_ports(world + 1)
     if framework == "pytorch":   # what `torchrun --standalone --nproc-per-node=N` sets
         base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports[0]), "WORLD_SIZE": str(world),
@@ -84,7 +90,7 @@ def run_workers(spec, timeout=None, processes=1, progress=None):
     in rank order, or one failed result. Never raises for a failed run: a crash, a dead worker, a timeout
     becomes status 'failed' with the reason, and every process of the run is gone when this returns.
     progress(step, steps), if given, is called as the first worker reports."""
-    worker_envs, helper_envs = engine_env(spec["framework"], processes)
+    worker_envs, helper_envs = engine_env(spec["framework"], processes) if uses_engine(spec) else ([{}], [])
     with tempfile.TemporaryDirectory(prefix="rosetta-") as tmp:
         procs, logs = [], []
 

@@ -45,10 +45,11 @@ def run(spec, started):
     if spec.get("task") == "devices":
         return {"devices": fw.device_info(fw.get_devices(spec.get("devices")))}
     from common.data import load_dataset
+    from common.launch import uses_engine
     from common.training import MODES, train
     data = load_dataset(spec["dataset"], spec.get("data_dir"), spec.get("n_synthetic", 60000), spec["seed"])
     world = spec.get("processes", 1)
-    engine = load_module(fw.name, "distributed") if world > 1 else None
+    engine = load_module(fw.name, "distributed") if uses_engine(spec) else None
     rank, world = engine.init_process() if engine else (0, 1)
     try:
         devices = local_devices(fw, spec["devices"], rank, world)
