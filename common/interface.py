@@ -29,6 +29,8 @@ CONTRACT = {
                    "CPU devices (1 when n is None). n < 1 or more GPUs than exist raises RosettaError.",
     "device_info": "device_info(devices) -> list of dicts: name, type, index, memory_bytes (None if unknown).",
     "sync": "sync(devices) -> None: wait until all queued work on the devices is done (for timers).",
+    "peak_memory": "peak_memory(devices) -> peak GPU memory in bytes, summed over the devices; None on the CPU "
+                   "or where the framework does not tell.",
     # lenet.py: the model of common/lenet.py, in this framework's ops.
     "get_params": "get_params(weights, device) -> replica: the canonical numpy weights, on one device.",
     "forward": "forward(replica, X) -> logits for a batch X already on the replica's device.",

@@ -69,7 +69,7 @@ def run(spec, started):
     record.update(rank=rank, fingerprint=data.fingerprint(), exec=exec_name, startup_seconds=startup_seconds,
                   device_names=[d["name"] for d in fw.device_info(devices)],
                   peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                  peak_device_memory_bytes=getattr(fw, "peak_memory", lambda d: None)(devices))
+                  peak_device_memory_bytes=fw.peak_memory(devices))
     return record
 
 

@@ -36,3 +36,8 @@ def device_info(devices):
 def sync(devices):
     """MXNet's engine runs every op asynchronously, CPU ones too: a timer must wait for all of them."""
     mx.nd.waitall()
+
+
+def peak_memory(devices):
+    """MXNet reports a GPU's free and total memory, not a peak: None (the process RSS is reported)."""
+    return None

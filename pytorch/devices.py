@@ -30,3 +30,9 @@ def sync(devices):
     for d in set(devices):
         if d.type == "cuda":
             torch.cuda.synchronize(d)
+
+
+def peak_memory(devices):
+    """Peak GPU memory PyTorch's allocator handed out, summed over the GPUs; None on the CPU (see RSS)."""
+    gpus = {d for d in devices if d.type == "cuda"}
+    return sum(torch.cuda.max_memory_allocated(d) for d in gpus) if gpus else None

@@ -54,3 +54,9 @@ def sync(devices):
     """GPU kernels run asynchronously: sync_devices waits for them. Eager CPU ops are synchronous."""
     if any(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices):
         tf.test.experimental.sync_devices()
+
+
+def peak_memory(devices):
+    """Peak memory of TensorFlow's GPU allocator, summed over the GPUs; None on the CPU (see RSS)."""
+    gpus = [d for d in devices if tf.DeviceSpec.from_string(d).device_type == "GPU"]
+    return sum(tf.config.experimental.get_memory_info(d)["peak"] for d in gpus) if gpus else None
