@@ -4,7 +4,7 @@ below are the one place where TensorFlow's layout and the canonical (PyTorch) on
 import numpy as np
 import tensorflow as tf
 
-from common.lenet import PARAM_NAMES, POOL, layer_outputs
+from common.lenet import IMAGE_SHAPE, LAYERS, NUM_CLASSES, PARAM_NAMES, POOL, layer_outputs
 
 FLAT_CHW = dict(layer_outputs())["pool after conv2"]   # (C, H, W) = (50, 4, 4): what fc1 sees
 
@@ -63,3 +63,19 @@ def loss_sum(logits, y):
 def to_numpy(params):
     return {name: np.ascontiguousarray(to_canonical(name, p.numpy()), dtype=np.float32)
             for name, p in zip(PARAM_NAMES, params)}
+
+
+def build_model(weights):
+    """The same LeNet as an idiomatic keras.Sequential (for the reference loop). It takes the canonical
+    NCHW batch and makes it channels-last with Permute, as forward does; its weights come out in
+    PARAM_NAMES order, in TensorFlow's layout."""
+    (c1, _, k1, _), (c2, _, k2, _) = LAYERS["conv1"][1], LAYERS["conv2"][1]
+    h1 = LAYERS["fc1"][1][0]
+    layers = tf.keras.layers
+    model = tf.keras.Sequential([
+        layers.Input(IMAGE_SHAPE), layers.Permute((2, 3, 1)),
+        layers.Conv2D(c1, k1, activation="relu"), layers.AveragePooling2D(POOL),
+        layers.Conv2D(c2, k2, activation="relu"), layers.AveragePooling2D(POOL),
+        layers.Flatten(), layers.Dense(h1, activation="relu"), layers.Dense(NUM_CLASSES)])
+    model.set_weights([to_tf_layout(name, weights[name]) for name in PARAM_NAMES])
+    return model

@@ -1,0 +1,48 @@
+"""MXNet's minimal training loop, as in the Gluon tutorials: a hybridized HybridSequential, a
+gluon.Trainer with SGD and SoftmaxCrossEntropyLoss on one context, no harness. The benchmark times
+it beside the scratch step to show what the from-scratch recipe costs."""
+from mxnet import autograd, gluon, nd
+
+from common.interface import Unavailable
+
+from .lenet import build_model, to_numpy as params_to_numpy
+
+EXEC = "hybridize"
+
+loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()   # one loss per example
+
+
+def get_model(weights, devices):
+    """On one context the Trainer updates the weights itself (it makes no kvstore)."""
+    if len(devices) != 1:
+        raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
+    net = build_model(weights)
+    net.collect_params().reset_ctx(devices[0])
+    return net, gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0})
+
+
+def train_step(model, X, y, devices, lr, batch_size=None):
+    """backward() of the per-example losses sums their gradients; trainer.step(batch_size) divides
+    the sum by the batch size: the recipe's update."""
+    net, trainer = model
+    X = nd.array(X, ctx=devices[0], dtype=X.dtype)   # copies, as split_and_load
+    y = nd.array(y, ctx=devices[0], dtype=y.dtype)
+    with autograd.record():
+        loss = loss_fn(net(X), y)
+    loss.backward()
+    trainer.set_learning_rate(lr)
+    trainer.step(batch_size or len(X))
+    return float(loss.sum().asscalar()) / len(X)
+
+
+def to_numpy(model):
+    return params_to_numpy([p.data() for p in model[0].collect_params().values()])
+
+
+def evaluate(model, X, y, batch_size=1000):
+    net = model[0]
+    correct = 0
+    for i in range(0, len(X), batch_size):
+        X_batch = nd.array(X[i:i + batch_size], ctx=net.collect_params().list_ctx()[0])
+        correct += (net(X_batch).argmax(axis=1).asnumpy() == y[i:i + batch_size]).sum()
+    return float(correct) / len(X)
