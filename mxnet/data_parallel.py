@@ -4,6 +4,7 @@ from mxnet import autograd, nd
 
 from common.sharding import shard_bounds
 
+from . import distributed as dist
 from .lenet import forward, loss_sum
 
 
@@ -14,10 +15,14 @@ def split_and_load(array, devices):
             for (a, b), d in zip(shard_bounds(len(array), len(devices)), devices)]
 
 
-def allreduce(tensors):
-    """Sum on the first tensor's context, then copy the sum back into every tensor, in place."""
+def allreduce(tensors, key=0):
+    """Sum on the first tensor's context, then copy the sum back into every tensor, in place.
+    In a multi-process run the local sum is also summed across processes by the kvstore, which names
+    each value by a key: the same value must get the same key in every process (train_step: its index)."""
     for t in tensors[1:]:
         tensors[0] += t.copyto(tensors[0].context)
+    if dist.is_initialized():
+        dist.all_reduce(tensors[0], key)
     for t in tensors[1:]:
         tensors[0].copyto(t)
     return tensors
@@ -37,8 +42,8 @@ def train_step(replicas, X, y, devices, lr, batch_size=None):
     for loss in losses:
         loss.backward()
     grads = [[p.grad for p in params] for params in replicas]
-    for per_device in zip(*grads):         # one parameter's gradient on every context
-        allreduce(list(per_device))
+    for key, per_device in enumerate(zip(*grads)):   # one parameter's gradient on every context
+        allreduce(list(per_device), key)
     for params, device_grads in zip(replicas, grads):
         sgd(params, device_grads, lr, batch_size or len(X))
     return sum(loss.asscalar() for loss in losses) / len(X)

@@ -1,0 +1,52 @@
+"""MXNet's own data parallelism: gluon.Trainer over a kvstore. In one process the `device` kvstore
+sums the gradients of the Parameters' copies on every context; across processes the `dist_sync`
+kvstore that distributed.py created also sums them over all workers (through the server)."""
+from mxnet import autograd, gluon, nd
+
+from . import distributed as dist
+from .data_parallel import evaluate as evaluate_params, split_and_load
+from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
+
+EXEC = "hybridize"
+
+
+def get_model(weights, devices):
+    """A copy of every Parameter on every context. update_on_kvstore=False: the kvstore only sums the
+    gradients and each context applies the SGD update to its own copy, like the scratch sgd (a dist
+    kvstore would otherwise run the optimizer on the server, fixed at its first learning rate and batch
+    size). Without a kvstore (kvstore=None) the Trainer would update each copy with its own gradient."""
+    net = build_model(weights)             # hybridized, on the CPU
+    net.collect_params().reset_ctx(devices)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0},
+                            kvstore=dist.KV if dist.is_initialized() else "device", update_on_kvstore=False)
+    if dist.is_initialized():
+        trainer._init_kvstore()            # broadcast the weights now, not in the first step: there, on the
+        trainer._init_params()             # CPU, the weights' pull can overtake the gradients' pushpull and
+        nd.waitall()                       # come back holding the summed gradients (MXNet 1.9.1)
+    return net, trainer
+
+
+def train_step(model, X, y, devices, lr, batch_size=None):
+    """The Trainer sums the contexts' (and processes') gradients of their summed losses; step(global
+    batch) then makes its update lr * sum / global batch, the recipe's, even when shards differ in size."""
+    net, trainer = model
+    X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
+    with autograd.record():                # queued asynchronously: the contexts work in parallel
+        losses = [loss_sum(net(X_shard), y_shard) for X_shard, y_shard in zip(X_shards, y_shards)]
+    autograd.backward(losses)
+    trainer.set_learning_rate(lr)
+    trainer.step(batch_size or len(X))
+    return sum(loss.asscalar() for loss in losses) / len(X)
+
+
+def params(net):
+    """The Parameters' copies on the first context, in PARAM_NAMES order: a scratch replica."""
+    return [p.list_data()[0] for p in net.collect_params().values()]
+
+
+def to_numpy(model):
+    return params_to_numpy(params(model[0]))
+
+
+def evaluate(model, X, y):
+    return evaluate_params(params(model[0]), X, y)

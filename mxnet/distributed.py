@@ -1,0 +1,60 @@
+"""MXNet across processes: a `dist_sync` kvstore over ps-lite. A job is a scheduler, a server and the
+workers, each the same program started with DMLC_* variables (a scheduler or server runs the moment it
+imports mxnet, and exits when the workers are done); compare.py sets the same ones.
+
+By hand on one machine, from the repo root: the same variables for every process, a role for each
+(`{rank}` in the output path becomes the worker's rank, which the scheduler hands out):
+    export DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT=9091 DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=2 \
+           DMLC_NODE_HOST=127.0.0.1 DMLC_INTERFACE=lo
+    SPEC='{"framework": "mxnet", "mode": "builtin", "devices": 2, "processes": 2, "dataset": "digits",
+           "epochs": 3, "batch_size": 256, "lr": 0.1, "seed": 0}'
+    DMLC_ROLE=scheduler python -m common.worker "$SPEC" scheduler.json &   # these two write no result
+    DMLC_ROLE=server python -m common.worker "$SPEC" server.json &
+    DMLC_ROLE=worker python -m common.worker "$SPEC" out-{rank}.json &
+    DMLC_ROLE=worker python -m common.worker "$SPEC" out-{rank}.json
+On several machines: the same, one worker per machine, DMLC_PS_ROOT_URI the scheduler's address and
+DMLC_NODE_HOST / DMLC_INTERFACE each machine's own address and network interface. Start them in any
+order: each waits for the others; all of them exit when the workers are done.
+"""
+import ctypes
+import sys
+
+import mxnet as mx
+from mxnet.base import _LIB, check_call
+
+KV = None      # the process's dist_sync kvstore, once init_process has run
+KEYS = set()   # the keys declared on it so far
+
+
+def init_process():
+    """Join the job named by the DMLC_* variables (this waits for every other process). Returns (rank,
+    world size)."""
+    global KV
+    KV = mx.kv.create("dist_sync")
+    return KV.rank, KV.num_workers
+
+
+def shutdown():
+    """A worker leaves when its kvstore is freed (here, or when the process exits if a Trainer still holds
+    it): the workers meet at a barrier, then the server and scheduler exit by themselves. A worker that
+    leaves on an exception skips that barrier, or it would hang: the others wait for its next push."""
+    global KV
+    if KV is not None and sys.exc_info()[0] is not None:
+        check_call(_LIB.MXKVStoreSetBarrierBeforeExit(KV.handle, ctypes.c_int(0)))
+    KV = None
+    KEYS.clear()
+
+
+def is_initialized():
+    return KV is not None
+
+
+def all_reduce(t, key):
+    """The element-wise sum of t over all processes, in place: every worker pushes t under `key`, the
+    server adds the pushes up, every worker pulls the sum. A key is declared (kv.init, itself a barrier)
+    on its first use, so every process must use the same keys in the same order."""
+    if key not in KEYS:
+        KV.init(key, t)
+        KEYS.add(key)
+    KV.pushpull(key, t, out=t)
+    return t
