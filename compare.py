@@ -18,7 +18,7 @@ from common.data import DATASETS, load_dataset
 from common.interface import FRAMEWORKS, RosettaError
 from common.launch import PROCESS_PER_DEVICE, run_workers
 from common.lenet import INITS
-from common.report import add_parity, environment, format_table, write_json
+from common.report import add_parity, environment, environment_line, format_table, write_json
 from common.training import MODES, summarize
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
@@ -203,7 +203,7 @@ def compare(args):
         plot_runs(args.plot, runs, title=f"{dataset['name']}, batch {args.batch_size}, {env['cpu']}")
     if args.benchmark:
         with open(os.path.join("results", "benchmark.md"), "w") as f:
-            f.write(f"Command: `{env['command']}`\n\nEnvironment: {env}\n\n{table}\n")
+            f.write(f"Command: `python {env['command']}`\n\nEnvironment: {environment_line(env)}\n\n{table}\n")
     for path in filter(None, (args.json, args.csv, args.plot)):
         print(f"wrote {path}", file=sys.stderr)
     return 1 if any(r["status"] == "failed" for r in runs) else 0

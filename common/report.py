@@ -50,6 +50,12 @@ def environment():
     }
 
 
+def environment_line(env):
+    versions = ", ".join(f"{name} {v}" for name, v in env["frameworks"].items() if v)
+    return (f"{env['cpu']} ({env['cpu_count']} cores), {', '.join(env['gpus']) or 'no GPU'}; Python {env['python']}, "
+            f"{versions}, numpy {env['numpy']}; {env['platform']}")
+
+
 def installed_version_of(dist):
     import importlib.metadata
     try:
