@@ -65,16 +65,13 @@ def installed_version_of(dist):
 
 
 def add_parity(runs):
-    """Each ok run's distance from the first ok framework's first-step loss in the same configuration:
-    identical weights and batches, so anything above float32 round-off is a translation bug."""
-    reference = {}
-    for run in runs:
-        if run["status"] == "ok" and run.get("step_losses"):
-            key = (run["mode"], run.get("exec"), run["devices"], run["processes"])
-            first = run["step_losses"][0]
-            reference.setdefault(key, (run["framework"], first))
-            run["step1_loss_diff"] = abs(first - reference[key][1])
-            run["parity_reference"] = reference[key][0]
+    """Each ok run's distance from the first ok run's first-step loss. The first step is the same
+    arithmetic in every framework, mode, exec level and device or process count (the same weights, the
+    same first global batch), so anything above float32 round-off is a translation bug."""
+    ok = [r for r in runs if r["status"] == "ok" and r.get("step_losses")]
+    for run in ok:
+        run["step1_loss_diff"] = abs(run["step_losses"][0] - ok[0]["step_losses"][0])
+        run["parity_reference"] = f"{ok[0]['framework']} {ok[0]['mode']} {ok[0]['devices']}d/{ok[0]['processes']}p"
 
 
 def fmt(value, spec):

@@ -86,3 +86,13 @@ def test_list_devices():
     proc = compare("--list-devices", "--frameworks", "pytorch", "--devices", "3")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("pytorch: [") == 3
+
+
+def test_parity_column_compares_across_frameworks_modes_and_exec_levels():
+    from common.report import add_parity
+    runs = [{"framework": f, "mode": m, "exec": e, "devices": d, "processes": p, "status": "ok", "step_losses": [l]}
+            for f, m, e, d, p, l in [("pytorch", "scratch", "eager", 2, 1, 2.5), ("mxnet", "scratch", "hybridize", 2, 1, 2.5001),
+                                     ("tensorflow", "builtin", "tf.function", 2, 2, 2.4)]]
+    runs.append({"framework": "mxnet", "mode": "scratch", "status": "failed"})
+    add_parity(runs)
+    assert [r.get("step1_loss_diff") for r in runs] == [0.0, pytest.approx(1e-4), pytest.approx(0.1), None]
