@@ -148,7 +148,3 @@ def run_workers(spec, timeout=None, processes=1, progress=None):
             if results[-1]["status"] == "failed":
                 results[-1]["log"] = log_tail(len(helper_envs) + r)
         return results
-
-
-def run_worker(spec, timeout=None):
-    return run_workers(spec, timeout, 1)[0]

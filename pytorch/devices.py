@@ -2,7 +2,6 @@
 (PyTorch gives the CPU no index, so several replicas on `cpu` stand in for several devices)."""
 import torch
 
-from common.interface import RosettaError
 from common.sharding import check_device_count
 
 
