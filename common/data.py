@@ -13,9 +13,20 @@ from .interface import RosettaError
 DATASETS = ("digits", "fashion-mnist", "mnist", "synthetic")
 DEBIAN_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}   # apt-get install dataset-fashion-mnist
 MIRRORS = {
-    "fashion-mnist": ["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"],
+    "fashion-mnist": ["https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
+                      "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"],
     "mnist": ["https://ossci-datasets.s3.amazonaws.com/mnist/",
               "https://storage.googleapis.com/cvdf-datasets/mnist/"],
+}
+PUBLISHED_MD5 = {   # of the published .gz files (torchvision's list); a mirror serving anything else is skipped
+    "fashion-mnist": {"train-images-idx3-ubyte": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+                      "train-labels-idx1-ubyte": "25c81989df183df01b3e8a0aad5dffbe",
+                      "t10k-images-idx3-ubyte": "bef4ecab320f06d8554ea6380940ec79",
+                      "t10k-labels-idx1-ubyte": "bb300cfdad3c16e7a12a480ee83cd310"},
+    "mnist": {"train-images-idx3-ubyte": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+              "train-labels-idx1-ubyte": "d53e105ee54ea40749a09fcbcd1e9432",
+              "t10k-images-idx3-ubyte": "9fb629c4189551a2d022fa330f9573f3",
+              "t10k-labels-idx1-ubyte": "ec29112dd5afa0611ce80d1b7f02629c"},
 }
 IDX_FILES = {  # split: (images file, labels file), standard names without .gz
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -142,6 +153,9 @@ def load_idx_dataset(name, data_dir=None):
 
 
 def download(name):
+    """Into the cache, each file from the first mirror that serves the published bytes (MD5 checked:
+    a proxy's error page or a re-packed file must not become the data set). Local copies, such as
+    Debian's re-compressed ones, are checked by their headers and counts instead."""
     target = cache_dir(name)
     hint = (" or install Debian's dataset-fashion-mnist package" if name in DEBIAN_DIRS else "")
     os.makedirs(target, exist_ok=True)
@@ -153,9 +167,12 @@ def download(name):
             try:
                 with urllib.request.urlopen(mirror + base + ".gz", timeout=20) as response:
                     blob = response.read()
-                break
             except OSError as err:
                 errors.append(f"{mirror}: {err}")
+                continue
+            if hashlib.md5(blob).hexdigest() == PUBLISHED_MD5[name][base]:
+                break
+            errors.append(f"{mirror}{base}.gz: MD5 {hashlib.md5(blob).hexdigest()} is not the published one")
         else:
             raise RosettaError(f"{name} not found locally and could not be downloaded ({errors[-1]}); "
                                f"put the IDX files in a folder and pass --data-dir{hint}")

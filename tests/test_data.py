@@ -1,10 +1,15 @@
+import functools
 import gzip
+import hashlib
+import http.server
 import os
+import threading
 
 import numpy as np
 import pytest
 
 from common import RosettaError
+from common import data as data_module
 from common.data import load_dataset, make_synthetic, read_idx_pair, write_idx
 
 
@@ -101,3 +106,51 @@ def test_debian_fashion_mnist_is_the_standard_set():
     data = load_dataset("fashion-mnist")
     assert data.X_train.shape == (60000, 1, 28, 28) and data.X_test.shape == (10000, 1, 28, 28)
     assert np.bincount(data.y_train).tolist() == [6000] * 10
+
+
+@pytest.fixture
+def mirrors(tmp_path, monkeypatch):
+    """Two local mirrors of a small MNIST: the first serves a wrong (re-packed) training-images file,
+    the second the published bytes; the cache is a fresh folder. Yields the arrays and the request log."""
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir(), bad.mkdir()
+    arrays = make_idx_dir(good)
+    (bad / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(gzip.decompress(
+        (good / "train-images-idx3-ubyte.gz").read_bytes()), compresslevel=1))
+    requests = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            requests.append(self.path)
+
+    handler = functools.partial(Handler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    md5 = {f.name[:-3]: hashlib.md5(f.read_bytes()).hexdigest() for f in good.iterdir()}
+    monkeypatch.setitem(data_module.MIRRORS, "mnist", [url + "bad/", url + "good/"])
+    monkeypatch.setitem(data_module.PUBLISHED_MD5, "mnist", md5)
+    monkeypatch.setenv("ROSETTA_CACHE", str(tmp_path / "cache"))
+    yield arrays, requests
+    server.shutdown()
+
+
+def test_download_checks_the_published_md5_and_caches(mirrors, tmp_path):
+    arrays, requests = mirrors
+    data = load_dataset("mnist")
+    np.testing.assert_array_equal(data.y_train, arrays["train"][1])
+    np.testing.assert_allclose(data.X_train[:, 0] * 255, arrays["train"][0], atol=1e-3)
+    # the re-packed file was fetched and refused; the next mirror's published bytes were kept
+    assert any(r.startswith("/bad/train-images") for r in requests)
+    cached = tmp_path / "cache" / "mnist" / "train-images-idx3-ubyte.gz"
+    assert cached.read_bytes() == (tmp_path / "good" / "train-images-idx3-ubyte.gz").read_bytes()
+    assert sorted(os.listdir(cached.parent)) == sorted(os.listdir(tmp_path / "good"))   # no .part left
+    asked = len(requests)
+    assert load_dataset("mnist").fingerprint() == data.fingerprint() and len(requests) == asked   # from the cache
+
+
+def test_download_from_no_good_mirror_fails_clearly(mirrors, tmp_path, monkeypatch):
+    monkeypatch.setitem(data_module.MIRRORS, "mnist", data_module.MIRRORS["mnist"][:1])   # only the bad one
+    with pytest.raises(RosettaError, match=r"could not be downloaded \(.*MD5 .* not the published one\); .*--data-dir"):
+        load_dataset("mnist")
+    assert not any(f.endswith((".part", "train-images-idx3-ubyte.gz")) for f in os.listdir(tmp_path / "cache" / "mnist"))
