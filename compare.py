@@ -5,11 +5,13 @@
     python compare.py --mode scratch,builtin --processes 1,2   # the frameworks' own engines too
     python compare.py --benchmark              # the timing table: table, CSV, JSON and PNG
     python compare.py --list-devices           # what each framework sees
+    python compare.py --merge out-*.json       # the table of a hand-launched run (torchrun, TF_CONFIG, DMLC_*)
 
 Each run happens in its own process (common/worker.py): thread counts are fixed before the framework
 is imported, and a framework that crashes or is missing costs only its own row.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -90,6 +92,8 @@ def parse_args(argv):
                    help="the timing benchmark: synthetic 60,000 images, batch 256, every exec mode, the "
                         "idiomatic references, 3 trials; writes results/benchmark.{md,csv,json,png}")
     p.add_argument("--list-devices", action="store_true", help="print the devices each framework sees; no training")
+    p.add_argument("--merge", nargs="+", metavar="OUT_JSON",
+                   help="no training: the table of hand-launched runs from their workers' out-{rank}.json files")
     args = p.parse_args(argv)
     args.plan = [(mode, tuple(args.exec), None) for mode in args.mode]
     if args.benchmark:
@@ -158,16 +162,24 @@ def progress_bar(label):
 
 
 def run_one(spec, dataset, timeout, label):
-    """One trial of one row: launch its processes, merge their records, check they saw the same data."""
+    """One trial of one row: launch its processes and merge their records."""
     results = run_workers(spec, timeout, spec["processes"], progress=progress_bar(label))
     if sys.stderr.isatty():
         print("\r\033[K", end="", file=sys.stderr)
-    if any(r["status"] != "ok" for r in results):
-        return next(r for r in results if r["status"] != "ok")
-    if {r["fingerprint"] for r in results} != {dataset["fingerprint"]}:
+    return merge_records(results, dataset["fingerprint"])
+
+
+def merge_records(records, fingerprint):
+    """A run's result from its processes' records: every process ok, on the same data, ending with the
+    same weights (a run whose processes drifted apart computed something else)."""
+    if any(r["status"] != "ok" for r in records):
+        return next(r for r in records if r["status"] != "ok")
+    if {r["fingerprint"] for r in records} != {fingerprint}:
         return {"status": "failed", "error": "a worker saw different data (fingerprint mismatch)"}
-    return {"status": "ok", "error": None, "fingerprint": dataset["fingerprint"],
-            "device_names": sum((r["device_names"] for r in results), []), **summarize(results)}
+    if len({r["digest"] for r in records}) != 1:
+        return {"status": "failed", "error": "the processes ended with different weights"}
+    return {"status": "ok", "error": None, "fingerprint": fingerprint,
+            "device_names": sum((r["device_names"] for r in records), []), **summarize(records)}
 
 
 def compare(args):
@@ -188,7 +200,11 @@ def compare(args):
             print(f"  {result['status']}" + (f": {result['error']}" if result.get("error") else ""),
                   file=sys.stderr, flush=True)
             row_trials.append({**{k: spec[k] for k in SPEC_FIELDS}, **result})
-    runs = [aggregate(t) for t in trials]
+    return report(args, [aggregate(t) for t in trials], dataset)
+
+
+def report(args, runs, dataset):
+    """The table on stdout and the requested files; exit status 1 if a run failed."""
     add_scaling(runs)
     add_parity(runs)
     table = format_table(runs, timing=args.repeats > 1 or args.benchmark)
@@ -200,7 +216,7 @@ def compare(args):
         write_csv(args.csv, runs)
     if args.plot:
         from common.plots import plot_runs
-        plot_runs(args.plot, runs, title=f"{dataset['name']}, batch {args.batch_size}, {env['cpu']}")
+        plot_runs(args.plot, runs, title=f"{dataset['name']}, batch {runs[0]['batch_size']}, {env['cpu']}")
     if args.benchmark:
         with open(os.path.join("results", "benchmark.md"), "w") as f:
             f.write(f"Command: `python {env['command']}`\n\nEnvironment: {environment_line(env)}\n\n{table}\n")
@@ -209,10 +225,51 @@ def compare(args):
     return 1 if any(r["status"] == "failed" for r in runs) else 0
 
 
+def read_worker_records(paths):
+    """The workers' records grouped by run (a run is its spec), MXNet's scheduler and server left out."""
+    runs = {}
+    for path in paths:
+        try:
+            with open(path) as f:
+                record = json.load(f)
+        except (OSError, ValueError) as err:
+            raise RosettaError(f"{path}: cannot be read as a worker's JSON record ({err})")
+        if record.get("role") in ("scheduler", "server"):
+            continue
+        if record.get("status") != "ok":
+            raise RosettaError(f"{path}: the worker {record.get('status')}: {record.get('error')}")
+        if "spec" not in record:
+            raise RosettaError(f"{path}: no run spec in the record (written by python -m common.worker?)")
+        runs.setdefault(json.dumps(record["spec"], sort_keys=True), []).append(record)
+    return list(runs.values())
+
+
+def merge(args):
+    """The table of hand-launched runs (torchrun, TF_CONFIG, DMLC_*): one row per run, its records
+    checked as compare.py checks its own (every rank once, the same data, the same final weights)."""
+    runs, datasets = [], {}
+    for records in read_worker_records(args.merge):
+        spec, world = records[0]["spec"], records[0]["world"]
+        ranks = sorted(r["rank"] for r in records)
+        if ranks != list(range(world)):
+            raise RosettaError(f"{spec['framework']} {spec['mode']} run of {world} processes: found rank(s) "
+                               f"{', '.join(map(str, ranks))}; give one file per rank")
+        data = load_dataset(spec["dataset"], spec.get("data_dir"), spec.get("n_synthetic", 60000), spec["seed"])
+        datasets[data.name] = data.summary()
+        row = {"exec": "default", "init": "he", "threads": None, **spec, "processes": world}
+        runs.append(aggregate([{**{k: row[k] for k in SPEC_FIELDS}, **merge_records(records, data.fingerprint())}]))
+    if len(datasets) != 1:
+        raise RosettaError(f"the runs used {len(datasets) or 'no'} data sets ({', '.join(datasets)}); merge "
+                           "the runs of one data set at a time")
+    return report(args, runs, next(iter(datasets.values())))
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
-        return list_devices(args) if args.list_devices else compare(args)
+        if args.list_devices:
+            return list_devices(args)
+        return merge(args) if args.merge else compare(args)
     except RosettaError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -3,7 +3,8 @@ process's rank).
 
 compare.py starts one worker per run (several for a multi-process engine) so that each framework gets
 a fresh process with its thread count fixed before the framework is imported, and a crash loses only
-that run. The worker writes its own record; compare.py merges the records of a run's processes.
+that run. The worker writes its own record; compare.py merges the records of a run's processes (its
+own, or with `--merge` those of a hand-launched run).
 """
 import json
 import os
@@ -66,7 +67,7 @@ def run(spec, started):
     finally:
         if engine:
             engine.shutdown()
-    record.update(rank=rank, fingerprint=data.fingerprint(), exec=exec_name, startup_seconds=startup_seconds,
+    record.update(spec=spec, rank=rank, world=world, fingerprint=data.fingerprint(), exec=exec_name, startup_seconds=startup_seconds,
                   device_names=[d["name"] for d in fw.device_info(devices)],
                   peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   peak_device_memory_bytes=fw.peak_memory(devices))
@@ -77,7 +78,7 @@ def serve(spec):
     """MXNet's scheduler and server: importing mxnet with DMLC_ROLE set runs them until the job ends."""
     from common.interface import load_framework
     load_framework(spec["framework"])
-    return {}
+    return {"role": os.environ["DMLC_ROLE"]}
 
 
 def main(spec_json, out_path):

@@ -151,23 +151,94 @@ def test_ctrl_c_ends_every_process(tag):
     assert "Traceback" not in err
 
 
-def test_workers_launched_by_torchrun_compute_the_same_step(reference, tmp_path):
-    """The README's hand launch: torchrun sets the variables, the workers need nothing from compare.py."""
-    framework_or_skip("pytorch")
+def launch_by_hand(framework, spec, folder):
+    """The README's hand launches on one machine: torchrun; TF_CONFIG per worker; DMLC_* for a
+    scheduler, a server and the workers. Nothing from compare.py or common.launch."""
     import json
-    out = tmp_path / "weights.npz"
-    spec = {"framework": "pytorch", "mode": "scratch", "devices": 2, "processes": 2, "dataset": "digits",
-            "epochs": 1, "batch_size": 97, "lr": 0.2, "seed": 5, "threads": 1, "max_steps": 1,
-            "weights_out": str(out)}
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node=2", "-m", "common.worker", json.dumps(spec),
-                           str(tmp_path / "out-{rank}.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    records = [json.loads((tmp_path / f"out-{r}.json").read_text()) for r in (0, 1)]
-    assert records[0]["digest"] == records[1]["digest"]
-    ref_loss, ref_weights = reference("pytorch")
-    loss = sum(r["step_loss_sums"][0] for r in records) / sum(r["step_sizes"][0] for r in records)
-    assert loss == pytest.approx(ref_loss, abs=1e-5)
-    weights = dict(np.load(out))
+    from common.launch import free_ports
+    worker = [sys.executable, "-m", "common.worker", json.dumps(spec)]
+    out = str(folder / "out-{rank}.json")
+    ports = free_ports(3)
+    if framework == "pytorch":
+        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        commands = [([torchrun, "--standalone", "--nproc-per-node=2", "-m", "common.worker", json.dumps(spec), out], {})]
+    elif framework == "tensorflow":
+        cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
+        commands = [(worker + [out], {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})})
+                    for i in range(2)]
+    else:
+        dmlc = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(ports[0]), "DMLC_NUM_SERVER": "1",
+                "DMLC_NUM_WORKER": "2", "DMLC_NODE_HOST": "127.0.0.1", "DMLC_INTERFACE": "lo"}
+        commands = [(worker + [str(folder / f"{role}.json")], {**dmlc, "DMLC_ROLE": role}) for role in ("scheduler", "server")]
+        commands += [(worker + [out], {**dmlc, "DMLC_ROLE": "worker"}) for _ in range(2)]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True) for cmd, env in commands]
+    try:
+        errors = [p.communicate(timeout=300)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert all(p.returncode == 0 for p in procs), "\n".join(e[-1500:] for e in errors)
+    return sorted(str(f) for f in folder.glob("*.json"))
+
+
+@pytest.fixture(scope="module")
+def hand_launched(tmp_path_factory):
+    """One step of a 2-process scratch run per framework, launched by hand (computed once)."""
+    cache = {}
+
+    def get(framework):
+        framework_or_skip(framework)
+        if framework not in cache:
+            folder = tmp_path_factory.mktemp(f"hand-{framework}")
+            spec = {"framework": framework, "mode": "scratch", "devices": 2, "processes": 2, "dataset": "digits",
+                    "epochs": 1, "batch_size": 97, "lr": 0.2, "seed": 5, "threads": 1, "max_steps": 1,
+                    "weights_out": str(folder / "weights.npz")}
+            cache[framework] = (launch_by_hand(framework, spec, folder), dict(np.load(folder / "weights.npz")))
+        return cache[framework]
+    return get
+
+
+def merge(*paths):
+    import json
+    out = os.path.join(os.path.dirname(paths[0]), "merged.json")
+    proc = subprocess.run([sys.executable, "compare.py", "--merge", *paths, "--json", out], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    runs = json.load(open(out))["runs"] if proc.returncode in (0, 1) else None
+    return proc, runs
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_hand_launched_workers_compute_the_same_step(framework, hand_launched, reference):
+    """The README's hand launch gives the in-process step, and --merge turns its files into the row."""
+    files, weights = hand_launched(framework)
+    ref_loss, ref_weights = reference(framework)
     for name, value in ref_weights.items():
-        np.testing.assert_allclose(weights[name], value, atol=1e-5)
+        np.testing.assert_allclose(weights[name], value, atol=1e-5, err_msg=name)
+    proc, runs = merge(*files)   # MXNet's scheduler.json and server.json are among them, and left out
+    assert proc.returncode == 0, proc.stderr
+    (run,) = runs
+    assert (run["framework"], run["processes"], run["status"]) == (framework, 2, "ok")
+    assert run["step_losses"][0] == pytest.approx(ref_loss, abs=1e-5)
+    assert f"| {framework}" in proc.stdout
+
+
+def test_merge_refuses_incomplete_and_diverged_runs(hand_launched):
+    import json
+    files, _ = hand_launched("pytorch")
+    rank0, rank1 = (f for f in files if f.endswith(("out-0.json", "out-1.json")))
+    proc, _ = merge(rank0)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: pytorch scratch run of 2 processes: found rank(s) 0; give one file per rank"]
+    drifted = os.path.join(os.path.dirname(rank1), "drifted-1.json")
+    record = json.load(open(rank1))
+    json.dump({**record, "digest": "0" * len(record["digest"])}, open(drifted, "w"))
+    proc, runs = merge(rank0, drifted)
+    assert proc.returncode == 1 and runs[0]["status"] == "failed"
+    assert runs[0]["error"] == "the processes ended with different weights"
+    garbage = os.path.join(os.path.dirname(rank1), "garbage.json")
+    open(garbage, "w").write("{not json")
+    proc, _ = merge(rank0, garbage)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.startswith(f"error: {garbage}: cannot be read as a worker's JSON record")
