@@ -151,21 +151,21 @@ def run_specs(args):
 
 
 def progress_bar(label):
-    """A one-line bar on stderr when it is a terminal; nothing in logs and pipes."""
-    if not sys.stderr.isatty():
+    """A one-line bar, redrawn in place, when stdout is a terminal; nothing in logs and pipes."""
+    if not sys.stdout.isatty():
         return None
 
     def show(step, steps):
         done = int(30 * step / max(steps, 1))
-        print(f"\r  {label} [{'#' * done}{'.' * (30 - done)}] {step}/{steps}", end="", file=sys.stderr, flush=True)
+        print(f"\r  {label} [{'#' * done}{'.' * (30 - done)}] {step}/{steps}", end="", flush=True)
     return show
 
 
 def run_one(spec, dataset, timeout, label):
     """One trial of one row: launch its processes and merge their records."""
     results = run_workers(spec, timeout, spec["processes"], progress=progress_bar(label))
-    if sys.stderr.isatty():
-        print("\r\033[K", end="", file=sys.stderr)
+    if sys.stdout.isatty():
+        print("\r\033[K", end="", flush=True)   # the bar's line, cleared for the table
     return merge_records(results, dataset["fingerprint"])
 
 

@@ -40,6 +40,32 @@ def test_small_pytorch_run_writes_the_documented_json(tmp_path):
     assert two["step_losses"][:5] == pytest.approx(one["step_losses"][:5], abs=1e-4)
     table = proc.stdout
     assert "| framework" in table and table.count("| pytorch") == 2
+    assert "[#" not in proc.stdout + proc.stderr   # no progress bar in pipes and logs
+
+
+def test_progress_bar_when_stdout_is_a_terminal():
+    import pty
+    import re
+    main, replica = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "compare.py", "--frameworks", "pytorch", "--devices", "1",
+                             "--epochs", "10"], cwd=ROOT, stdout=replica, stderr=subprocess.DEVNULL)
+    os.close(replica)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:   # the terminal closed: the run is over
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    assert proc.wait(timeout=60) == 0
+    shown = b"".join(chunks).decode()
+    bars = re.findall(r"\r  pytorch scratch \(default\), 1 device\(s\), 1 process\(es\) \[(#*)(\.*)\] (\d+)/60", shown)
+    assert bars and all(len(done) + len(left) == 30 for done, left, _ in bars)
+    assert [int(step) for *_, step in bars] == sorted(int(step) for *_, step in bars)   # it only moves forward
+    assert "\r\x1b[K" in shown and "| pytorch" in shown.split("\x1b[K")[-1]   # cleared, then the table
 
 
 def test_missing_frameworks_show_as_skipped_not_fabricated(tmp_path):
