@@ -101,11 +101,21 @@ def test_synthetic_is_seeded_balanced_and_any_size():
     assert (pred == a.y_test).mean() > 0.5
 
 
-@pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"), reason="Debian's Fashion-MNIST absent")
+DEBIAN = data_module.DEBIAN_DIRS["fashion-mnist"]
+
+
+@pytest.mark.skipif(not os.path.isdir(DEBIAN), reason="Debian's Fashion-MNIST absent")
 def test_debian_fashion_mnist_is_the_standard_set():
     data = load_dataset("fashion-mnist")
     assert data.X_train.shape == (60000, 1, 28, 28) and data.X_test.shape == (10000, 1, 28, 28)
     assert np.bincount(data.y_train).tolist() == [6000] * 10
+    # Debian re-compressed the files; their content is upstream's (decompressed MD5s, notes section 7)
+    content = {f[:-3]: hashlib.md5(gzip.open(os.path.join(DEBIAN, f)).read()).hexdigest() for f in os.listdir(DEBIAN)}
+    assert content == {"train-images-idx3-ubyte": "f4a8712d7a061bf5bd6d2ca38dc4d50a",
+                       "train-labels-idx1-ubyte": "9018921c3c673c538a1fc5bad174d6f9",
+                       "t10k-images-idx3-ubyte": "8181f5470baa50b63fa0f6fddb340f0a",
+                       "t10k-labels-idx1-ubyte": "15d484375f8d13e6eb1aabb0c3f46965"}
+    assert data.fingerprint() == "6c0eefea1869f4e6"   # what compare.py reports for the standard set
 
 
 @pytest.fixture
