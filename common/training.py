@@ -155,7 +155,6 @@ def summarize(records):
         "step_losses": (add("step_loss_sums") / add("step_sizes")).tolist(),
         "test_accuracy": records[0]["test_accuracy"],
         "replica_spread": max(spreads) if spreads else None,
-        "processes_in_sync": len({r["digest"] for r in records}) == 1,
         "exec": records[0].get("exec"),
         "startup_seconds": max(r.get("startup_seconds", 0.0) for r in records),
         "peak_rss_bytes": max(r.get("peak_rss_bytes", 0) for r in records),
