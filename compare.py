@@ -226,7 +226,7 @@ def report(args, runs, dataset):
 
 
 def read_worker_records(paths):
-    """The workers' records grouped by run (a run is its spec), MXNet's scheduler and server left out."""
+    """The workers' records grouped by run (a run is its spec)."""
     runs = {}
     for path in paths:
         try:
@@ -234,8 +234,6 @@ def read_worker_records(paths):
                 record = json.load(f)
         except (OSError, ValueError) as err:
             raise RosettaError(f"{path}: cannot be read as a worker's JSON record ({err})")
-        if record.get("role") in ("scheduler", "server"):
-            continue
         if record.get("status") != "ok":
             raise RosettaError(f"{path}: the worker {record.get('status')}: {record.get('error')}")
         if "spec" not in record:

@@ -75,10 +75,12 @@ def run(spec, started):
 
 
 def serve(spec):
-    """MXNet's scheduler and server: importing mxnet with DMLC_ROLE set runs them until the job ends."""
-    from common.interface import load_framework
+    """MXNet's scheduler and server: importing mxnet with DMLC_ROLE set runs them until the job ends,
+    and then mxnet ends the process itself (sys.exit in the import), so they write no record."""
+    from common.interface import RosettaError, load_framework
     load_framework(spec["framework"])
-    return {"role": os.environ["DMLC_ROLE"]}
+    raise RosettaError(f"DMLC_ROLE={os.environ['DMLC_ROLE']} starts MXNet's scheduler or server; "
+                       f"{spec['framework']} has neither")
 
 
 def main(spec_json, out_path):
