@@ -245,21 +245,24 @@ def read_worker_records(paths):
 def merge(args):
     """The table of hand-launched runs (torchrun, TF_CONFIG, DMLC_*): one row per run, its records
     checked as compare.py checks its own (every rank once, the same data, the same final weights)."""
-    runs, datasets = [], {}
+    runs, datasets = [], {}   # datasets: (name, data_dir, size, seed) -> summary of the local copy
     for records in read_worker_records(args.merge):
         spec, world = records[0]["spec"], records[0]["world"]
         ranks = sorted(r["rank"] for r in records)
         if ranks != list(range(world)):
             raise RosettaError(f"{spec['framework']} {spec['mode']} run of {world} processes: found rank(s) "
                                f"{', '.join(map(str, ranks))}; give one file per rank")
-        data = load_dataset(spec["dataset"], spec.get("data_dir"), spec.get("n_synthetic", 60000), spec["seed"])
-        datasets[data.name] = data.summary()
+        source = (spec["dataset"], spec.get("data_dir"), spec.get("n_synthetic", 60000), spec["seed"])
+        if source not in datasets:
+            datasets[source] = load_dataset(*source).summary()
         row = {"exec": "default", "init": "he", "threads": None, **spec, "processes": world}
-        runs.append(aggregate([{**{k: row[k] for k in SPEC_FIELDS}, **merge_records(records, data.fingerprint())}]))
-    if len(datasets) != 1:
-        raise RosettaError(f"the runs used {len(datasets) or 'no'} data sets ({', '.join(datasets)}); merge "
-                           "the runs of one data set at a time")
-    return report(args, runs, next(iter(datasets.values())))
+        runs.append(aggregate([{**{k: row[k] for k in SPEC_FIELDS},
+                                **merge_records(records, datasets[source]["fingerprint"])}]))
+    summaries = {d["fingerprint"]: d for d in datasets.values()}
+    if len(summaries) != 1:
+        raise RosettaError(f"the runs used {len(summaries) or 'no'} different data sets; merge the runs of "
+                           "one data set at a time")
+    return report(args, runs, next(iter(summaries.values())))
 
 
 def main(argv=None):

@@ -170,9 +170,10 @@ def download(name):
             except OSError as err:
                 errors.append(f"{mirror}: {err}")
                 continue
-            if hashlib.md5(blob).hexdigest() == PUBLISHED_MD5[name][base]:
+            md5 = hashlib.md5(blob).hexdigest()
+            if md5 == PUBLISHED_MD5[name][base]:
                 break
-            errors.append(f"{mirror}{base}.gz: MD5 {hashlib.md5(blob).hexdigest()} is not the published one")
+            errors.append(f"{mirror}{base}.gz: MD5 {md5} is not the published one")
         else:
             raise RosettaError(f"{name} not found locally and could not be downloaded ({errors[-1]}); "
                                f"put the IDX files in a folder and pass --data-dir{hint}")

@@ -67,8 +67,8 @@ def run(spec, started):
     finally:
         if engine:
             engine.shutdown()
-    record.update(spec=spec, rank=rank, world=world, fingerprint=data.fingerprint(), exec=exec_name, startup_seconds=startup_seconds,
-                  device_names=[d["name"] for d in fw.device_info(devices)],
+    record.update(spec=spec, rank=rank, world=world, fingerprint=data.fingerprint(), exec=exec_name,
+                  startup_seconds=startup_seconds, device_names=[d["name"] for d in fw.device_info(devices)],
                   peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   peak_device_memory_bytes=fw.peak_memory(devices))
     return record

@@ -224,6 +224,14 @@ def test_hand_launched_workers_compute_the_same_step(framework, hand_launched, r
     assert f"| {framework}" in proc.stdout
 
 
+def test_merge_puts_several_runs_side_by_side(hand_launched):
+    files = hand_launched("pytorch")[0] + hand_launched("tensorflow")[0]
+    proc, runs = merge(*files)
+    assert proc.returncode == 0, proc.stderr
+    assert [(r["framework"], r["status"]) for r in runs] == [("pytorch", "ok"), ("tensorflow", "ok")]
+    assert runs[1]["step1_loss_diff"] <= 1e-5   # the parity column, across the two hand-launched runs
+
+
 def test_merge_refuses_incomplete_and_diverged_runs(hand_launched):
     import json
     files, _ = hand_launched("pytorch")
