@@ -55,6 +55,15 @@ class Unavailable(RosettaError):
     """This framework, file, mode or exec level cannot run here: its row is skipped, with this reason."""
 
 
+def exec_level(level, names, default, framework):
+    """The execution level a framework runs for `level` ('default' is its usual one), or Unavailable
+    for a level it lacks (a skipped row, not a failure)."""
+    level = default if level == "default" else level
+    if level not in names:
+        raise Unavailable(f"{framework} has no {level!r} mode here (choose from {', '.join(names)})")
+    return level
+
+
 def installed_version(name):
     """The framework's version from package metadata, without importing it (None if not installed).
     Metadata, not `find_spec`: from the repo root, find_spec would find our own `mxnet/` folder."""

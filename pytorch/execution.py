@@ -2,7 +2,7 @@
 fused kernels (a first step of seconds, then less Python overhead per step)."""
 import torch
 
-from common.interface import Unavailable
+from common.interface import exec_level
 
 from . import data_parallel, lenet
 
@@ -12,8 +12,6 @@ DEFAULT = "eager"
 
 def use(level):
     """Switch the scratch step to `level` ('default', 'eager', 'graph' or 'xla'); returns its name here."""
-    level = DEFAULT if level == "default" else level
-    if level not in NAMES:
-        raise Unavailable(f"PyTorch has no {level!r} mode here (choose from {', '.join(NAMES)})")
+    level = exec_level(level, NAMES, DEFAULT, "PyTorch")
     data_parallel.forward = torch.compile(lenet.forward) if level == "graph" else lenet.forward
     return NAMES[level]

@@ -2,7 +2,7 @@
 which XLA can further compile into fused kernels (jit_compile=True)."""
 import tensorflow as tf
 
-from common.interface import Unavailable
+from common.interface import exec_level
 
 from . import data_parallel
 
@@ -13,9 +13,7 @@ python_step = data_parallel.step_on_shards.python_function   # the undecorated s
 
 def use(level):
     """Switch the scratch step to `level` ('default', 'eager', 'graph' or 'xla'); returns its name here."""
-    level = DEFAULT if level == "default" else level
-    if level not in NAMES:
-        raise Unavailable(f"TensorFlow has no {level!r} mode here (choose from {', '.join(NAMES)})")
+    level = exec_level(level, NAMES, DEFAULT, "TensorFlow")
     data_parallel.step_on_shards = (python_step if level == "eager" else
                                     tf.function(python_step, reduce_retracing=True, jit_compile=level == "xla"))
     return NAMES[level]

@@ -120,3 +120,13 @@ def test_evaluate_counts_correct_predictions(fw, digits):
     h = F.avg_pool2d(F.relu(F.conv2d(h, w["conv2.weight"], w["conv2.bias"])), 2).flatten(1)
     logits = F.linear(F.relu(F.linear(h, w["fc1.weight"], w["fc1.bias"])), w["fc2.weight"], w["fc2.bias"])
     assert fw.evaluate(replica, X, y) == pytest.approx((logits.argmax(1).numpy() == y).mean())
+
+
+def test_an_exec_level_a_framework_lacks_is_a_skip_not_a_failure(fw):
+    from common.interface import Unavailable, load_module
+    execution = load_module(fw.name, "execution")
+    assert execution.use("default") == execution.NAMES[execution.DEFAULT]
+    if "xla" not in execution.NAMES:
+        with pytest.raises(Unavailable, match=r"has no 'xla' mode here \(choose from eager, graph\)"):
+            execution.use("xla")
+    execution.use("default")
