@@ -1,6 +1,6 @@
 """The contract every framework folder implements, and the one way to load an implementation.
 
-The folders `pytorch/`, `mxnet/` and `tensorflow/` have no `__init__.py` on purpose: a package folder
+The folders `pytorch/`, `mxnet/`, `tensorflow/` and `jax/` have no `__init__.py` on purpose: a package folder
 with the name of a real framework would shadow it. They are mounted here under a private name
 (`rosetta_pytorch`, ...) so their files can import each other with relative imports.
 """
@@ -11,13 +11,14 @@ import sys
 import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FRAMEWORKS = ("pytorch", "mxnet", "tensorflow")
+FRAMEWORKS = ("pytorch", "mxnet", "tensorflow", "jax")
 
 # The pip distributions that provide each framework (the first one installed wins).
 DISTRIBUTIONS = {
     "pytorch": ("torch",),
     "mxnet": ("mxnet", "mxnet-cu117", "mxnet-cu112", "mxnet-cu102"),
     "tensorflow": ("tensorflow-cpu", "tensorflow", "tensorflow-gpu"),
+    "jax": ("jax",),
 }
 
 # The files of a framework folder, in reading order, and what each one must define.

@@ -54,6 +54,9 @@ def engine_env(framework, world):
                 "DMLC_NUM_WORKER": str(world), "DMLC_NODE_HOST": "127.0.0.1", "DMLC_INTERFACE": "lo"}
         helpers = [(role, {**base, "DMLC_ROLE": role}) for role in ("scheduler", "server")]
         return [{**base, "DMLC_ROLE": "worker"} for _ in range(world)], helpers
+    if framework == "jax":   # jax.distributed: process 0 serves the coordinator
+        base = {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{ports[0]}", "JAX_NUM_PROCESSES": str(world)}
+        return [{**base, "JAX_PROCESS_ID": str(r)} for r in range(world)], []
     raise ValueError(framework)
 
 

@@ -22,6 +22,13 @@ def set_threads(n):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's start-up chatter
 
 
+def set_virtual_devices(n):
+    """JAX fixes its number of CPU devices when it starts, from XLA_FLAGS: set before it is imported."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+
+
 _last_report = [0.0]
 
 
@@ -87,6 +94,8 @@ def main(spec_json, out_path):
     started = time.perf_counter()
     spec = json.loads(spec_json)
     set_threads(spec.get("threads") or os.cpu_count())
+    if spec.get("framework") == "jax":
+        set_virtual_devices(spec.get("devices") or 1)
     from common.interface import RosettaError, Unavailable
     try:
         role = os.environ.get("DMLC_ROLE", "worker")

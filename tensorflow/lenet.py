@@ -1,12 +1,11 @@
 """LeNet in TensorFlow ops. A replica is the list of tf.Variables on one device, in
-common.lenet.PARAM_NAMES order, holding the weights in TensorFlow's layout. The layout functions
-below are the one place where TensorFlow's layout and the canonical (PyTorch) one meet."""
+common.lenet.PARAM_NAMES order, holding the weights in TensorFlow's channels-last layout; common/layouts.py
+converts them (the one place where a channels-last layout and the canonical, PyTorch, one meet)."""
 import numpy as np
 import tensorflow as tf
 
-from common.lenet import IMAGE_SHAPE, LAYERS, NUM_CLASSES, PARAM_NAMES, POOL, layer_outputs
-
-FLAT_CHW = dict(layer_outputs())["pool after conv2"]   # (C, H, W) = (50, 4, 4): what fc1 sees
+from common.layouts import to_canonical, to_channels_last
+from common.lenet import IMAGE_SHAPE, LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
 
 
 def images_to_tf(X):
@@ -14,34 +13,9 @@ def images_to_tf(X):
     return tf.transpose(X, (0, 2, 3, 1))
 
 
-def to_tf_layout(name, a):
-    """Conv kernels (out, in, kh, kw) -> HWIO (kh, kw, in, out); dense weights (out, in) -> (in, out).
-    fc1 also reorders its inputs: TF flattens NHWC in H, W, C order, the canonical flatten is C, H, W.
-    Viewed as (out, C, H, W), fc1 is transposed like a conv kernel, then flattened to (H*W*C, out)."""
-    if name == "fc1.weight":
-        return a.reshape(a.shape[0], *FLAT_CHW).transpose(2, 3, 1, 0).reshape(-1, a.shape[0])
-    if a.ndim == 4:
-        return a.transpose(2, 3, 1, 0)
-    if a.ndim == 2:
-        return a.T
-    return a   # biases
-
-
-def to_canonical(name, a):
-    """The inverse of to_tf_layout."""
-    if name == "fc1.weight":
-        c, h, w = FLAT_CHW
-        return a.reshape(h, w, c, -1).transpose(3, 2, 0, 1).reshape(a.shape[1], -1)
-    if a.ndim == 4:
-        return a.transpose(3, 2, 0, 1)
-    if a.ndim == 2:
-        return a.T
-    return a
-
-
 def get_params(weights, device):
     with tf.device(device):
-        return [tf.Variable(to_tf_layout(name, weights[name]), name=name) for name in PARAM_NAMES]
+        return [tf.Variable(to_channels_last(name, weights[name]), name=name) for name in PARAM_NAMES]
 
 
 def forward(params, X):
@@ -77,5 +51,5 @@ def build_model(weights):
         layers.Conv2D(c1, k1, activation="relu"), layers.AveragePooling2D(POOL),
         layers.Conv2D(c2, k2, activation="relu"), layers.AveragePooling2D(POOL),
         layers.Flatten(), layers.Dense(h1, activation="relu"), layers.Dense(NUM_CLASSES)])
-    model.set_weights([to_tf_layout(name, weights[name]) for name in PARAM_NAMES])
+    model.set_weights([to_channels_last(name, weights[name]) for name in PARAM_NAMES])
     return model

@@ -153,7 +153,7 @@ def test_ctrl_c_ends_every_process(tag):
 
 def launch_by_hand(framework, spec, folder):
     """The README's hand launches on one machine: torchrun; TF_CONFIG per worker; DMLC_* for a
-    scheduler, a server and the workers. Nothing from compare.py or common.launch."""
+    scheduler, a server and the workers; JAX_* per process. Nothing from compare.py or common.launch."""
     import json
     from common.launch import free_ports
     worker = [sys.executable, "-m", "common.worker", json.dumps(spec)]
@@ -166,6 +166,9 @@ def launch_by_hand(framework, spec, folder):
         cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
         commands = [(worker + [out], {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})})
                     for i in range(2)]
+    elif framework == "jax":
+        coordinator = {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{ports[0]}", "JAX_NUM_PROCESSES": "2"}
+        commands = [(worker + [out], {**coordinator, "JAX_PROCESS_ID": str(i)}) for i in range(2)]
     else:
         dmlc = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(ports[0]), "DMLC_NUM_SERVER": "1",
                 "DMLC_NUM_WORKER": "2", "DMLC_NODE_HOST": "127.0.0.1", "DMLC_INTERFACE": "lo"}

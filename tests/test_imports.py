@@ -1,4 +1,4 @@
-"""The name trap: our `mxnet/` and `tensorflow/` folders must never hide the real packages."""
+"""The name trap: our `mxnet/`, `tensorflow/` and `jax/` folders must never hide the real packages."""
 import importlib.util
 import os
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 from common import FRAMEWORKS
 from conftest import ROOT, framework_or_skip
 
-REAL = {"mxnet": "mxnet", "tensorflow": "tensorflow", "pytorch": "torch"}
+REAL = {"mxnet": "mxnet", "tensorflow": "tensorflow", "pytorch": "torch", "jax": "jax"}
 
 
 def test_framework_folders_are_not_packages():
@@ -18,8 +18,11 @@ def test_framework_folders_are_not_packages():
             f"{name}/__init__.py would shadow the real {name} package"
 
 
-@pytest.mark.parametrize("cwd", [ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "mxnet")])
-@pytest.mark.parametrize("package", ["mxnet", "tensorflow"])
+SHADOWABLE = [name for name in FRAMEWORKS if REAL[name] == name]   # a folder with the package's own name
+
+
+@pytest.mark.parametrize("cwd", [ROOT, os.path.join(ROOT, "tests")] + [os.path.join(ROOT, n) for n in SHADOWABLE])
+@pytest.mark.parametrize("package", SHADOWABLE)
 def test_real_package_is_found_from_anywhere_in_the_repo(package, cwd):
     code = f"import importlib.util as u; s = u.find_spec({package!r}); print(s.origin if s else 'MISSING')"
     origin = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""The heart of the repo: from identical weights and batches, the three frameworks compute the same
+"""The heart of the repo: from identical weights and batches, the four frameworks compute the same
 training, step for step. Skipped frameworks (not installed) drop out; at least two must remain."""
 import json
 import os

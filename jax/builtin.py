@@ -1,0 +1,114 @@
+"""JAX's own data parallelism: one compiled step over a global batch sharded across a device mesh.
+
+The recommended form (the one this mode runs) is jax.jit with NamedSharding: the batch is sharded along the
+mesh's "devices" axis, the parameters are replicated, and XLA inserts the all-reduce of the gradients itself.
+The explicit form, jax.shard_map, writes the per-device step and its lax.psum by hand, which is the recipe
+compiled as one program; it is here too, and computes the same step. (jax.pmap, the legacy form, is in
+maintenance mode upstream.) Across processes the mesh spans every process's devices (distributed.py joined
+them) and each process contributes its own rows of the global batch."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from common.sharding import shard_bounds
+from common.lenet import PARAM_NAMES
+
+from .data_parallel import evaluate as evaluate_params
+from .lenet import forward, to_numpy as params_to_numpy
+
+EXEC = "jax.jit+NamedSharding"
+FORMS = ("jit", "shard_map")
+
+
+def mesh_of(devices):
+    """A one-axis mesh over every process's devices, in process order (each process names its own)."""
+    if jax.process_count() == 1:
+        return Mesh(np.array(devices), ("devices",))
+    ids = multihost_utils.process_allgather(np.array([d.id for d in devices])).reshape(-1)
+    by_id = {d.id: d for d in jax.devices()}
+    return Mesh(np.array([by_id[int(i)] for i in ids]), ("devices",))
+
+
+def row_losses(params, X, y, mask):
+    """Each row's cross-entropy; padding rows (mask 0) count nothing."""
+    logp = jax.nn.log_softmax(forward(params, X))
+    return -jnp.take_along_axis(logp, y[:, None], axis=1)[:, 0] * mask
+
+
+def jit_step(params, X, y, mask, scale):
+    """Written for one device; the shardings of its inputs make it data-parallel."""
+    def loss(params):
+        rows = row_losses(params, X, y, mask)
+        return rows.sum(), rows
+    (_, rows), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return [p - scale * g for p, g in zip(params, grads)], rows
+
+
+def shard_map_step(params, X, y, mask, scale):
+    """Runs on every device with its own rows. lax.pvary marks the parameters as this device's copy: without
+    it shard_map's gradient of a replicated input comes back already summed over the mesh, and the psum
+    below would count it twice (the shard_map gradient trap)."""
+    def loss(params):
+        rows = row_losses(params, X, y, mask)
+        return rows.sum(), rows
+    (_, rows), grads = jax.value_and_grad(loss, has_aux=True)(lax.pvary(params, "devices"))
+    grads = lax.psum(grads, "devices")     # the all-reduce, said explicitly
+    return [p - scale * g for p, g in zip(params, grads)], rows
+
+
+def compile_step(mesh, form):
+    replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
+    if form == "jit":
+        return jax.jit(jit_step, out_shardings=(replicated, rows))
+    return jax.jit(jax.shard_map(shard_map_step, mesh=mesh, in_specs=(P(), P("devices"), P("devices"),
+                                 P("devices"), P()), out_specs=(P(), P("devices"))))
+
+
+def get_model(weights, devices, form="jit"):
+    mesh = mesh_of(devices)
+    replicated = NamedSharding(mesh, P())   # every device holds the whole parameter
+    params = [jax.make_array_from_callback(weights[name].shape, replicated, lambda index, w=weights[name]: w[index])
+              for name in PARAM_NAMES]
+    return mesh, params, compile_step(mesh, form), devices
+
+
+def shard_rows(mesh, devices, array, global_batch):
+    """This process's rows as its part of one global array sharded over the mesh. Device i holds its
+    common.sharding rows, padded with zeros to the size of the largest shard anywhere (a sharded array
+    has equal shards); also returns the mask that marks the real rows."""
+    size = -(-global_batch // mesh.size)
+    shards, masks = [], []
+    for (a, b), d in zip(shard_bounds(len(array), len(devices)), devices):
+        padding = np.zeros((size - (b - a), *array.shape[1:]), array.dtype)
+        shards.append(jax.device_put(np.concatenate([array[a:b], padding]), d))
+        masks.append(jax.device_put((np.arange(size) < b - a).astype(np.float32), d))
+    sharding = NamedSharding(mesh, P("devices"))
+    as_global = lambda parts: jax.make_array_from_single_device_arrays(   # noqa: E731
+        (mesh.size * size, *parts[0].shape[1:]), sharding, parts)
+    return as_global(shards), as_global(masks)
+
+
+def train_step(model, X, y, devices, lr, batch_size=None):
+    """The summed loss of the global batch, its gradient all-reduced by XLA, the recipe's update
+    lr * sum / global batch; this process's rows' loss comes back."""
+    mesh, params, step, devices = model
+    X_global, mask = shard_rows(mesh, devices, X, batch_size or len(X))
+    y_global, _ = shard_rows(mesh, devices, y.astype(np.int32), batch_size or len(X))
+    params[:], rows = step(params, X_global, y_global, mask, jnp.float32(lr / (batch_size or len(X))))
+    return sum(float(shard.data.sum()) for shard in rows.addressable_shards) / len(X)
+
+
+def local_params(model):
+    """This process's copy of the replicated parameters."""
+    return [p.addressable_data(0) for p in model[1]]
+
+
+def to_numpy(model):
+    return params_to_numpy(local_params(model))
+
+
+def evaluate(model, X, y):
+    return evaluate_params(local_params(model), X, y)

@@ -1,0 +1,78 @@
+"""Data parallelism from scratch in JAX: split the batch, forward and backward on every device, sum the
+gradients across devices, apply the same SGD update to every replica. JAX functions are pure and its
+arrays immutable: every step makes new arrays, and the lists that hold them are re-pointed at them."""
+import jax
+
+from common.sharding import shard_bounds
+
+from . import distributed as dist
+from .lenet import forward, loss_sum
+
+
+def loss_and_grads(params, X, y):
+    """One device's summed loss and its gradient with respect to every parameter."""
+    return jax.value_and_grad(lambda p: loss_sum(forward(p, X), y))(params)
+
+
+def update(params, grads, scale):
+    return [p - scale * g for p, g in zip(params, grads)]
+
+
+# Compiled by XLA once per shard shape, on the device that holds the inputs (execution.py switches this off).
+loss_and_grads, update = jax.jit(loss_and_grads), jax.jit(update)
+
+
+def device_of(array):
+    (device,) = array.devices()
+    return device
+
+
+def split_and_load(array, devices):
+    """jax.device_put copies the numpy rows onto the device: a shard never aliases the caller's array."""
+    return [jax.device_put(array[a:b], d) for (a, b), d in zip(shard_bounds(len(array), len(devices)), devices)]
+
+
+def allreduce(tensors):
+    """Sum on the first tensor's device, then copy the sum to every device. JAX arrays are immutable: each
+    slot of the list gets a new array (device_put copies the sum across).
+    In a multi-process run the local sum is also summed across processes by JAX's collectives."""
+    first = device_of(tensors[0])
+    total = tensors[0]
+    for t in tensors[1:]:
+        total = total + jax.device_put(t, first)
+    if dist.is_initialized():
+        total = dist.all_reduce(total)
+    tensors[:] = [jax.device_put(total, device_of(t)) for t in tensors]
+    return tensors
+
+
+def sgd(params, grads, lr, batch_size):
+    """A functional update: new arrays, written back into the replica's list slots."""
+    params[:] = update(params, grads, lr / batch_size)
+
+
+def train_step(replicas, X, y, devices, lr, batch_size=None):
+    X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
+    losses, grads = [], []
+    for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):   # dispatched asynchronously:
+        loss, device_grads = loss_and_grads(params, X_shard, y_shard)   # the devices work in parallel
+        losses.append(loss)
+        grads.append(device_grads)
+    summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
+    for params, device_grads in zip(replicas, zip(*summed)):
+        sgd(params, device_grads, lr, batch_size or len(X))
+    return sum(float(loss) for loss in losses) / len(X)
+
+
+@jax.jit
+def predict(params, X):
+    return forward(params, X).argmax(1)
+
+
+def evaluate(params, X, y, batch_size=1000):
+    device = device_of(params[0])
+    correct = 0
+    for i in range(0, len(X), batch_size):
+        X_batch = jax.device_put(X[i:i + batch_size], device)
+        correct += (jax.device_get(predict(params, X_batch)) == y[i:i + batch_size]).sum()
+    return float(correct) / len(X)

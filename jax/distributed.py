@@ -1,0 +1,77 @@
+"""JAX across processes: jax.distributed. A worker joins from JAX_COORDINATOR_ADDRESS (process 0's
+host:port, where process 0 serves the coordinator; JAX reads this variable itself), JAX_NUM_PROCESSES and
+JAX_PROCESS_ID; compare.py sets the same ones. On the CPU the collectives between processes run over gloo.
+
+By hand on one machine, from the repo root: one spec and coordinator for all processes, an id for each:
+    SPEC='{"framework": "jax", "mode": "builtin", "devices": 2, "processes": 2, "dataset": "digits",
+           "epochs": 3, "batch_size": 256, "lr": 0.1, "seed": 0}'
+    export JAX_COORDINATOR_ADDRESS=127.0.0.1:12355 JAX_NUM_PROCESSES=2
+    JAX_PROCESS_ID=0 python -m common.worker "$SPEC" out-{rank}.json &
+    JAX_PROCESS_ID=1 python -m common.worker "$SPEC" out-{rank}.json
+    python compare.py --merge out-*.json    # the run's table row
+On several machines: the same, one process per machine, JAX_COORDINATOR_ADDRESS naming process 0's
+machine. Start them in any order: each waits for the others.
+"""
+import functools
+import os
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from common.interface import RosettaError
+
+TIMEOUT = int(float(os.environ.get("ROSETTA_COLLECTIVE_TIMEOUT", "300")))
+VARIABLES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+_joined = False
+
+
+def init_process():
+    """Join the processes named by the JAX_* variables (this waits for every other process). Returns (rank,
+    world size). Must run before JAX's backend starts: the backend is built with the job's collectives."""
+    global _joined
+    missing = [v for v in VARIABLES if v not in os.environ]
+    if missing:
+        raise RosettaError(f"a multi-process JAX run needs {', '.join(missing)} (see README)")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")   # 0.7's default, said out loud
+    jax.distributed.initialize(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+                               process_id=int(os.environ["JAX_PROCESS_ID"]), initialization_timeout=TIMEOUT)
+    _joined = True
+    return jax.process_index(), jax.process_count()
+
+
+def shutdown():
+    global _joined
+    if _joined:
+        jax.distributed.shutdown()
+    _joined = False
+
+
+def is_initialized():
+    return _joined
+
+
+@functools.cache
+def process_mesh():
+    """One device per process (each process's first), in process order: the axis to sum over."""
+    firsts = {}
+    for d in jax.devices():
+        firsts.setdefault(d.process_index, d)
+    return Mesh(np.array([firsts[p] for p in range(jax.process_count())]), ("processes",))
+
+
+@functools.cache
+def sum_over_processes():
+    return jax.jit(lambda rows: rows.sum(0), out_shardings=NamedSharding(process_mesh(), P()))
+
+
+def all_reduce(x):
+    """The element-wise sum of x over all processes: each process's x is one row of a global array sharded
+    over the process mesh, and a jitted sum over the rows makes XLA all-reduce across the processes. The
+    result is replicated: this process's copy comes back."""
+    mesh = process_mesh()
+    (mine,) = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    rows = jax.make_array_from_single_device_arrays((mesh.size, *x.shape), NamedSharding(mesh, P("processes")),
+                                                    [jax.device_put(x[None], mine)])
+    return sum_over_processes()(rows).addressable_data(0)

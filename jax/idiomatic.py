@@ -1,0 +1,58 @@
+"""JAX's usual training loop, as in Flax's guides: a Flax NNX module, an Optax optimizer held by
+nnx.Optimizer and an nnx.jit step on one device, no harness. The benchmark times it beside the scratch
+step to show what the from-scratch recipe costs."""
+import jax
+import optax
+from flax import nnx
+
+from common.interface import Unavailable
+
+from .lenet import build_model, model_to_numpy
+
+EXEC = "nnx.jit"
+
+
+def get_model(weights, devices):
+    """optax.inject_hyperparams makes the learning rate a value of the optimizer state, so a step can set it
+    without recompiling (the recipe's lr / batch size changes on an epoch's last, smaller batch)."""
+    if len(devices) != 1:
+        raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
+    with jax.default_device(devices[0]):
+        model = build_model(weights)
+        optimizer = nnx.Optimizer(model, optax.inject_hyperparams(optax.sgd)(learning_rate=0.0), wrt=nnx.Param)
+    return model, optimizer
+
+
+# One compiled step; nnx.jit carries the module's and the optimizer's state in and out of it.
+@nnx.jit
+def fit_batch(model, optimizer, X, y, lr):
+    def loss_fn(model):   # summed, not averaged: the step then divides by the global batch size
+        return optax.softmax_cross_entropy_with_integer_labels(model(X), y).sum()
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.opt_state.hyperparams["learning_rate"].value = lr
+    optimizer.update(model, grads)
+    return loss
+
+
+def train_step(model, X, y, devices, lr, batch_size=None):
+    """A learning rate of lr / batch_size on the summed loss: the recipe's update."""
+    model, optimizer = model
+    X, y = jax.device_put(X, devices[0]), jax.device_put(y, devices[0])   # copies, as split_and_load
+    return float(fit_batch(model, optimizer, X, y, lr / (batch_size or len(X)))) / len(X)
+
+
+def to_numpy(model):
+    return model_to_numpy(model[0])
+
+
+@nnx.jit
+def predict(model, X):
+    return model(X).argmax(1)
+
+
+def evaluate(model, X, y, batch_size=1000):
+    model = model[0]
+    correct = 0
+    for i in range(0, len(X), batch_size):
+        correct += (jax.device_get(predict(model, X[i:i + batch_size])) == y[i:i + batch_size]).sum()
+    return float(correct) / len(X)

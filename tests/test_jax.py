@@ -1,0 +1,54 @@
+"""JAX's own data parallelism in both of its forms, and the shard_map gradient trap they must avoid."""
+import numpy as np
+import pytest
+
+from common.interface import load_module
+from common.lenet import init_weights
+from conftest import framework_or_skip
+
+
+@pytest.fixture(scope="module")
+def jax_fw():
+    return framework_or_skip("jax")
+
+
+@pytest.mark.parametrize("n_devices,batch_size", [(1, 97), (2, 97), (3, 101), (4, 64)])
+@pytest.mark.parametrize("form", ["jit", "shard_map"])
+def test_both_builtin_forms_compute_the_scratch_step(jax_fw, digits, form, n_devices, batch_size):
+    """jit + NamedSharding (XLA inserts the all-reduce) and shard_map + psum (written by hand) give the
+    recipe's step, uneven shards included (the global array is padded, the padding masked)."""
+    builtin = load_module("jax", "builtin")
+    devices = jax_fw.get_devices(n_devices)
+    X, y = digits.X_train[:batch_size], digits.y_train[:batch_size]
+    replicas = [jax_fw.get_params(init_weights(1), d) for d in devices]
+    ref_loss = jax_fw.train_step(replicas, X, y, devices, 0.2)
+    model = builtin.get_model(init_weights(1), devices, form)
+    for _ in range(2):   # twice: the second step starts from the first one's replicated update
+        loss = builtin.train_step(model, X, y, devices, 0.2)
+        if _ == 0:
+            assert loss == pytest.approx(ref_loss, abs=1e-5)
+            weights, ref = builtin.to_numpy(model), jax_fw.to_numpy(replicas[0])
+            for name in ref:
+                np.testing.assert_allclose(weights[name], ref[name], atol=1e-5, err_msg=name)
+    for p in model[1]:   # every device holds the same, updated parameters
+        shards = [np.asarray(s.data) for s in p.addressable_shards]
+        assert len(shards) == n_devices and all(np.array_equal(s, shards[0]) for s in shards)
+
+
+def test_the_shard_map_gradient_trap_is_real(jax_fw):
+    """The reason for lax.pvary in builtin.py: shard_map's gradient of a replicated input is already summed
+    over the mesh, so a psum on top doubles it. If JAX changes this, builtin.py's comment must change too."""
+    import jax
+    from jax import lax
+    from jax.sharding import Mesh, PartitionSpec as P
+    mesh = Mesh(np.array(jax_fw.get_devices(2)), ("devices",))
+    x = jax.numpy.arange(4.0)   # rows 0, 1 on device 0 and 2, 3 on device 1
+
+    def summed_grad(mark_varying):
+        def per_device(w, x):
+            g = jax.grad(lambda w: (w * x).sum())(lax.pvary(w, "devices") if mark_varying else w)
+            return lax.psum(g, "devices")
+        return float(jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("devices")),
+                                           out_specs=P(), check_vma=True))(1.0, x))
+    assert summed_grad(mark_varying=True) == 6.0    # d/dw sum(w * x) = sum(x)
+    assert summed_grad(mark_varying=False) == 12.0  # counted twice
