@@ -70,7 +70,7 @@ def parse_args(argv):
                         "idiomatic (its minimal single-device loop, the timing reference)")
     p.add_argument("--exec", type=name_list(EXEC_LEVELS, "exec level"), default=["default"],
                    help="how the scratch step runs: default (the framework's usual way), eager, graph "
-                        "(torch.compile, tf.function, hybridize), xla (tf.function+XLA)")
+                        "(torch.compile, tf.function, hybridize, jax.jit), xla (tf.function+XLA)")
     p.add_argument("--devices", type=int_list, default=[2], help="device counts, e.g. 1,2 (default 2)")
     p.add_argument("--processes", type=int_list, default=[1],
                    help="process counts, e.g. 1,2 (default 1): the devices are shared out among them")
