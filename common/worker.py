@@ -6,6 +6,7 @@ a fresh process with its thread count fixed before the framework is imported, an
 that run. The worker writes its own record; compare.py merges the records of a run's processes (its
 own, or with `--merge` those of a hand-launched run).
 """
+import contextlib
 import json
 import os
 import resource
@@ -47,20 +48,41 @@ def local_devices(fw, total, rank, world):
     return fw.get_devices(per_process * (slot + 1))[per_process * slot:]
 
 
+@contextlib.contextmanager
+def joined(fw, spec):
+    """This process within its run: (rank, world, its devices), joined to the framework's multi-process
+    engine if the run has one, and leaving it however the block ends."""
+    from common.interface import load_module
+    from common.launch import uses_engine
+    engine = load_module(fw.name, "distributed") if uses_engine(spec) else None
+    rank, world = engine.init_process() if engine else (0, 1)
+    try:
+        yield rank, world, local_devices(fw, spec["devices"], rank, world)
+    finally:
+        if engine:
+            engine.shutdown()
+
+
+def scaling_inputs(fw, spec):
+    """The scaling model's inputs (common/scaling.py): one step's compute, or one all-reduce across the run."""
+    from common import scaling
+    with joined(fw, spec) as (rank, world, devices):
+        if spec["task"] == "step":
+            return {"step": scaling.measure_step(fw, spec, devices)}
+        return {"allreduce": scaling.measure_allreduce(fw, spec, rank, world, devices), "rank": rank}
+
+
 def run(spec, started):
     from common.interface import load_framework, load_module
     fw = load_framework(spec["framework"])
     if spec.get("task") == "devices":
         return {"devices": fw.device_info(fw.get_devices(spec.get("devices")))}
+    if spec.get("task") in ("step", "allreduce"):
+        return scaling_inputs(fw, spec)
     from common.data import load_dataset
-    from common.launch import uses_engine
     from common.training import MODES, train
     data = load_dataset(spec["dataset"], spec.get("data_dir"), spec.get("n_synthetic", 60000), spec["seed"])
-    world = spec.get("processes", 1)
-    engine = load_module(fw.name, "distributed") if uses_engine(spec) else None
-    rank, world = engine.init_process() if engine else (0, 1)
-    try:
-        devices = local_devices(fw, spec["devices"], rank, world)
+    with joined(fw, spec) as (rank, world, devices):
         runner = MODES[spec["mode"]](fw, devices)
         exec_name = (load_module(fw.name, "execution").use(spec.get("exec", "default")) if spec["mode"] == "scratch"
                      else runner.engine.EXEC)   # the built-in engines and reference loops run their own way
@@ -71,9 +93,6 @@ def run(spec, started):
         if spec.get("weights_out") and rank == 0:   # final weights, canonical layout, for parity checks
             import numpy as np
             np.savez(spec["weights_out"], **runner.weights())
-    finally:
-        if engine:
-            engine.shutdown()
     record.update(spec=spec, rank=rank, world=world, fingerprint=data.fingerprint(), exec=exec_name,
                   startup_seconds=startup_seconds, device_names=[d["name"] for d in fw.device_info(devices)],
                   peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
