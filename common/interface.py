@@ -30,6 +30,8 @@ FILES = ("devices", "lenet", "data_parallel")
 
 CONTRACT = {
     # devices.py: what the framework calls a device.
+    "gpu_count": "gpu_count() -> the number of GPUs this process sees (0 on a CPU-only machine), without "
+                 "initialising the framework's devices (common.placement decides which of them are the process's).",
     "get_devices": "get_devices(n=None) -> list of device handles: all GPUs (the first n), else n virtual "
                    "CPU devices (1 when n is None). n < 1 or more GPUs than exist raises RosettaError.",
     "device_info": "device_info(devices) -> list of dicts: name, type, index, memory_bytes (None if unknown).",

@@ -33,27 +33,26 @@ def progress(step, steps, loss):
         print(f"progress {step}/{steps} loss {loss:.4f}", file=sys.stderr, flush=True)
 
 
-def local_devices(fw, total, rank, world):
-    """This process's share of the run's devices: with GPUs its own ones, on the CPU its virtual ones."""
-    per_process = total // world
-    slot = int(os.environ.get("LOCAL_RANK", rank))
-    return fw.get_devices(per_process * (slot + 1))[per_process * slot:]
-
-
 def run(spec, started):
     from common.interface import load_framework, load_module
     fw = load_framework(spec["framework"])
     if spec.get("task") == "devices":
         return {"devices": fw.device_info(fw.get_devices(spec.get("devices")))}
     from common.data import load_dataset
+    from common.interface import RosettaError
     from common.launch import uses_engine
+    from common.placement import local_devices, my_gpus
     from common.training import MODES, train
     data = load_dataset(spec["dataset"], spec.get("data_dir"), spec.get("n_synthetic", 60000), spec["seed"])
     world = spec.get("processes", 1)
+    per_process = spec["devices"] // world
+    gpus = my_gpus(fw.name, fw.gpu_count(), per_process, world)   # before the engine: it binds its GPUs
     engine = load_module(fw.name, "distributed") if uses_engine(spec) else None
-    rank, world = engine.init_process() if engine else (0, 1)
+    rank, engine_world = engine.init_process(gpus) if engine else (0, 1)
     try:
-        devices = local_devices(fw, spec["devices"], rank, world)
+        if engine_world != world:
+            raise RosettaError(f"the run asks for {world} processes but {engine_world} joined the engine")
+        devices = local_devices(fw, gpus, per_process)
         runner = MODES[spec["mode"]](fw, devices)
         exec_name = (load_module(fw.name, "execution").use(spec.get("exec", "default")) if spec["mode"] == "scratch"
                      else runner.engine.EXEC)   # the built-in engines and reference loops run their own way
