@@ -41,23 +41,22 @@ def progress(step, steps, loss):
         print(f"progress {step}/{steps} loss {loss:.4f}", file=sys.stderr, flush=True)
 
 
-def local_devices(fw, total, rank, world):
-    """This process's share of the run's devices: with GPUs its own ones, on the CPU its virtual ones."""
-    per_process = total // world
-    slot = int(os.environ.get("LOCAL_RANK", rank))
-    return fw.get_devices(per_process * (slot + 1))[per_process * slot:]
-
-
 @contextlib.contextmanager
 def joined(fw, spec):
     """This process within its run: (rank, world, its devices), joined to the framework's multi-process
-    engine if the run has one, and leaving it however the block ends."""
-    from common.interface import load_module
+    engine if the run has one, and leaving it however the block ends. Its devices follow common.placement."""
+    from common.interface import RosettaError, load_module
     from common.launch import uses_engine
+    from common.placement import local_devices, my_gpus
+    world = spec.get("processes", 1)
+    per_process = spec["devices"] // world
+    gpus = my_gpus(fw.name, fw.gpu_count(), per_process, world)   # before the engine: it binds its GPUs
     engine = load_module(fw.name, "distributed") if uses_engine(spec) else None
-    rank, world = engine.init_process() if engine else (0, 1)
+    rank, engine_world = engine.init_process(gpus) if engine else (0, 1)
     try:
-        yield rank, world, local_devices(fw, spec["devices"], rank, world)
+        if engine_world != world:
+            raise RosettaError(f"the run asks for {world} processes but {engine_world} joined the engine")
+        yield rank, world, local_devices(fw, gpus, per_process)
     finally:
         if engine:
             engine.shutdown()
@@ -113,8 +112,8 @@ def main(spec_json, out_path):
     started = time.perf_counter()
     spec = json.loads(spec_json)
     set_threads(spec.get("threads") or os.cpu_count())
-    if spec.get("framework") == "jax":
-        set_virtual_devices(spec.get("devices") or 1)
+    if spec.get("framework") == "jax":   # its own share of the run's devices (common.placement)
+        set_virtual_devices(max(1, (spec.get("devices") or 1) // spec.get("processes", 1)))
     from common.interface import RosettaError, Unavailable
     try:
         role = os.environ.get("DMLC_ROLE", "worker")
