@@ -22,8 +22,8 @@ from common.data import DATASETS, load_dataset
 from common.interface import FRAMEWORKS, RosettaError
 from common.launch import PROCESS_PER_DEVICE, raise_on_signals, run_workers
 from common.lenet import INITS
-from common.report import (add_parity, environment, environment_line, format_table, replaced_atomically,
-                           unwritable, write_json)
+from common.report import (add_parity, environment, environment_line, format_table, is_stream,
+                           replaced_atomically, unwritable, write_json)
 from common.training import MODES, summarize
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
@@ -265,10 +265,9 @@ def kept_trials(old, label):
     return [{**row, **metrics} for metrics in row.get("trial_metrics", [{}])] if row else []
 
 
-def compare(args):
-    old = previous_run(args) if args.resume else None
-    data = load_dataset(args.dataset, args.data_dir, args.n_synthetic, args.seed)   # fail early on bad data
-    dataset = data.summary()
+def check_data(args, dataset, old):
+    """Enough training images for one batch (fewer trains rows of zero or one step and calls them ok),
+    and, for --resume, the data the file's rows were computed on."""
     if dataset["n_train"] < args.batch_size:
         more = "raise --n-synthetic or " if args.dataset == "synthetic" else ""
         raise RosettaError(f"the {dataset['name']} training set has {dataset['n_train']} images, fewer than one "
@@ -277,6 +276,12 @@ def compare(args):
         raise RosettaError(f"--resume: {args.json} holds a run on other data (fingerprint "
                            f"{old['dataset'].get('fingerprint')} there, {dataset['fingerprint']} here); run without "
                            f"--resume to start afresh, or give another --json")
+
+
+def compare(args):
+    old = previous_run(args) if args.resume else None
+    dataset = load_dataset(args.dataset, args.data_dir, args.n_synthetic, args.seed).summary()   # fail early
+    check_data(args, dataset, old)
     print(f"dataset {dataset['name']}: {dataset['n_train']} train / {dataset['n_test']} test images, "
           f"fingerprint {dataset['fingerprint']}", file=sys.stderr)
     specs = list(run_specs(args))
@@ -290,7 +295,7 @@ def compare(args):
 
     def save():
         return write_results(args, env, dataset, specs, labels, trials, wanted)
-    save()
+    runs = save()
     try:
         for trial in range(args.repeats):   # interleaved: machine drift hits every row alike
             for (spec, skip), label, row_trials, need in zip(specs, labels, trials, wanted):
@@ -302,7 +307,7 @@ def compare(args):
                 print(f"  {result['status']}" + (f": {result['error']}" if result.get("error") else ""),
                       file=sys.stderr, flush=True)
                 row_trials.append({"row": label, **{k: spec[k] for k in SPEC_FIELDS}, **result})
-                save()
+                runs = save()
     except KeyboardInterrupt as err:   # the running row's processes are gone already (run_workers)
         save()   # again: the signal may have cut the last save short (further signals are ignored now)
         done = sum(len(t) == w for t, w in zip(trials, wanted))
@@ -310,7 +315,7 @@ def compare(args):
         err.add_note(f"{done} of {len(specs)} rows finished" + (
             f", kept in {files}; the same command with --resume runs the rest" if files else ""))
         raise
-    return report(args, env, dataset, save())
+    return report(args, env, dataset, runs)
 
 
 def write_results(args, env, dataset, specs, labels, trials, wanted):
@@ -330,10 +335,12 @@ def write_results(args, env, dataset, specs, labels, trials, wanted):
 
 def write_files(args, content, rows):
     """The JSON file (`content`), the CSV (`rows`: a "not run" line for a row still to run) and the
-    benchmark's markdown, each replaced atomically. The plot is drawn once, at the end (report)."""
-    if args.json:
+    benchmark's markdown, each replaced atomically. The plot is drawn once, at the end (report); so is
+    a stream (--json /dev/stdout), which cannot be replaced, only appended to."""
+    final = not content.get("not_run")
+    if args.json and (final or not is_stream(args.json)):
         write_json(args.json, content)
-    if args.csv:
+    if args.csv and (final or not is_stream(args.csv)):
         write_csv(args.csv, rows)
     if args.benchmark:
         env, runs = content["environment"], content["runs"]
@@ -421,11 +428,14 @@ def main(argv=None):
 
 
 def say(text):
-    """A last word on stderr, which may be gone (a closed terminal is what sent SIGHUP)."""
+    """A last word on stderr, which may be gone (a closed terminal is what sent SIGHUP): then what is
+    left to print goes nowhere, rather than fail the exit."""
     try:
         print(text, file=sys.stderr, flush=True)
     except OSError:
-        pass
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, sys.stderr.fileno())
 
 
 if __name__ == "__main__":

@@ -121,9 +121,11 @@ def describe_exit(code):
 
 
 def last_progress(path):
-    """(step, steps) from the last 'progress a/b' line a worker wrote, or None."""
+    """(step, steps) from the last 'progress a/b' line a worker wrote, or None. Read while the worker
+    writes: a line still being written (no newline yet) does not count."""
     with open(path, errors="replace") as f:
-        lines = [line for line in f.read().splitlines() if line.startswith("progress ")]
+        text = f.read()
+    lines = [line for line in text[:text.rfind("\n") + 1].splitlines() if line.startswith("progress ")]
     if not lines:
         return None
     step, steps = lines[-1].split()[1].split("/")

@@ -118,12 +118,16 @@ def write_json(path, content):
         json.dump(content, f, indent=2)
 
 
+def is_stream(path):
+    """/dev/stdout, a pipe, a device: written in place (renaming over it would replace it)."""
+    return os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)
+
+
 @contextlib.contextmanager
 def replaced_atomically(path, mode="w", **open_args):
     """A file that replaces `path` only once completely written (a temporary file beside it, then
-    os.replace): a run interrupted mid-write leaves the previous version, never half a file. Special
-    files (/dev/stdout, a pipe) are written in place; renaming over them would replace them."""
-    if os.path.exists(path) and not os.path.isfile(path):
+    os.replace): a run interrupted mid-write leaves the previous version, never half a file."""
+    if is_stream(path):
         with open(path, mode, **open_args) as f:
             yield f
         return
@@ -148,7 +152,7 @@ def unwritable(path):
     should cost seconds, not a finished run."""
     if os.path.isdir(path):
         return "it is a directory"
-    if os.path.exists(path) and not os.path.isfile(path):
+    if is_stream(path):
         return None if os.access(path, os.W_OK) else "permission denied"
     directory = os.path.dirname(os.path.abspath(path))
     parent = directory
