@@ -312,7 +312,8 @@ def compare(args):
         save()   # again: the signal may have cut the last save short (further signals are ignored now)
         done = sum(len(t) == w for t, w in zip(trials, wanted))
         files = " and ".join(filter(None, (args.json, args.csv)))
-        err.add_note(f"{done} of {len(specs)} rows finished" + (
+        trials_done = f" ({sum(map(len, trials))} of {sum(wanted)} trials)" if args.repeats > 1 else ""
+        err.add_note(f"{done} of {len(specs)} rows finished{trials_done}" + (
             f", kept in {files}; the same command with --resume runs the rest" if files else ""))
         raise
     return report(args, env, dataset, runs)
