@@ -4,6 +4,7 @@ found by the tag in their environment (conftest)."""
 import json
 import os
 import re
+import shutil
 import signal
 import time
 
@@ -59,10 +60,12 @@ def test_workers_end_on_their_own_when_compare_is_killed(framework, start_compar
     """SIGKILL cannot be handled: each worker watches compare.py and ends (with its group) when it is gone."""
     framework_or_skip(framework)
     proc = start_compare("--frameworks", framework, "--processes", "2", "--epochs", "1000", "--threads", "1")
-    wait_for_training(tag, 2)
+    (worker, *_) = wait_for_training(tag, 2)
+    logs = os.path.dirname(os.readlink(f"/proc/{worker}/fd/2"))
     proc.kill()
     proc.wait()
     wait_for(lambda: not processes_tagged(tag), 10, "the workers ending after compare.py was SIGKILLed")
+    shutil.rmtree(logs)   # the run's log folder: compare.py had no chance to remove it
 
 
 @pytest.mark.timeout(240)
