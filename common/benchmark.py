@@ -4,6 +4,7 @@ import csv
 import statistics
 
 from .lenet import flops_per_image
+from .report import replaced_atomically
 
 ROW_KEY = ("framework", "mode", "exec", "devices", "processes")
 TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "first_step_seconds",
@@ -33,8 +34,9 @@ def aggregate(trials):
     ips = [t["images_per_second"] for t in trials if t.get("images_per_second")]
     row["images_per_second_min"], row["images_per_second_max"] = (min(ips), max(ips)) if ips else (None, None)
     row["gflops"] = row["images_per_second"] * flops_per_image() / 1e9 if row["images_per_second"] else None
-    if len(trials) > 1:
+    if len(trials) > 1:   # each trial's metrics: what --resume restores the trials from
         row["trial_images_per_second"] = [t.get("images_per_second") for t in trials]
+        row["trial_metrics"] = [{metric: t.get(metric) for metric in TRIAL_METRICS} for t in trials]
     return row
 
 
@@ -49,7 +51,7 @@ def add_scaling(rows):
 
 
 def write_csv(path, rows):
-    with open(path, "w", newline="") as f:
+    with replaced_atomically(path, newline="") as f:
         writer = csv.DictWriter(f, CSV_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for r in rows:

@@ -1,4 +1,4 @@
-"""Starting worker processes and making sure they all end: on success, failure, timeout and Ctrl-C.
+"""Starting worker processes and making sure they all end, however the run ends (see `run_workers`).
 
 A run is one worker process, or for a multi-process engine `processes` workers (plus MXNet's
 scheduler and server), all on 127.0.0.1 with free ports. Each worker is started with exactly the
@@ -65,6 +65,32 @@ def engine_env(framework, world, devices=None, gpus=None):
     raise ValueError(framework)
 
 
+# The signals that end a run: Ctrl-C, `kill`/`timeout`/CI job limits/batch schedulers, a closed terminal.
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PARENT_VARIABLE = "ROSETTA_PARENT_PID"   # set for the workers compare.py starts; they watch that process
+
+
+class Interrupted(KeyboardInterrupt):
+    """One of ENDING_SIGNALS, raised where the main thread is: every `finally` on the way out runs (the
+    running row's processes are killed there), and the exit status can name the signal."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_on_signals():
+    """Handle SIGTERM and SIGHUP exactly like Ctrl-C. The workers lead process groups of their own, so
+    these signals never reach them: only our clean-up can end them. Repeats are ignored so that the
+    clean-up itself cannot be cut short."""
+    def handler(signum, frame):
+        for s in ENDING_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+    for s in ENDING_SIGNALS:
+        signal.signal(s, handler)
+
+
 def kill_group(proc):
     """Each process leads its own process group, so anything it started dies with it."""
     try:
@@ -72,6 +98,17 @@ def kill_group(proc):
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+
+
+def kill_all(procs):
+    """Every process group of a run. An ending signal that arrives meanwhile waits until all are dead:
+    raised in the middle of the loop, it would leave the rest alive."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
+    try:
+        for proc in procs:
+            kill_group(proc)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def last_line(text):
@@ -84,22 +121,28 @@ def describe_exit(code):
 
 
 def last_progress(path):
-    """(step, steps) from the last 'progress a/b' line a worker wrote, or None."""
+    """(step, steps) from the last 'progress a/b' line a worker wrote, or None. Read while the worker
+    writes: a line still being written (no newline yet) does not count."""
     with open(path, errors="replace") as f:
-        lines = [line for line in f.read().splitlines() if line.startswith("progress ")]
+        text = f.read()
+    lines = [line for line in text[:text.rfind("\n") + 1].splitlines() if line.startswith("progress ")]
     if not lines:
         return None
     step, steps = lines[-1].split()[1].split("/")
     return int(step), int(steps)
 
 
-def run_workers(spec, timeout=None, processes=1, progress=None):
+def run_workers(spec, timeout=None, processes=1, progress=None, stall_timeout=None):
     """Run one spec in `processes` fresh `python -m common.worker` processes; return their result dicts
-    in rank order, or one failed result. Never raises for a failed run: a crash, a dead worker, a timeout
-    becomes status 'failed' with the reason, and every process of the run is gone when this returns.
-    progress(step, steps), if given, is called as the first worker reports."""
+    in rank order, or one failed result. Never raises for a failed run: a crash, a dead worker or helper
+    (MXNet's scheduler, server), a timeout, a stall (no new progress line for `stall_timeout` seconds)
+    becomes status 'failed' with the reason, and every process of the run is gone when this returns or
+    raises (Interrupted included). progress(step, steps), if given, is called as the first worker reports."""
     worker_envs, helper_envs = (engine_env(spec["framework"], processes, spec.get("devices"))
                                 if uses_engine(spec) else ([{}], []))
+    n = len(helper_envs)   # procs, logs and names: the helpers first, then the workers in rank order
+    names = [f"{spec['framework']} {name}" for name, _ in helper_envs]
+    names += [f"worker {r} of {processes}" if processes > 1 else "worker" for r in range(processes)]
     with tempfile.TemporaryDirectory(prefix="rosetta-") as tmp:
         procs, logs = [], []
 
@@ -108,7 +151,8 @@ def run_workers(spec, timeout=None, processes=1, progress=None):
             with open(log_path, "w") as log:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "common.worker", json.dumps(spec), *args], cwd=ROOT, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **env}))
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                    env={**os.environ, **env, PARENT_VARIABLE: str(os.getpid())}))
             logs.append(log_path)
 
         def log_tail(i):
@@ -121,39 +165,41 @@ def run_workers(spec, timeout=None, processes=1, progress=None):
                 start(name, env, [os.path.join(tmp, f"{name}.json")])
             for r, env in enumerate(worker_envs):
                 start(f"worker{r}", env, [outs[r]])
-            workers = procs[len(helper_envs):]
-            deadline = None if timeout is None else time.monotonic() + timeout
+            started = time.monotonic()
+            reported, reported_at = None, started
             while True:
-                codes = [p.poll() for p in workers]
-                dead = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-                if dead:   # the others would wait for it in a collective: stop them all now
-                    i, code = dead[0]
-                    if os.path.exists(outs[i]):   # it failed cleanly and said why
-                        with open(outs[i]) as f:
-                            return [{**json.load(f), "log": log_tail(len(helper_envs) + i)}]
-                    who = f"worker {i} of {processes}" if processes > 1 else "worker"
-                    return [{"status": "failed", "log": log_tail(len(helper_envs) + i),
-                             "error": f"{who} {describe_exit(code)}: "
-                                      f"{last_line(log_tail(len(helper_envs) + i)) or 'no output'}"}]
-                if all(c == 0 for c in codes):
+                codes = [p.poll() for p in procs]
+                dead = [i for i in [*range(n, len(procs)), *range(n)] if codes[i] not in (None, 0)]
+                if dead:   # the others would wait for it (a collective, the server) forever: stop them all now
+                    i = dead[0]
+                    if i >= n and os.path.exists(outs[i - n]):   # a worker that failed cleanly and said why
+                        with open(outs[i - n]) as f:
+                            return [{**json.load(f), "log": log_tail(i)}]
+                    return [{"status": "failed", "log": log_tail(i),
+                             "error": f"{names[i]} {describe_exit(codes[i])}: {last_line(log_tail(i)) or 'no output'}"}]
+                if all(c == 0 for c in codes[n:]):
                     break
-                if deadline is not None and time.monotonic() > deadline:
-                    return [{"status": "failed", "error": f"timed out after {timeout:g} s",
-                             "log": log_tail(len(helper_envs))}]
-                reported = progress and last_progress(logs[len(helper_envs)])
-                if reported:
+                now = time.monotonic()
+                if timeout is not None and now - started > timeout:
+                    return [{"status": "failed", "error": f"timed out after {timeout:g} s", "log": log_tail(n)}]
+                latest = last_progress(logs[n])
+                if latest != reported:
+                    reported, reported_at = latest, now
+                elif stall_timeout is not None and now - reported_at > stall_timeout:
+                    where = f"after step {reported[0]} of {reported[1]}" if reported else "before its first step"
+                    return [{"status": "failed", "log": log_tail(n),
+                             "error": f"stalled {where}: no progress for {stall_timeout:g} s"}]
+                if progress and reported:
                     progress(*reported)
                 time.sleep(POLL_SECONDS)
         finally:
-            for p in procs:   # also on Ctrl-C: the KeyboardInterrupt propagates after the kill
-                kill_group(p)
+            kill_all(procs)   # also on Ctrl-C, SIGTERM, SIGHUP: Interrupted propagates after the kill
         results = []
         for r, out in enumerate(outs):
             if not os.path.exists(out):
-                return [{"status": "failed", "error": f"worker {r} wrote no result",
-                         "log": log_tail(len(helper_envs) + r)}]
+                return [{"status": "failed", "error": f"worker {r} wrote no result", "log": log_tail(n + r)}]
             with open(out) as f:
                 results.append(json.load(f))
             if results[-1]["status"] == "failed":
-                results[-1]["log"] = log_tail(len(helper_envs) + r)
+                results[-1]["log"] = log_tail(n + r)
         return results

@@ -1,15 +1,32 @@
 """The benchmark figure: loss curves of every run overlaid (the same data and weights, so they should
 coincide), and throughput bars with min-max whiskers over the trials."""
+import os
+
 import matplotlib
 
 matplotlib.use("Agg")   # files only, no screen needed
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+
+from .interface import RosettaError  # noqa: E402
+from .report import replaced_atomically  # noqa: E402
 
 COLORS = {"pytorch": "tab:red", "mxnet": "tab:blue", "tensorflow": "tab:orange"}
 
 
 def label(r):
     return f"{r['framework']} {r['mode']} {r.get('exec') or ''} {r['devices']}d/{r['processes']}p".replace("  ", " ")
+
+
+def image_format(path):
+    """The format a figure is saved in, from the file's extension (png without one); a format matplotlib
+    cannot write is a RosettaError, raised before the first row rather than after the last."""
+    ext = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if ext not in formats:
+        raise RosettaError(f"cannot write --plot {path}: matplotlib cannot write .{ext} files (it writes "
+                           f"{', '.join(sorted(formats))})")
+    return ext
 
 
 def plot_runs(path, runs, title=""):
@@ -31,5 +48,6 @@ def plot_runs(path, runs, title=""):
     bars.set(xlabel="images/s (median; whiskers: min-max over trials)", title="training throughput")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with replaced_atomically(path, "wb") as f:
+        fig.savefig(f, format=image_format(path), dpi=110)
     plt.close(fig)

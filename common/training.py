@@ -151,7 +151,7 @@ def summarize(records):
         "first_step_seconds": first,
         "epoch_seconds": epoch_seconds.tolist(),
         "epoch_seconds_median": float(np.median(epoch_seconds)),
-        "images_per_second": steady_images / steady_seconds if steady_seconds > 0 else None,
+        "images_per_second": steady_images / steady_seconds if steady_images and steady_seconds > 0 else None,
         "epoch_losses": (add("epoch_loss_sums") / add("epoch_sizes")).tolist(),
         "step_losses": (add("step_loss_sums") / add("step_sizes")).tolist(),
         "test_accuracy": records[0]["test_accuracy"],

@@ -31,6 +31,7 @@ def set_virtual_devices(n):
 
 
 _last_report = [0.0]
+PARENT_POLL_SECONDS = 0.5
 
 
 def progress(step, steps, loss):
@@ -108,9 +109,31 @@ def serve(spec):
                        f"{spec['framework']} has neither")
 
 
+def exit_with_parent():
+    """Started by compare.py, end when it is gone, even SIGKILLed (which no handler can catch): with
+    this process's whole group, so nothing trains on for nobody. A thread, so that it also watches
+    MXNet's scheduler and server, which never return from `import mxnet`. Hand-launched workers
+    (no PARENT_VARIABLE) may outlive their shell on purpose (nohup) and are left alone."""
+    import signal
+    import threading
+    from common.launch import PARENT_VARIABLE
+    parent = int(os.environ.get(PARENT_VARIABLE, 0))
+    if not parent:
+        return
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_SECONDS)
+        if os.getpgrp() == os.getpid():   # compare.py starts each worker as the leader of its own group
+            os.killpg(0, signal.SIGKILL)
+        os._exit(1)
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main(spec_json, out_path):
     started = time.perf_counter()
     spec = json.loads(spec_json)
+    exit_with_parent()
     set_threads(spec.get("threads") or os.cpu_count())
     if spec.get("framework") == "jax":   # its own share of the run's devices (common.placement)
         set_virtual_devices(max(1, (spec.get("devices") or 1) // spec.get("processes", 1)))

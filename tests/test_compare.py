@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -92,6 +93,10 @@ def test_missing_frameworks_show_as_skipped_not_fabricated(tmp_path):
     (["--devices", "two"], "comma-separated integers"),
     (["--dataset", "fashion-mnist", "--data-dir", "/nonexistent/dir"], "does not exist"),
     (["--epochs", "0"], "--epochs must be >= 1"),
+    (["--stall-timeout", "0"], "--stall-timeout must be > 0"),
+    (["--resume"], "--resume continues a training run: it needs the --json PATH"),
+    (["--dataset", "synthetic", "--n-synthetic", "5"], "has 5 images, fewer than one batch of 256"),
+    (["--batch-size", "2000"], "the digits training set has 1437 images, fewer than one batch of 2000"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
     proc = compare(*args)
@@ -124,3 +129,79 @@ def test_parity_column_compares_across_frameworks_modes_and_exec_levels():
     runs.append({"framework": "mxnet", "mode": "scratch", "status": "failed"})
     add_parity(runs)
     assert [r.get("step1_loss_diff") for r in runs] == [0.0, pytest.approx(1e-4), pytest.approx(0.1), None]
+
+
+@pytest.mark.parametrize("option,path,message", [
+    ("--json", "{file}/out.json", "is a file, not a directory"),
+    ("--csv", "/proc/out.csv", "cannot create a file in /proc"),
+    ("--json", "{tmp}", "it is a directory"),
+    ("--plot", "{tmp}/curves.xyz", "matplotlib cannot write .xyz files"),
+    ("--benchmark", None, "results is a file, not a directory"),
+])
+def test_unwritable_outputs_fail_before_any_training(option, path, message, tmp_path):
+    (tmp_path / "file").write_text("a regular file")
+    (tmp_path / "results").write_text("a regular file where --benchmark writes its folder")
+    args = [option] + ([path.format(file=tmp_path / "file", tmp=tmp_path)] if path else [])
+    start = time.monotonic()
+    proc = compare("--frameworks", "pytorch", "--csv", str(tmp_path / "ok.csv"), *args, cwd=tmp_path)
+    assert time.monotonic() - start < 10
+    assert proc.returncode == 2 and proc.stderr.startswith("error: cannot write") and message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr   # no data loaded, no row started
+    assert not (tmp_path / "ok.csv").exists()
+
+
+def test_merge_says_when_a_file_is_not_a_worker_record(tmp_path):
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"environment": {}, "dataset": {}, "runs": []}))
+    proc = compare("--merge", str(report))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: {report}: not a worker's record (compare.py's --json output, no status); --merge takes the "
+        "out-{rank}.json files that python -m common.worker writes"]
+
+
+def test_help_shows_every_default():
+    proc = compare("--help")
+    assert proc.returncode == 0
+    flat = " ".join(proc.stdout.split())
+    for shown in ("--frameworks FRAMEWORKS comma-separated (default: pytorch,", "(default: scratch)",
+                  "(default: digits)", "(default: 256)", "(default: 0.2)", "(default: 1800)", "(default: 300)",
+                  f"(default: {os.cpu_count()})", "default 30 for digits, 10 otherwise"):
+        assert shown in flat, shown
+    assert "(default: None)" not in flat and "(default: False)" not in flat
+
+
+def test_files_are_replaced_whole_or_not_at_all(tmp_path):
+    from common.report import replaced_atomically
+    path = tmp_path / "out.json"
+    path.write_text("the previous run")
+    with pytest.raises(KeyboardInterrupt):
+        with replaced_atomically(str(path)) as f:
+            f.write("half of the ne")
+            raise KeyboardInterrupt   # a signal in the middle of writing
+    assert path.read_text() == "the previous run" and os.listdir(tmp_path) == ["out.json"]
+    with replaced_atomically(str(path)) as f:
+        f.write("the new run")
+    assert path.read_text() == "the new run" and os.listdir(tmp_path) == ["out.json"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask   # as open() makes it, not private to its owner
+
+
+def test_resume_restores_every_trial_of_a_kept_row():
+    """A row of several trials keeps each trial's metrics: --resume rebuilds the same row from the file."""
+    from common.benchmark import aggregate
+    from compare import kept_trials
+    trials = [{"row": "r", "framework": "pytorch", "status": "ok", "error": None, "images_per_second": ips,
+               "train_seconds": 10 / ips, "step_losses": [2.3, 2.1]} for ips in (100.0, 300.0, 200.0)]
+    row = aggregate(trials)
+    restored = kept_trials({"runs": [json.loads(json.dumps(row))]}, "r")
+    assert len(restored) == 3 and aggregate(restored) == row
+    assert aggregate(restored[:2])["images_per_second"] == 200.0   # a partly run row goes on from its trials
+
+
+def test_one_step_has_no_steady_state_throughput():
+    from common.training import summarize
+    record = {"epoch_loss_sums": [4.6], "epoch_sizes": [2], "epoch_seconds": [0.5], "step_loss_sums": [4.6],
+              "step_sizes": [2], "first_step_seconds": 0.4, "first_step_images": 2, "images": 2,
+              "test_accuracy": 0.1, "replica_spread": 0.0}
+    assert summarize([record])["images_per_second"] is None   # not 0 images/s

@@ -63,3 +63,10 @@ def test_readme_commands_are_what_ci_runs():
     install, test = blocks[0], blocks[1]
     assert "pip install -r requirements.txt" in install and "python compare.py" in install
     assert test.strip() in ci and "pip install -q -r requirements.txt" in ci
+
+
+def test_requirements_point_at_a_readme_section_that_exists():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    sections = re.findall(r"^#+ (.+)$", readme, re.M)
+    named = re.findall(r'README: "([^"]+)"', open(os.path.join(ROOT, "requirements.txt")).read())
+    assert named and all(name in sections for name in named), (named, sections)
