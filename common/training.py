@@ -7,6 +7,7 @@ A run has `world` processes (1 unless an engine runs several); each one calls `t
 trains on its contiguous part of every global batch, dividing the summed gradient by the global batch
 size. `summarize` merges the per-process records into one run.
 """
+import dataclasses
 import hashlib
 
 import numpy as np
@@ -170,6 +171,17 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
     record["replica_spread"] = runner.spread()
     record["digest"] = digest(runner.weights())
     return record
+
+
+def fed_rows(runner, data, epochs, batch_size, seed=0, rank=0, world=1, min_size=1):
+    """The rows a built-in runner's input pipeline hands each of this process's devices, step by step, for
+    `epochs` epochs (labels replaced by row numbers, so the batches say which rows they hold): the tests
+    compare them with the shared order."""
+    data = dataclasses.replace(data, y_train=np.arange(len(data.y_train)))
+    runner.start(init_weights(seed))
+    runner.feed(data, Order(len(data.y_train), batch_size, seed, min_size), rank, world)
+    return [[[y.tolist() for _, y in runner.pipeline.per_device(batch)] for batch in runner.batches(epoch)]
+            for epoch in range(epochs)]
 
 
 def summarize(records):

@@ -62,6 +62,10 @@ def run(spec, started):
     try:
         devices = local_devices(fw, spec["devices"], rank, world)
         runner = MODES[spec["mode"]](fw, devices)
+        if spec.get("task") == "feed":   # what the input pipeline hands each device (tests/test_pipelines.py)
+            from common.training import fed_rows
+            return {"fed": fed_rows(runner, data, spec["epochs"], spec["batch_size"], spec["seed"], rank, world,
+                                    spec["devices"]), "rank": rank}
         exec_name = (load_module(fw.name, "execution").use(spec.get("exec", "default")) if spec["mode"] == "scratch"
                      else runner.engine.EXEC)   # the built-in engines and reference loops run their own way
         startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step

@@ -1,11 +1,10 @@
 """MXNet's input pipeline: a Gluon ArrayDataset and DataLoader whose batch sampler hands this process its part
 of every batch (what the SplitSampler of MXNet's distributed-training example does with kv.rank and
-kv.num_workers, here in the shared order of common.batches), and split_and_load to cut each batch across the
-process's contexts. data_parallel.split_and_load, not gluon.utils.split_and_load: with even_split=False the
-latter gives the remainder to the last context (97 rows: 48 + 49), the shared split to the first ones."""
+kv.num_workers, here in the shared order of common.batches), and gluon.utils.split_and_load to cut each batch
+across the process's contexts. With even_split=False, MXNet 1.9.1 cuts an uneven batch as common.sharding
+does, larger shards first (tests/test_pipelines.py checks it); the default, even_split=True, refuses a batch
+that does not divide evenly, such as an epoch's last."""
 from mxnet import gluon
-
-from .data_parallel import split_and_load
 
 
 class SharedOrderSampler(gluon.data.Sampler):
@@ -37,7 +36,8 @@ def batches(loader, epoch):
     loader, sampler, devices = loader
     sampler.set_epoch(epoch)
     for X, y in loader:
-        yield split_and_load(X, devices), split_and_load(y, devices)
+        yield (gluon.utils.split_and_load(X, devices, even_split=False),
+               gluon.utils.split_and_load(y, devices, even_split=False))
 
 
 def per_device(batch):
