@@ -16,6 +16,7 @@ import os
 import sys
 
 from common.benchmark import add_scaling, aggregate, write_csv
+from common.checkpoints import check_resume
 from common.data import DATASETS, load_dataset
 from common.interface import FRAMEWORKS, RosettaError
 from common.launch import PROCESS_PER_DEVICE, run_workers
@@ -26,10 +27,11 @@ from common.training import MODES, summarize
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 EXEC_LEVELS = ("default", "eager", "graph", "xla")
 # --benchmark: the issue's setting (synthetic 60,000 images, batch 256), every execution mode on one
-# device, the idiomatic reference loops, and the default mode on 2 devices for scaling; 3 trials.
+# device, the idiomatic reference loops, the default mode on 2 devices for scaling, and the built-in engines
+# on 2 devices, fed by their frameworks' own input pipelines; 3 trials.
 BENCHMARK = {"dataset": "synthetic", "n_synthetic": 60000, "epochs": 1, "batch_size": 256, "repeats": 3,
              "plan": [("scratch", ("eager", "graph", "xla"), 1), ("idiomatic", ("default",), 1),
-                      ("scratch", ("default",), 2)]}
+                      ("scratch", ("default",), 2), ("builtin", ("default",), 2)]}
 SPEC_FIELDS = ("framework", "mode", "exec", "devices", "processes", "epochs", "batch_size", "lr", "seed",
                "init", "threads")
 
@@ -88,6 +90,13 @@ def parse_args(argv):
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--csv", metavar="PATH", help="write the table as CSV")
     p.add_argument("--plot", metavar="PATH", help="write loss curves and throughput bars as a PNG")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="save every run's trained model there, in its framework's native format, named "
+                        "framework-mode-<devices>d-<processes>p-epoch<k> (.pt, .params, .weights.h5, .orbax)")
+    p.add_argument("--checkpoint-every", type=int, metavar="N", help="with --checkpoint-dir: also every N epochs")
+    p.add_argument("--resume-from", metavar="CHECKPOINT",
+                   help="start from a checkpoint saved after epoch k (its name says k) and train epochs k+1.. "
+                        "--epochs in the batch order the uninterrupted run would see; one framework only")
     p.add_argument("--benchmark", action="store_true",
                    help="the timing benchmark: synthetic 60,000 images, batch 256, every exec mode, the "
                         "idiomatic references, 3 trials; writes results/benchmark.{md,csv,json,png}")
@@ -111,6 +120,11 @@ def parse_args(argv):
         p.error("--lr must be > 0")
     if args.batch_size < max(args.devices):
         p.error(f"--batch-size {args.batch_size} is smaller than {max(args.devices)} devices")
+    if args.checkpoint_every is not None and (args.checkpoint_every < 1 or not args.checkpoint_dir):
+        p.error("--checkpoint-every needs --checkpoint-dir and N >= 1")
+    for name in ("checkpoint_dir", "resume_from"):   # the workers run from the repo root
+        if getattr(args, name):
+            setattr(args, name, os.path.abspath(getattr(args, name)))
     return args
 
 
@@ -139,7 +153,9 @@ def run_specs(args):
                                 "processes": world, "dataset": args.dataset, "data_dir": args.data_dir,
                                 "n_synthetic": args.n_synthetic, "epochs": args.epochs,
                                 "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-                                "init": args.init, "threads": max(1, args.threads // world)}
+                                "init": args.init, "threads": max(1, args.threads // world),
+                                "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
+                                "resume_from": args.resume_from}
                         skip = None
                         if devices % world:
                             skip = f"{devices} devices cannot be shared evenly among {world} processes"
@@ -183,6 +199,8 @@ def merge_records(records, fingerprint):
 
 
 def compare(args):
+    if args.resume_from:
+        check_resume(args.resume_from, args.frameworks, args.epochs)
     data = load_dataset(args.dataset, args.data_dir, args.n_synthetic, args.seed)   # fail early on bad data
     dataset = data.summary()
     print(f"dataset {dataset['name']}: {dataset['n_train']} train / {dataset['n_test']} test images, "

@@ -52,6 +52,7 @@ def run(spec, started):
     fw = load_framework(spec["framework"])
     if spec.get("task") == "devices":
         return {"devices": fw.device_info(fw.get_devices(spec.get("devices")))}
+    from common.checkpoints import resume_point, saver
     from common.data import load_dataset
     from common.launch import uses_engine
     from common.training import MODES, train
@@ -68,10 +69,12 @@ def run(spec, started):
                                     spec["devices"]), "rank": rank}
         exec_name = (load_module(fw.name, "execution").use(spec.get("exec", "default")) if spec["mode"] == "scratch"
                      else runner.engine.EXEC)   # the built-in engines and reference loops run their own way
+        weights, first_epoch = resume_point(spec)   # (None, 0) unless resuming from a checkpoint
         startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step
         record = train(runner, data, spec["epochs"], spec["batch_size"], spec["lr"], spec["seed"],
                        spec.get("init", "he"), rank, world, min_size=spec["devices"], progress=progress,
-                       max_steps=spec.get("max_steps"))
+                       max_steps=spec.get("max_steps"), weights=weights, first_epoch=first_epoch,
+                       after_epoch=saver(spec, rank))
         if spec.get("weights_out") and rank == 0:   # final weights, canonical layout, for parity checks
             import numpy as np
             np.savez(spec["weights_out"], **runner.weights())
