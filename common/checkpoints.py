@@ -5,6 +5,7 @@ of a training run: saving every N epochs and resuming from a saved epoch.
 
 A checkpoint holds the weights only: plain SGD without momentum has no optimizer state, and the learning rate
 is constant, so the weights and the epoch (in the file name) are all a resumed run needs."""
+import glob
 import os
 import re
 import shutil
@@ -99,11 +100,9 @@ def write_weights(framework, weights, path):
         if os.path.isdir(path):   # an earlier Orbax directory: os.replace cannot replace a full one
             shutil.rmtree(path)
         os.replace(temporary, path)
-    finally:
-        if os.path.isdir(temporary):
-            shutil.rmtree(temporary)
-        elif os.path.exists(temporary):
-            os.remove(temporary)
+    finally:   # after a failure: the temporary, and anything the framework made beside it (Orbax's own)
+        for leftover in glob.glob(glob.escape(temporary) + "*"):
+            shutil.rmtree(leftover) if os.path.isdir(leftover) else os.remove(leftover)
 
 
 def saver(spec, rank):

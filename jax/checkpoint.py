@@ -1,6 +1,8 @@
-"""JAX checkpoints: Orbax (the checkpoint library of the JAX ecosystem, installed with Flax), saving the Flax
-model's state (nnx.state) as a directory, and restoring it into a model of the same structure. Orbax writes to
-a temporary directory and renames it when complete. The weights are stored in Flax's channels-last layout."""
+"""JAX checkpoints: Orbax (the checkpoint library of the JAX ecosystem, installed with Flax) saving the Flax
+model's state as a plain nested dict (nnx.to_pure_dict, Flax's recipe for Orbax), a directory,
+restored into a model of the same structure with nnx.replace_by_pure_dict. The arrays are saved as numpy
+arrays: in a multi-process run Orbax refuses host-local jax.Arrays. Orbax writes a temporary directory and
+renames it when complete. The weights are stored in Flax's channels-last layout."""
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -24,15 +26,18 @@ def checkpointer():
 
 
 def save(weights, path):
+    state = nnx.to_pure_dict(nnx.state(build_model(weights)))
     with checkpointer() as saver:
-        saver.save(path, nnx.state(build_model(weights)))
+        saver.save(path, jax.tree.map(np.asarray, state))
 
 
 def load(path):
     """The idiomatic model with the file's weights: nothing but Flax's and Orbax's own calls."""
     model = build_model(init_weights())   # any weights: restoring into its state replaces every one
+    state = nnx.state(model)
     with checkpointer() as restorer:
-        nnx.update(model, restorer.restore(path, nnx.state(model)))
+        nnx.replace_by_pure_dict(state, restorer.restore(path, nnx.to_pure_dict(state)))
+    nnx.update(model, state)
     return model
 
 
@@ -43,7 +48,7 @@ def read(path):
 
 
 def flatten(tree, prefix=""):
-    """(key, array) of a restored tree; an nnx.Param is stored as {"value": array}."""
+    """(key, array) of a restored tree (an nnx.State saved whole holds each Param as {"value": array})."""
     for key, value in tree.items():
         if isinstance(value, dict) and set(value) == {"value"}:
             value = value["value"]

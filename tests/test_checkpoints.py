@@ -93,7 +93,7 @@ def rewrite(framework, path, change):
         tree = {}
         for key, a in arrays.items():
             module, name = key.split("/")
-            tree.setdefault(module, {})[name] = {"value": a}
+            tree.setdefault(module, {})[name] = a
         shutil.rmtree(path)
         with ocp.StandardCheckpointer() as checkpointer:
             checkpointer.save(path, tree)
@@ -162,8 +162,10 @@ def test_names_and_suffixes(tmp_path):
 
 
 def run(framework, folder, **extra):
+    """Two processes for PyTorch (DDP's way) and JAX (Orbax refuses host-local arrays across processes)."""
     folder.mkdir(exist_ok=True)
-    spec = {"framework": framework, "mode": "builtin", "devices": 2, "processes": 2 if framework == "pytorch" else 1,
+    processes = 2 if framework in ("pytorch", "jax") else 1
+    spec = {"framework": framework, "mode": "builtin", "devices": 2, "processes": processes,
             "dataset": "digits", "epochs": 3, "batch_size": 256, "lr": 0.2, "seed": 2, "threads": 1,
             "weights_out": str(folder / "final.npz"), **extra}
     results = run_workers(spec, timeout=300, processes=spec["processes"])
