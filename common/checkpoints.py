@@ -71,7 +71,8 @@ def read_weights(framework, path):
     weights = {}
     for name, key in checkpoint.KEYS.items():
         if key not in arrays:
-            raise RosettaError(f"{path}: not this LeNet's checkpoint: parameter {name} ({key!r} in the file) is missing")
+            raise RosettaError(f"{path}: not this LeNet's checkpoint: parameter {name} ({key!r} in the file) "
+                               "is missing")
         array, shape = arrays[key], native_shape(framework, name)
         if array.shape != shape or not np.issubdtype(array.dtype, np.floating):
             raise RosettaError(f"{path}: parameter {name} ({key!r} in the file) is {array.dtype} {array.shape}; "
