@@ -4,6 +4,7 @@ The folders `pytorch/`, `mxnet/`, `tensorflow/` and `jax/` have no `__init__.py`
 with the name of a real framework would shadow it. They are mounted here under a private name
 (`rosetta_pytorch`, ...) so their files can import each other with relative imports.
 """
+import functools
 import importlib
 import importlib.metadata
 import os
@@ -13,19 +14,25 @@ import types
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRAMEWORKS = ("pytorch", "mxnet", "tensorflow", "jax")
 
-# The pip distributions that provide each framework (the first one installed wins).
+# The pip distribution to install for each framework (requirements.txt pins it). Any other distribution
+# that provides the same import package counts as installed: torch's CUDA builds, mxnet-cu101 ...
+# mxnet-cu117, tensorflow (with GPU support), tensorflow-gpu, ...
 DISTRIBUTIONS = {
     "pytorch": ("torch",),
-    "mxnet": ("mxnet", "mxnet-cu117", "mxnet-cu112", "mxnet-cu102"),
-    "tensorflow": ("tensorflow-cpu", "tensorflow", "tensorflow-gpu"),
+    "mxnet": ("mxnet",),
+    "tensorflow": ("tensorflow-cpu",),
     "jax": ("jax",),
 }
+# The package each framework is imported as, where it differs from the framework's name.
+IMPORT_NAMES = {"pytorch": "torch"}
 
 # The files of a framework folder, in reading order, and what each one must define.
 FILES = ("devices", "lenet", "data_parallel")
 
 CONTRACT = {
     # devices.py: what the framework calls a device.
+    "gpu_count": "gpu_count() -> the number of GPUs this process sees (0 on a CPU-only machine), without "
+                 "initialising the framework's devices (common.placement decides which of them are the process's).",
     "get_devices": "get_devices(n=None) -> list of device handles: all GPUs (the first n), else n virtual "
                    "CPU devices (1 when n is None). n < 1 or more GPUs than exist raises RosettaError.",
     "device_info": "device_info(devices) -> list of dicts: name, type, index, memory_bytes (None if unknown).",
@@ -65,14 +72,17 @@ def exec_level(level, names, default, framework):
     return level
 
 
-def installed_version(name):
-    """The framework's version from package metadata, without importing it (None if not installed).
-    Metadata, not `find_spec`: from the repo root, find_spec would find our own `mxnet/` folder."""
-    for dist in DISTRIBUTIONS[name]:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+@functools.cache
+def installed_version(name, path=None):
+    """The framework's version from package metadata, without importing it (None if not installed): that
+    of the installed distribution whose files include the framework's import package, whatever its pip
+    name (every CUDA build of MXNet has its own). Metadata, not `find_spec`: from the repo root,
+    find_spec would find our own `mxnet/` folder. `path`: where to look (default sys.path)."""
+    package = IMPORT_NAMES.get(name, name)
+    for dist in importlib.metadata.distributions(**({} if path is None else {"path": list(path)})):
+        declared = (dist.read_text("top_level.txt") or "").split()
+        if package in declared or (not declared and any(f.parts[0] == package for f in dist.files or ())):
+            return dist.version
     return None
 
 

@@ -15,6 +15,7 @@ import tempfile
 import time
 
 from .interface import ROOT
+from .placement import machine_gpus, worker_env
 
 POLL_SECONDS = 0.2
 # DistributedDataParallel is PyTorch's only working data parallelism on the CPU: one process per device,
@@ -38,25 +39,29 @@ def free_ports(n):
     return ports
 
 
-def engine_env(framework, world):
-    """(per-worker environments, [(name, environment)] of helper processes) for one run."""
+def engine_env(framework, world, devices=None, gpus=None):
+    """(per-worker environments, [(name, environment)] of helper processes) for one run of `devices` in
+    all. Every worker is on this machine: its local rank is its rank, and it gets its share of the
+    machine's GPUs (`gpus`, default machine_gpus()) by common.placement's rule."""
+    gpus = machine_gpus() if gpus is None else gpus
+    place = [worker_env(framework, r, world, (devices or world) // world, gpus) for r in range(world)]
     ports = free_ports(world + 1)
     if framework == "pytorch":   # what `torchrun --standalone --nproc-per-node=N` sets
         base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports[0]), "WORLD_SIZE": str(world),
                 "GLOO_SOCKET_IFNAME": "lo"}
-        return [{**base, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world)], []
+        return [{**base, "RANK": str(r), **place[r]} for r in range(world)], []
     if framework == "tensorflow":   # MultiWorkerMirroredStrategy reads the cluster from TF_CONFIG
         cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
-        return [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": r}})}
+        return [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": r}}), **place[r]}
                 for r in range(world)], []
     if framework == "mxnet":   # ps-lite: a scheduler, one server, N workers
         base = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(ports[0]), "DMLC_NUM_SERVER": "1",
                 "DMLC_NUM_WORKER": str(world), "DMLC_NODE_HOST": "127.0.0.1", "DMLC_INTERFACE": "lo"}
         helpers = [(role, {**base, "DMLC_ROLE": role}) for role in ("scheduler", "server")]
-        return [{**base, "DMLC_ROLE": "worker"} for _ in range(world)], helpers
+        return [{**base, "DMLC_ROLE": "worker", **place[r]} for r in range(world)], helpers
     if framework == "jax":   # jax.distributed: process 0 serves the coordinator
         base = {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{ports[0]}", "JAX_NUM_PROCESSES": str(world)}
-        return [{**base, "JAX_PROCESS_ID": str(r)} for r in range(world)], []
+        return [{**base, "JAX_PROCESS_ID": str(r), **place[r]} for r in range(world)], []
     raise ValueError(framework)
 
 
@@ -93,7 +98,8 @@ def run_workers(spec, timeout=None, processes=1, progress=None):
     in rank order, or one failed result. Never raises for a failed run: a crash, a dead worker, a timeout
     becomes status 'failed' with the reason, and every process of the run is gone when this returns.
     progress(step, steps), if given, is called as the first worker reports."""
-    worker_envs, helper_envs = engine_env(spec["framework"], processes) if uses_engine(spec) else ([{}], [])
+    worker_envs, helper_envs = (engine_env(spec["framework"], processes, spec.get("devices"))
+                                if uses_engine(spec) else ([{}], []))
     with tempfile.TemporaryDirectory(prefix="rosetta-") as tmp:
         procs, logs = [], []
 

@@ -194,6 +194,7 @@ def summarize(records):
     steady_seconds = train_seconds - first
     steady_images = records[0]["images"] - records[0]["first_step_images"]
     spreads = [r["replica_spread"] for r in records if r["replica_spread"] is not None]
+    device_peaks = [r["peak_device_memory_bytes"] for r in records if r.get("peak_device_memory_bytes") is not None]
     return {
         "train_seconds": train_seconds,
         "first_step_seconds": first,
@@ -210,5 +211,5 @@ def summarize(records):
         "first_epoch": records[0].get("first_epoch", 0),   # > 0: resumed from a checkpoint of that epoch
         "startup_seconds": max(r.get("startup_seconds", 0.0) for r in records),
         "peak_rss_bytes": max(r.get("peak_rss_bytes", 0) for r in records),
-        "peak_device_memory_bytes": records[0].get("peak_device_memory_bytes"),
+        "peak_device_memory_bytes": sum(device_peaks) if device_peaks else None,   # each process's own GPUs
     }

@@ -6,6 +6,7 @@ a fresh process with its thread count fixed before the framework is imported, an
 that run. The worker writes its own record; compare.py merges the records of a run's processes (its
 own, or with `--merge` those of a hand-launched run).
 """
+import contextlib
 import json
 import os
 import resource
@@ -40,11 +41,34 @@ def progress(step, steps, loss):
         print(f"progress {step}/{steps} loss {loss:.4f}", file=sys.stderr, flush=True)
 
 
-def local_devices(fw, total, rank, world):
-    """This process's share of the run's devices: with GPUs its own ones, on the CPU its virtual ones."""
-    per_process = total // world
-    slot = int(os.environ.get("LOCAL_RANK", rank))
-    return fw.get_devices(per_process * (slot + 1))[per_process * slot:]
+@contextlib.contextmanager
+def joined(fw, spec):
+    """This process within its run: (rank, world, its devices), joined to the framework's multi-process
+    engine if the run has one, and leaving it however the block ends. Its devices follow common.placement."""
+    from common.interface import RosettaError, load_module
+    from common.launch import uses_engine
+    from common.placement import local_devices, my_gpus
+    world = spec.get("processes", 1)
+    per_process = spec["devices"] // world
+    gpus = my_gpus(fw.name, fw.gpu_count(), per_process, world)   # before the engine: it binds its GPUs
+    engine = load_module(fw.name, "distributed") if uses_engine(spec) else None
+    rank, engine_world = engine.init_process(gpus) if engine else (0, 1)
+    try:
+        if engine_world != world:
+            raise RosettaError(f"the run asks for {world} processes but {engine_world} joined the engine")
+        yield rank, world, local_devices(fw, gpus, per_process)
+    finally:
+        if engine:
+            engine.shutdown()
+
+
+def scaling_inputs(fw, spec):
+    """The scaling model's inputs (common/scaling.py): one step's compute, or one all-reduce across the run."""
+    from common import scaling
+    with joined(fw, spec) as (rank, world, devices):
+        if spec["task"] == "step":
+            return {"step": scaling.measure_step(fw, spec, devices)}
+        return {"allreduce": scaling.measure_allreduce(fw, spec, rank, world, devices), "rank": rank}
 
 
 def run(spec, started):
@@ -52,16 +76,13 @@ def run(spec, started):
     fw = load_framework(spec["framework"])
     if spec.get("task") == "devices":
         return {"devices": fw.device_info(fw.get_devices(spec.get("devices")))}
+    if spec.get("task") in ("step", "allreduce"):
+        return scaling_inputs(fw, spec)
     from common.checkpoints import resume_point, saver
     from common.data import load_dataset
-    from common.launch import uses_engine
     from common.training import MODES, train
     data = load_dataset(spec["dataset"], spec.get("data_dir"), spec.get("n_synthetic", 60000), spec["seed"])
-    world = spec.get("processes", 1)
-    engine = load_module(fw.name, "distributed") if uses_engine(spec) else None
-    rank, world = engine.init_process() if engine else (0, 1)
-    try:
-        devices = local_devices(fw, spec["devices"], rank, world)
+    with joined(fw, spec) as (rank, world, devices):
         runner = MODES[spec["mode"]](fw, devices)
         if spec.get("task") == "feed":   # what the input pipeline hands each device (tests/test_pipelines.py)
             from common.training import fed_rows
@@ -78,9 +99,6 @@ def run(spec, started):
         if spec.get("weights_out") and rank == 0:   # final weights, canonical layout, for parity checks
             import numpy as np
             np.savez(spec["weights_out"], **runner.weights())
-    finally:
-        if engine:
-            engine.shutdown()
     record.update(spec=spec, rank=rank, world=world, fingerprint=data.fingerprint(), exec=exec_name,
                   startup_seconds=startup_seconds, device_names=[d["name"] for d in fw.device_info(devices)],
                   peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -101,8 +119,8 @@ def main(spec_json, out_path):
     started = time.perf_counter()
     spec = json.loads(spec_json)
     set_threads(spec.get("threads") or os.cpu_count())
-    if spec.get("framework") == "jax":
-        set_virtual_devices(spec.get("devices") or 1)
+    if spec.get("framework") == "jax":   # its own share of the run's devices (common.placement)
+        set_virtual_devices(max(1, (spec.get("devices") or 1) // spec.get("processes", 1)))
     from common.interface import RosettaError, Unavailable
     try:
         role = os.environ.get("DMLC_ROLE", "worker")

@@ -1,17 +1,35 @@
 """JAX devices: every GPU JAX sees; on a CPU-only machine, n virtual CPU devices. JAX fixes its CPU device
 count when its backend starts (its first op), from `--xla_force_host_platform_device_count` in XLA_FLAGS:
 common/worker.py sets that flag before JAX is imported, as it sets thread counts. In a process that did
-not (pytest, a notebook), the first call here asks for VIRTUAL_CPUS devices, as TensorFlow's split does."""
+not (pytest, a notebook), the first call here asks for VIRTUAL_CPUS devices, as TensorFlow's split does.
+On GPUs JAX would take 75% of every GPU it sees when it starts; here it allocates as it goes (like
+TensorFlow's memory growth), so peak memory means something and co-located processes cannot starve."""
+import importlib.util
 import os
 
-import jax
-from jax._src import xla_bridge
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # read when JAX's backend starts
 
-from common.interface import RosettaError
-from common.sharding import check_device_count
+import jax  # noqa: E402
+from jax._src import xla_bridge  # noqa: E402
+
+from common.interface import RosettaError  # noqa: E402
+from common.placement import machine_gpus  # noqa: E402
+from common.sharding import check_device_count  # noqa: E402
 
 VIRTUAL_CPUS = 8
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")   # what jax[cuda12] / jax[cuda13] install
+
+
+def gpu_count():
+    """The GPUs JAX will see, counted without starting its backend (jax.distributed.initialize must come
+    first): when JAX's CUDA plugin is installed, those of JAX_LOCAL_DEVICE_IDS (JAX's own way to give a
+    process its GPUs), else of CUDA_VISIBLE_DEVICES, else of the machine."""
+    if not any(importlib.util.find_spec(name) for name in CUDA_PLUGINS):
+        return 0
+    if os.environ.get("JAX_LOCAL_DEVICE_IDS"):
+        return len(os.environ["JAX_LOCAL_DEVICE_IDS"].split(","))
+    return len(machine_gpus())
 
 
 def split_cpu(n=VIRTUAL_CPUS):

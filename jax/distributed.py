@@ -21,20 +21,36 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from common.interface import RosettaError
 
+from .devices import gpu_count
+
 TIMEOUT = int(float(os.environ.get("ROSETTA_COLLECTIVE_TIMEOUT", "300")))
 VARIABLES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 
 _joined = False
 
 
-def init_process():
+def backend(gpus):
+    """NCCL between GPUs (what XLA's GPU collectives use); gloo between CPU processes (JAX 0.7's default,
+    said out loud: without it JAX refuses multi-process computations on the CPU)."""
+    return "nccl" if gpus else "gloo"
+
+
+def init_process(gpus):
     """Join the processes named by the JAX_* variables (this waits for every other process). Returns (rank,
-    world size). Must run before JAX's backend starts: the backend is built with the job's collectives."""
+    world size). `gpus`: this process's own GPUs among those it sees (common.placement); a JAX process
+    computes on every local device it has, so it must see only its own (the launcher hides the others with
+    CUDA_VISIBLE_DEVICES; by hand, JAX's own JAX_LOCAL_DEVICE_IDS does the same). Must run before JAX's
+    backend starts: the backend is built with the job's collectives."""
     global _joined
     missing = [v for v in VARIABLES if v not in os.environ]
     if missing:
         raise RosettaError(f"a multi-process JAX run needs {', '.join(missing)} (see README)")
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")   # 0.7's default, said out loud
+    if gpus != list(range(gpu_count())):
+        raise RosettaError(f"a JAX process computes on every GPU it sees: this one sees {gpu_count()} and owns "
+                           f"{len(gpus)}; start each process with CUDA_VISIBLE_DEVICES (or JAX_LOCAL_DEVICE_IDS) "
+                           f"set to its own GPUs (README)")
+    if backend(gpus) == "gloo":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
                                process_id=int(os.environ["JAX_PROCESS_ID"]), initialization_timeout=TIMEOUT)
     _joined = True

@@ -12,8 +12,12 @@ import mxnet as mx  # noqa: E402
 from common.sharding import check_device_count  # noqa: E402
 
 
+def gpu_count():
+    return mx.context.num_gpus()
+
+
 def get_devices(n=None):
-    gpus = mx.context.num_gpus()
+    gpus = gpu_count()
     check_device_count(n, gpus)
     if gpus:
         return [mx.gpu(i) for i in range(n or gpus)]

@@ -15,7 +15,8 @@ By hand on one machine, from the repo root: the same variables for every process
     python compare.py --merge out-*.json    # the run's table row
 On several machines: the same, one worker per machine, DMLC_PS_ROOT_URI the scheduler's address and
 DMLC_NODE_HOST / DMLC_INTERFACE each machine's own address and network interface. Start them in any
-order: each waits for the others; all of them exit when the workers are done.
+order: each waits for the others; all of them exit when the workers are done. Several workers on one GPU
+machine each need their slot there: ROSETTA_LOCAL_RANK=i ROSETTA_LOCAL_WORLD_SIZE=n (common/placement.py).
 """
 import ctypes
 import sys
@@ -23,15 +24,23 @@ import sys
 import mxnet as mx
 from mxnet.base import _LIB, check_call
 
-KV = None      # the process's dist_sync kvstore, once init_process has run
+KV = None      # the process's dist kvstore, once init_process has run
 KEYS = set()   # the keys declared on it so far
 
 
-def init_process():
-    """Join the job named by the DMLC_* variables (this waits for every other process). Returns (rank,
-    world size)."""
+def backend(gpus):
+    """dist_device_sync on GPUs: a worker sums its own GPUs' values on a GPU before the push (dist_sync
+    would copy them to the CPU first); dist_sync on the CPU. Not `nccl`: MXNet's NCCL kvstore works in
+    one process only (no server, no DMLC_* job), and only in builds with NCCL."""
+    return "dist_device_sync" if gpus else "dist_sync"
+
+
+def init_process(gpus):
+    """Join the job named by the DMLC_* variables (this waits for every other process). `gpus`: this
+    worker's own GPUs (common.placement); MXNet addresses them by index, nothing needs hiding. Returns
+    (rank, world size)."""
     global KV
-    KV = mx.kv.create("dist_sync")
+    KV = mx.kv.create(backend(gpus))
     return KV.rank, KV.num_workers
 
 

@@ -5,8 +5,12 @@ import torch
 from common.sharding import check_device_count
 
 
+def gpu_count():
+    return torch.cuda.device_count()
+
+
 def get_devices(n=None):
-    gpus = torch.cuda.device_count()
+    gpus = gpu_count()
     check_device_count(n, gpus)
     if gpus:
         return [torch.device(f"cuda:{i}") for i in range(n or gpus)]

@@ -9,9 +9,20 @@ import torch.distributed as dist
 TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("ROSETTA_COLLECTIVE_TIMEOUT", "300")))
 
 
-def init_process():
-    """Join the process group; gloo on the CPU, nccl on GPUs. Returns (rank, world size)."""
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=TIMEOUT)
+def backend(gpus):
+    return "nccl" if gpus else "gloo"
+
+
+def init_process(gpus):
+    """Join the process group: gloo on the CPU; on GPUs nccl, bound first to this process's own GPU
+    (`gpus`, its GPUs' indices, from common.placement). torch.distributed makes that the user's job:
+    without it, whatever uses the current device (NCCL's setup, barriers) uses GPU 0 in every process.
+    device_id also starts the communicator now, so a broken GPU setup fails here. Returns (rank, world
+    size)."""
+    device = torch.device("cuda", gpus[0]) if gpus else None
+    if device is not None:
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend(gpus), timeout=TIMEOUT, device_id=device)
     return dist.get_rank(), dist.get_world_size()
 
 

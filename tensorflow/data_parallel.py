@@ -41,6 +41,14 @@ def sgd(params, grads, lr, batch_size):
             p.assign_sub(g * (lr / batch_size))
 
 
+def loss_and_grads(params, X, y):
+    """One device's part of the step: its shard's summed loss and the gradients. The unit XLA compiles
+    (execution.py): an XLA cluster runs on one device, so it cannot hold the whole multi-device step."""
+    with tf.GradientTape() as tape:
+        loss = loss_sum(forward(params, X), y)
+    return loss, tape.gradient(loss, params)
+
+
 # One graph for the whole step (eager TensorFlow is ~2x slower here). It is traced per device list and
 # number of replicas; reduce_retracing turns the shard shapes into None after the first new shape.
 @tf.function(reduce_retracing=True)
@@ -48,9 +56,8 @@ def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size):
     losses, grads = [], []
     for params, d, X_shard, y_shard in zip(replicas, devices, X_shards, y_shards):
         with tf.device(d):
-            with tf.GradientTape() as tape:
-                loss = loss_sum(forward(params, X_shard), y_shard)
-            grads.append(tape.gradient(loss, params))
+            loss, device_grads = loss_and_grads(params, X_shard, y_shard)
+        grads.append(device_grads)
         losses.append(loss)
     summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
     for params, device_grads in zip(replicas, zip(*summed)):

@@ -8,24 +8,33 @@ from common.sharding import check_device_count
 LOGICAL_CPUS = 8   # made once, on the first call: TensorFlow fixes its devices when it initialises
 
 
-def split_cpu(n=LOGICAL_CPUS):
-    """Split the one CPU into n logical devices. Only possible before TensorFlow initialises (its first op,
-    or listing logical devices); distributed.py calls this before it starts the multi-worker runtime."""
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    if tf.config.get_logical_device_configuration(cpu) is None:
-        try:
+def gpu_count():
+    return len(tf.config.list_physical_devices("GPU"))   # physical devices: listing them initialises nothing
+
+
+def configure(n=LOGICAL_CPUS):
+    """What must happen before TensorFlow initialises its devices (its first op, or listing logical
+    devices), once per process; distributed.py calls this before it starts the multi-worker runtime.
+    On GPUs, memory growth: by default a process maps nearly all the memory of every GPU it sees, so
+    workers sharing a GPU fail to allocate. On the CPU, the split into n logical devices."""
+    gpus = tf.config.list_physical_devices("GPU")
+    try:
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        if not gpus and tf.config.get_logical_device_configuration(cpu) is None:
             tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
-        except RuntimeError:   # TensorFlow already ran an op: its devices are fixed
-            pass
+    except RuntimeError:   # TensorFlow already ran an op: its devices are fixed
+        pass
 
 
 def get_devices(n=None):
-    gpus = tf.config.list_physical_devices("GPU")   # physical devices: listing them initialises nothing
-    check_device_count(n, len(gpus))
+    gpus = gpu_count()
+    check_device_count(n, gpus)
+    configure(max(n or 1, LOGICAL_CPUS))
     if gpus:
-        return [f"/device:GPU:{i}" for i in range(n or len(gpus))]
+        return [f"/device:GPU:{i}" for i in range(n or gpus)]
     n = n or 1
-    split_cpu(max(n, LOGICAL_CPUS))
     cpus = tf.config.list_logical_devices("CPU")
     # In a multi-worker run (distributed.py) the other workers' CPUs are listed too, after this one's.
     here = tf.DeviceSpec.from_string(cpus[0].name).task

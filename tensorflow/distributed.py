@@ -11,7 +11,8 @@ By hand on one machine, from the repo root: one spec and one cluster for all wor
         python -m common.worker "$SPEC" out-{rank}.json
     python compare.py --merge out-*.json    # the run's table row
 On several machines: the same, one worker per machine, the cluster naming each machine's host:port
-(worker i is the i-th entry). Start them in any order: each waits for the others.
+(worker i is the i-th entry). Start them in any order: each waits for the others. On GPUs every worker
+must see only its own (CUDA_VISIBLE_DEVICES=0 for the first worker of a machine, =1 for the next, ...).
 """
 import os
 
@@ -19,22 +20,34 @@ import tensorflow as tf
 
 from common.interface import RosettaError
 
-from .devices import split_cpu
+from .devices import configure, gpu_count
 
 TIMEOUT = float(os.environ.get("ROSETTA_COLLECTIVE_TIMEOUT", "300"))
 
 STRATEGY = None   # the process's MultiWorkerMirroredStrategy, once init_process has run
 
 
-def init_process():
-    """Join the workers named in TF_CONFIG; RING all-reduce (faster than AUTO on the CPU). Returns (rank,
-    world size). Must run before TensorFlow initialises: the strategy configures the runtime's collectives,
-    so the CPU is split into logical devices first (they cannot be added later)."""
+def backend(gpus):
+    """NCCL between GPUs (TensorFlow's GPU all-reduce); RING on the CPU, where there is no NCCL (and RING
+    was faster than AUTO here)."""
+    implementation = tf.distribute.experimental.CommunicationImplementation
+    return implementation.NCCL if gpus else implementation.RING
+
+
+def init_process(gpus):
+    """Join the workers named in TF_CONFIG. Returns (rank, world size). `gpus`: this worker's own GPUs
+    among those it sees (common.placement); the strategy replicates onto every GPU a worker sees, so it
+    must see only its own: the launcher hides the others with CUDA_VISIBLE_DEVICES. Must run before
+    TensorFlow initialises: the strategy configures the runtime's collectives, so memory growth is set
+    and the CPU split into logical devices first (neither can change later)."""
     global STRATEGY
-    if not tf.config.list_physical_devices("GPU"):
-        split_cpu()
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING, timeout_seconds=TIMEOUT)
+    configure()
+    if gpus != list(range(gpu_count())):
+        raise RosettaError(f"MultiWorkerMirroredStrategy replicates onto every GPU a worker sees: this one sees "
+                           f"{gpu_count()} and owns {len(gpus)}; start each worker with CUDA_VISIBLE_DEVICES "
+                           f"set to its own GPUs (README)")
+    options = tf.distribute.experimental.CommunicationOptions(implementation=backend(gpus),
+                                                              timeout_seconds=TIMEOUT)
     STRATEGY = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     resolver = STRATEGY.cluster_resolver
     return resolver.task_id, resolver.cluster_spec().num_tasks("worker")

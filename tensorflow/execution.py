@@ -1,5 +1,7 @@
 """How the step runs: TensorFlow executes eagerly unless tf.function traces the step into a graph,
-which XLA can further compile into fused kernels (jit_compile=True)."""
+which XLA can further compile into fused kernels (jit_compile=True). XLA compiles each device's forward
+and backward, not the whole step: one XLA cluster runs on one device and cannot reach the variables of
+the others ("Trying to access resource ... located in device CPU:1 from device CPU:0")."""
 import tensorflow as tf
 
 from common.interface import exec_level
@@ -9,11 +11,14 @@ from . import data_parallel
 NAMES = {"eager": "eager", "graph": "tf.function", "xla": "tf.function+XLA"}
 DEFAULT = "graph"
 python_step = data_parallel.step_on_shards.python_function   # the undecorated step
+python_device_part = data_parallel.loss_and_grads
 
 
 def use(level):
     """Switch the scratch step to `level` ('default', 'eager', 'graph' or 'xla'); returns its name here."""
     level = exec_level(level, NAMES, DEFAULT, "TensorFlow")
     data_parallel.step_on_shards = (python_step if level == "eager" else
-                                    tf.function(python_step, reduce_retracing=True, jit_compile=level == "xla"))
+                                    tf.function(python_step, reduce_retracing=True))
+    data_parallel.loss_and_grads = (tf.function(python_device_part, reduce_retracing=True, jit_compile=True)
+                                    if level == "xla" else python_device_part)
     return NAMES[level]

@@ -71,13 +71,15 @@ def test_progress_bar_when_stdout_is_a_terminal():
 def test_missing_frameworks_show_as_skipped_not_fabricated(tmp_path):
     """Hide mxnet from the worker with a stub distribution path: it must show as skipped, with reason."""
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    (tmp_path / "sitecustomize.py").write_text(
+    (tmp_path / "sitecustomize.py").write_text(   # every distribution named mxnet* vanishes from metadata
         "import importlib.metadata as m\n"
-        "_v = m.version\n"
+        "_v, _d = m.version, m.distributions\n"
         "def version(name):\n"
         "    if name.startswith('mxnet'): raise m.PackageNotFoundError(name)\n"
         "    return _v(name)\n"
-        "m.version = version\n")
+        "def distributions(**kw):\n"
+        "    return [d for d in _d(**kw) if not d.metadata['Name'].lower().startswith('mxnet')]\n"
+        "m.version, m.distributions = version, distributions\n")
     proc = subprocess.run([sys.executable, "compare.py", "--frameworks", "mxnet", "--epochs", "1"], cwd=ROOT,
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr

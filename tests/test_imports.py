@@ -40,3 +40,32 @@ def test_real_package_is_imported_under_pytest(name):
     assert module.__file__ is not None, f"{REAL[name]} resolved to a namespace package (a repo folder)"
     assert not module.__file__.startswith(os.path.join(ROOT, name) + os.sep)
     assert importlib.util.find_spec(REAL[name]).origin == module.__file__
+
+
+def fake_install(folder, dist, version, top_level=None, files=()):
+    """A distribution's metadata as pip leaves it in site-packages, without the package itself."""
+    info = folder / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    if top_level is not None:
+        (info / "top_level.txt").write_text(top_level + "\n")
+    (info / "RECORD").write_text("".join(f"{f},,\n" for f in files))
+
+
+@pytest.mark.parametrize("dist", ["mxnet-cu101", "mxnet-cu110", "mxnet-cu111", "mxnet-cu113", "mxnet-cu116"])
+def test_every_cuda_build_of_mxnet_counts_as_mxnet(dist, tmp_path):
+    """MXNet 1.9.1 has a pip name per CUDA version (mxnet-cu101 ... mxnet-cu117): any of them is mxnet."""
+    from common.interface import installed_version
+    fake_install(tmp_path, dist, "1.9.1", top_level="dmlc_tracker\nmxnet")
+    assert installed_version("mxnet", path=(str(tmp_path),)) == "1.9.1"
+    assert installed_version("tensorflow", path=(str(tmp_path),)) is None
+
+
+def test_a_framework_is_known_by_its_import_package(tmp_path):
+    from common.interface import installed_version
+    fake_install(tmp_path, "tensorflow", "2.21.0", files=["tensorflow/__init__.py"])   # no top_level.txt
+    fake_install(tmp_path, "torch", "2.13.0+cu126", top_level="functorch\ntorch\ntorchgen")
+    fake_install(tmp_path, "mxnet-tools", "0.1", top_level="mxnet_tools")   # not mxnet
+    path = (str(tmp_path),)
+    assert (installed_version("tensorflow", path=path), installed_version("pytorch", path=path),
+            installed_version("mxnet", path=path)) == ("2.21.0", "2.13.0+cu126", None)

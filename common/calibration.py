@@ -1,0 +1,76 @@
+"""The yardsticks that let a timing table travel: what this machine can do, and what else it was doing.
+
+Absolute speed differs 2x between machines of the same kind; ratios inside one run hold. So a benchmark
+measures this machine's dense float32 matmul peak at its start and end (numpy's BLAS, in a fresh process
+with the run's thread count) and reports each row as a fraction of it, and records the load around the run:
+the load average, and the CPU time that processes other than the run's own used meanwhile (/proc/stat's
+busy time minus this process's and its children's). A run on a busy machine is flagged, not hidden.
+"""
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+MATMUL = """
+import json, sys, time
+import numpy as np
+n = int(sys.argv[1])
+a, b = np.ones((n, n), np.float32), np.ones((n, n), np.float32)
+a @ b
+best, start = 0.0, time.perf_counter()
+while time.perf_counter() - start < float(sys.argv[2]):
+    t = time.perf_counter()
+    a @ b
+    best = max(best, 2 * n**3 / (time.perf_counter() - t) / 1e9)
+print(json.dumps(best))
+"""
+QUIET_SHARE = 0.05   # other processes may use at most this share of the machine's CPU time
+
+
+def matmul_peak(threads, n=2048, seconds=2.0):
+    """Best GFLOP/s of an n x n float32 matmul, threads fixed before numpy starts its BLAS."""
+    env = {**os.environ, **{v: str(threads) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}}
+    out = subprocess.run([sys.executable, "-c", MATMUL, str(n), str(seconds)], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    return float(json.loads(out))
+
+
+def busy_seconds():
+    """CPU seconds the whole machine has spent busy since boot (every core, every process)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_seconds():
+    """CPU seconds of this process and of its children that have ended (the run's workers)."""
+    mine, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
+
+
+class LoadRecord:
+    """The machine's load around a run: start() before its first row, stop() after its last."""
+
+    def start(self):
+        self.wall, self.busy, self.own, self.load_start = time.monotonic(), busy_seconds(), own_seconds(), os.getloadavg()
+        return self
+
+    def stop(self):
+        wall, own = time.monotonic() - self.wall, own_seconds() - self.own
+        others = max(0.0, (busy_seconds() - self.busy) - own)
+        share = others / (wall * (os.cpu_count() or 1)) if wall > 0 else 0.0
+        return {"wall_seconds": wall, "own_cpu_seconds": own, "other_cpu_seconds": others, "other_cpu_share": share,
+                "loadavg_start": list(self.load_start), "loadavg_end": list(os.getloadavg()),
+                "quiet": share <= QUIET_SHARE}
+
+
+def warning(load):
+    """One line for a run whose machine was not quiet, else None."""
+    if load["quiet"]:
+        return None
+    return (f"warning: the machine was not quiet: other processes used {100 * load['other_cpu_share']:.0f}% of its "
+            f"CPU time during the run ({load['other_cpu_seconds']:.0f} CPU s); absolute figures are not "
+            f"comparable, ratios within this run still are")

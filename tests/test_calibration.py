@@ -1,0 +1,41 @@
+"""The benchmark's yardsticks: a plausible matmul peak, and a load record that counts other processes' CPU
+time but not the run's own (robust to a busy machine: the busy work is measured in CPU seconds)."""
+import os
+import subprocess
+import sys
+import time
+
+from common import calibration
+
+BUSY = "import time\nwhile time.process_time() < 1.0: pass\n"   # one CPU second, however long it takes
+
+
+def test_the_matmul_peak_is_a_plausible_gflops_figure():
+    peak = calibration.matmul_peak(threads=1, n=512, seconds=0.5)
+    assert 1 < peak < 5000   # GFLOP/s of one core: more than a toy loop, less than a GPU
+
+
+def test_the_run_s_own_work_does_not_count_as_load():
+    record = calibration.LoadRecord().start()
+    subprocess.run([sys.executable, "-c", BUSY], check=True, timeout=120)   # a worker of the run, waited for
+    load = record.stop()
+    assert load["own_cpu_seconds"] >= 1.0, load
+
+
+def test_another_process_s_work_is_load_and_makes_a_warning(tmp_path):
+    done = tmp_path / "done"
+    record = calibration.LoadRecord().start()
+    # a grandchild, orphaned at once: never reaped by us, so its CPU time is someone else's
+    subprocess.run(["sh", "-c", f"{sys.executable} -c '{BUSY}open(\"{done}\", \"w\")' &"], check=True)
+    deadline = time.monotonic() + 120
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.2)
+    load = record.stop()
+    assert load["other_cpu_seconds"] >= 0.9, load
+    if load["wall_seconds"] * (os.cpu_count() or 1) * calibration.QUIET_SHARE < load["other_cpu_seconds"]:
+        assert not load["quiet"] and calibration.warning(load).startswith("warning: the machine was not quiet")
+
+
+def test_a_quiet_record_has_no_warning():
+    assert calibration.warning({"quiet": True}) is None
