@@ -99,6 +99,8 @@ def write_weights(framework, weights, path):
     try:
         load_module(framework, "checkpoint").save(weights, temporary)
         if os.path.isdir(path):   # an earlier Orbax directory: os.replace cannot replace a full one
+            if not os.path.isdir(temporary):
+                raise RosettaError(f"{path} is a directory, not a {framework} checkpoint file")
             shutil.rmtree(path)
         os.replace(temporary, path)
     finally:   # after a failure: the temporary, and anything the framework made beside it (Orbax's own)

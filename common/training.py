@@ -141,9 +141,9 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
             parts = parts[:max_steps - steps]
         if not parts:
             break
-        feed = iter(runner.batches(epoch))
         loss_sum, size, waited = 0.0, 0, 0.0
         with Timer(runner.sync) as epoch_timer:
+            feed = iter(runner.batches(epoch))
             for rows, global_size in parts:
                 with Timer() as wait:   # the input pipeline's cost: how long the loop waits for a batch
                     batch = next(feed)

@@ -40,7 +40,7 @@ def batches(loader, epoch):
     def dataset_fn(context):
         return dataset(X, y, replica_rows(order, epoch, context.input_pipeline_id, context.num_input_pipelines,
                                           replicas))
-    return iter(strategy.distribute_datasets_from_function(dataset_fn))
+    yield from strategy.distribute_datasets_from_function(dataset_fn)
 
 
 def per_device(batch):
