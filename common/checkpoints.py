@@ -47,6 +47,14 @@ def epoch_of(path):
     return int(match.group(1))
 
 
+def reason(err):
+    """A framework's error in one short line: the first sentence of its first line that is not a traceback
+    (MXNet puts the C++ traceback first)."""
+    lines = [line.strip() for line in str(err).splitlines()
+             if line.strip() and not line.strip().startswith(("Traceback", "File "))]
+    return (lines or [type(err).__name__])[0].split(". ")[0].rstrip(".")
+
+
 def native_shape(framework, name):
     """The shape parameter `name` has in the framework's file."""
     shape = PARAM_SHAPES[name]
@@ -63,11 +71,8 @@ def read_weights(framework, path):
         raise RosettaError(f"{path}: no such file or directory")
     try:
         arrays = checkpoint.read(path)
-    except Exception as err:   # every framework fails in its own words: keep its last line
-        lines = [line.strip() for line in str(err).splitlines()
-                 if line.strip() and not line.strip().startswith(("Traceback", "File "))]   # MXNet's
-        reason = (lines or [type(err).__name__])[0].split(". ")[0].rstrip(".")   # the first sentence
-        raise RosettaError(f"{path}: not a readable {FORMATS[framework]} file, or truncated ({reason})")
+    except Exception as err:   # every framework fails in its own words
+        raise RosettaError(f"{path}: not a readable {FORMATS[framework]} file, or truncated ({reason(err)})")
     weights = {}
     for name, key in checkpoint.KEYS.items():
         if key not in arrays:

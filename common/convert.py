@@ -31,9 +31,15 @@ def parse_args(argv):
 
 def verify(source, src, target, dst, data):
     """(largest |logit difference|, source accuracy, destination accuracy) on the test split."""
+    from .checkpoints import reason
     from .interface import load_module
-    models = [(load_module(f, "checkpoint"), path) for f, path in ((source, src), (target, dst))]
-    logits = [checkpoint.logits(checkpoint.load(path), data.X_test) for checkpoint, path in models]
+    logits = []
+    for framework, path in ((source, src), (target, dst)):
+        checkpoint = load_module(framework, "checkpoint")
+        try:
+            logits.append(checkpoint.logits(checkpoint.load(path), data.X_test))
+        except Exception as err:   # the file passed the checks, so this is a bug here: say where
+            raise RosettaError(f"{path}: {framework}'s own loading failed ({reason(err)})")
     accuracy = [float((out.argmax(1) == data.y_test).mean()) for out in logits]
     return float(abs(logits[0] - logits[1]).max()), *accuracy
 

@@ -3,6 +3,8 @@ model's state as a plain nested dict (nnx.to_pure_dict, Flax's recipe for Orbax)
 restored into a model of the same structure with nnx.replace_by_pure_dict. The arrays are saved as numpy
 arrays: in a multi-process run Orbax refuses host-local jax.Arrays. Orbax writes a temporary directory and
 renames it when complete. The weights are stored in Flax's channels-last layout."""
+import os
+
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -28,7 +30,7 @@ def checkpointer():
 def save(weights, path):
     state = nnx.to_pure_dict(nnx.state(build_model(weights)))
     with checkpointer() as saver:
-        saver.save(path, jax.tree.map(np.asarray, state))
+        saver.save(os.path.abspath(path), jax.tree.map(np.asarray, state))   # Orbax takes absolute paths only
 
 
 def load(path):
@@ -36,7 +38,7 @@ def load(path):
     model = build_model(init_weights())   # any weights: restoring into its state replaces every one
     state = nnx.state(model)
     with checkpointer() as restorer:
-        nnx.replace_by_pure_dict(state, restorer.restore(path, nnx.to_pure_dict(state)))
+        nnx.replace_by_pure_dict(state, restorer.restore(os.path.abspath(path), nnx.to_pure_dict(state)))
     nnx.update(model, state)
     return model
 
@@ -44,7 +46,7 @@ def load(path):
 def read(path):
     """The file's arrays by key (module/parameter, e.g. conv1/kernel), as stored."""
     with checkpointer() as restorer:
-        return dict(flatten(restorer.restore(path)))
+        return dict(flatten(restorer.restore(os.path.abspath(path))))
 
 
 def flatten(tree, prefix=""):
