@@ -181,6 +181,8 @@ def run(framework, folder, **extra):
             "weights_out": str(folder / "final.npz"), **extra}
     results = run_workers(spec, timeout=300, processes=spec["processes"])
     assert all(r["status"] == "ok" for r in results), results[0].get("error")
+    trained = spec["epochs"] - results[0]["first_epoch"]   # and the input pipeline's cost, measured per epoch:
+    assert all(len(r["epoch_input_seconds"]) == trained and min(r["epoch_input_seconds"]) > 0 for r in results)
     return spec, dict(np.load(folder / "final.npz"))
 
 

@@ -40,3 +40,15 @@ def test_the_pipeline_feeds_every_device_the_shared_order(framework, devices, pr
     assert sorted(r["rank"] for r in results) == list(range(processes))
     for r in results:
         assert r["fed"] == shared_order(n, devices, processes, r["rank"]), f"rank {r['rank']}"
+
+
+def test_the_input_cost_is_the_slowest_process_per_epoch_and_shown_with_its_share():
+    from common.report import format_table
+    from common.training import summarize
+    record = {"epoch_seconds": [2.0, 4.0], "first_step_seconds": 0.1, "images": 20, "first_step_images": 5,
+              "epoch_loss_sums": [1.0, 1.0], "epoch_sizes": [5, 5], "step_loss_sums": [1.0], "step_sizes": [5],
+              "test_accuracy": 0.5, "replica_spread": None}
+    run = summarize([{**record, "epoch_input_seconds": [0.1, 0.3]}, {**record, "epoch_input_seconds": [0.2, 0.1]}])
+    assert run["epoch_input_seconds"] == [0.2, 0.3] and run["input_seconds_median"] == pytest.approx(0.25)
+    row = {"framework": "mxnet", "mode": "builtin", "devices": 2, "processes": 2, "status": "ok", **run}
+    assert "| 0.250 (8.3%) " in format_table([row], timing=True)   # 0.25 s of a 3 s epoch (medians)
