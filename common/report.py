@@ -105,7 +105,8 @@ def timing_cells(r):
 def input_cell(r):
     """Seconds per epoch the loop waited for its input pipeline's next batch (median), and their share of
     the epoch: what feeding the devices costs (numpy slicing in the scratch mode, the framework's own
-    pipeline in the built-in mode)."""
+    pipeline in the built-in mode). Asynchronous engines (MXNet, JAX) may still be finishing the previous
+    step while the loop waits: their figure can include some of that."""
     wait, epoch = r.get("input_seconds_median"), r.get("epoch_seconds_median")
     return "-" if wait is None or not epoch else f"{wait:.3f} ({wait / epoch:.1%})"
 
