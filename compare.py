@@ -18,6 +18,7 @@ import signal
 import sys
 
 from common.benchmark import ROW_KEY, add_scaling, aggregate, write_csv
+from common.checkpoints import check_resume
 from common.data import DATASETS, load_dataset
 from common.interface import FRAMEWORKS, RosettaError
 from common.launch import PROCESS_PER_DEVICE, raise_on_signals, run_workers
@@ -29,11 +30,12 @@ from common.training import MODES, summarize
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 EXEC_LEVELS = ("default", "eager", "graph", "xla")
 # --benchmark: the issue's setting (synthetic 60,000 images, batch 256), every execution mode on one
-# device, the idiomatic reference loops, and the default mode on 2 devices for scaling; 3 trials.
+# device, the idiomatic reference loops, the default mode on 2 devices for scaling, and the built-in engines
+# on 2 devices, fed by their frameworks' own input pipelines; 3 trials.
 BENCHMARK_MD = os.path.join("results", "benchmark.md")
 BENCHMARK = {"dataset": "synthetic", "n_synthetic": 60000, "epochs": 1, "batch_size": 256, "repeats": 3,
              "plan": [("scratch", ("eager", "graph", "xla"), 1), ("idiomatic", ("default",), 1),
-                      ("scratch", ("default",), 2)]}
+                      ("scratch", ("default",), 2), ("builtin", ("default",), 2)]}
 SPEC_FIELDS = ("framework", "mode", "exec", "devices", "processes", "epochs", "batch_size", "lr", "seed",
                "init", "threads")
 # What decides a run's rows and numbers: --resume continues a file only if all of these are the same.
@@ -110,6 +112,13 @@ def parse_args(argv):
     p.add_argument("--resume", action="store_true",
                    help="continue the run that --json holds: keep its ok rows (same settings and data "
                         "required), run the others")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="save every run's trained model there, in its framework's native format, named "
+                        "framework-mode-<devices>d-<processes>p-epoch<k> (.pt, .params, .weights.h5, .orbax)")
+    p.add_argument("--checkpoint-every", type=int, metavar="N", help="with --checkpoint-dir: also every N epochs")
+    p.add_argument("--resume-from", metavar="CHECKPOINT",
+                   help="start from a checkpoint saved after epoch k (its name says k) and train epochs k+1.. "
+                        "--epochs in the batch order the uninterrupted run would see; one framework only")
     p.add_argument("--benchmark", action="store_true",
                    help="the timing benchmark: synthetic 60,000 images, batch 256, every exec mode, the "
                         "idiomatic references, 3 trials; writes results/benchmark.{md,csv,json,png}")
@@ -137,6 +146,11 @@ def parse_args(argv):
                 "(not --merge or --list-devices)")
     if args.batch_size < max(args.devices):
         p.error(f"--batch-size {args.batch_size} is smaller than {max(args.devices)} devices")
+    if args.checkpoint_every is not None and (args.checkpoint_every < 1 or not args.checkpoint_dir):
+        p.error("--checkpoint-every needs --checkpoint-dir and N >= 1")
+    for name in ("checkpoint_dir", "resume_from"):   # the workers run from the repo root
+        if getattr(args, name):
+            setattr(args, name, os.path.abspath(getattr(args, name)))
     return args
 
 
@@ -165,7 +179,9 @@ def run_specs(args):
                                 "processes": world, "dataset": args.dataset, "data_dir": args.data_dir,
                                 "n_synthetic": args.n_synthetic, "epochs": args.epochs,
                                 "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-                                "init": args.init, "threads": max(1, args.threads // world)}
+                                "init": args.init, "threads": max(1, args.threads // world),
+                                "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
+                                "resume_from": args.resume_from}
                         skip = None
                         if devices % world:
                             skip = f"{devices} devices cannot be shared evenly among {world} processes"
@@ -279,6 +295,8 @@ def check_data(args, dataset, old):
 
 
 def compare(args):
+    if args.resume_from:
+        check_resume(args.resume_from, args.frameworks, args.epochs)
     old = previous_run(args) if args.resume else None
     dataset = load_dataset(args.dataset, args.data_dir, args.n_synthetic, args.seed).summary()   # fail early
     check_data(args, dataset, old)

@@ -1,6 +1,8 @@
 """The order in which training examples are seen: identical for every framework and every process."""
 import numpy as np
 
+from .sharding import shard_bounds
+
 
 def epoch_batches(n, batch_size, seed, epoch, min_size=1):
     """Index arrays of one epoch's batches: a fresh permutation per (seed, epoch). A last batch with
@@ -8,3 +10,25 @@ def epoch_batches(n, batch_size, seed, epoch, min_size=1):
     order = np.random.default_rng([seed, epoch]).permutation(n)
     batches = [order[i:i + batch_size] for i in range(0, n, batch_size)]
     return [b for b in batches if len(b) >= min_size]
+
+
+def process_part(batch, rank, world):
+    """This process's rows of one global batch: its contiguous shard (common.sharding), which its
+    devices then split again among themselves."""
+    start, stop = shard_bounds(len(batch), world)[rank]
+    return batch[start:stop]
+
+
+class Order:
+    """The batch order of a run, for the input pipelines: the loop and every framework's sampler or
+    dataset ask it for the same epoch's batches, so they cannot disagree."""
+
+    def __init__(self, n, batch_size, seed, min_size=1):
+        self.n, self.batch_size, self.seed, self.min_size = n, batch_size, seed, min_size
+
+    def batches(self, epoch):
+        return epoch_batches(self.n, self.batch_size, self.seed, epoch, self.min_size)
+
+    def parts(self, epoch, rank, world):
+        """(this process's rows, global batch size) of every batch of the epoch."""
+        return [(process_part(b, rank, world), len(b)) for b in self.batches(epoch)]

@@ -7,10 +7,12 @@ from .lenet import flops_per_image
 from .report import replaced_atomically
 
 ROW_KEY = ("framework", "mode", "exec", "devices", "processes")
-TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "first_step_seconds",
+TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "input_seconds_median",
+                 "first_step_seconds",
                  "startup_seconds", "test_accuracy", "peak_rss_bytes", "peak_device_memory_bytes")
 CSV_COLUMNS = ("framework", "mode", "exec", "devices", "processes", "trials", "status",
                "images_per_second", "images_per_second_min", "images_per_second_max", "epoch_seconds_median",
+               "input_seconds_median",
                "first_step_seconds", "startup_seconds", "gflops", "scaling_efficiency", "test_accuracy",
                "peak_rss_bytes", "peak_device_memory_bytes", "error")
 

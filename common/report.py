@@ -13,7 +13,7 @@ from .interface import FRAMEWORKS, installed_version
 COLUMNS = ("framework", "mode", "exec", "devices", "processes", "epochs", "train s", "images/s",
            "test acc", "final loss", "|Δ step-1 loss|", "status")
 TIMING_COLUMNS = ("framework", "mode", "exec", "devices", "processes", "images/s (min-max)", "epoch s",
-                  "first step s", "start-up s", "GFLOP/s", "scaling", "peak RSS MiB", "test acc", "status")
+                  "input s (share)", "first step s", "start-up s", "GFLOP/s", "scaling", "peak RSS MiB", "test acc", "status")
 
 
 def cpu_name():
@@ -99,9 +99,18 @@ def timing_cells(r):
         ips += f" ({r['images_per_second_min']:,.0f}-{r['images_per_second_max']:,.0f})"
     rss = r.get("peak_rss_bytes")
     return [r["framework"], r["mode"], r.get("exec") or "-", str(r["devices"]), str(r["processes"]), ips,
-            fmt(r.get("epoch_seconds_median"), ".2f"), fmt(r.get("first_step_seconds"), ".2f"),
+            fmt(r.get("epoch_seconds_median"), ".2f"), input_cell(r), fmt(r.get("first_step_seconds"), ".2f"),
             fmt(r.get("startup_seconds"), ".1f"), fmt(r.get("gflops"), ".1f"), fmt(r.get("scaling_efficiency"), ".2f"),
             fmt(rss / 2**20 if rss else None, ",.0f"), fmt(r.get("test_accuracy"), ".4f"), status(r)]
+
+
+def input_cell(r):
+    """Seconds per epoch the loop waited for its input pipeline's next batch (median), and their share of
+    the epoch: what feeding the devices costs (numpy slicing in the scratch mode, the framework's own
+    pipeline in the built-in mode). Asynchronous engines (MXNet, JAX) may still be finishing the previous
+    step while the loop waits: their figure can include some of that."""
+    wait, epoch = r.get("input_seconds_median"), r.get("epoch_seconds_median")
+    return "-" if wait is None or not epoch else f"{wait:.3f} ({wait / epoch:.1%})"
 
 
 def format_table(runs, timing=False):

@@ -1,18 +1,20 @@
-"""The training loop every framework and mode shares: it owns the data order, the split of each global
-batch across processes, the timing and the bookkeeping; a framework supplies only the step.
+"""The training loop every framework and mode shares: it owns the data order (common.batches.Order), the
+split of each global batch across processes, the timing and the bookkeeping; a framework supplies the step
+and, in its built-in mode, its own input pipeline (its folder's pipeline.py), which must yield exactly the
+batches of that order.
 
 A run has `world` processes (1 unless an engine runs several); each one calls `train` with its rank and
 trains on its contiguous part of every global batch, dividing the summed gradient by the global batch
 size. `summarize` merges the per-process records into one run.
 """
+import dataclasses
 import hashlib
 
 import numpy as np
 
-from .batches import epoch_batches
+from .batches import Order
 from .interface import load_module
 from .lenet import init_weights
-from .sharding import shard_bounds
 from .timing import Timer
 
 LOGGED_STEPS = 2000   # per-step losses kept, for the parity checks and the loss curves
@@ -27,7 +29,17 @@ class Scratch:
     def start(self, weights):
         self.replicas = [self.fw.get_params(weights, d) for d in self.devices]
 
-    def step(self, X, y, lr, batch_size):
+    def feed(self, data, order, rank, world):
+        self.data, self.order, self.rank, self.world = data, order, rank, world
+
+    def batches(self, epoch):
+        """The recipe's feeding: numpy rows of this process's part of every global batch; the step copies
+        them to the devices (split_and_load)."""
+        for rows, _ in self.order.parts(epoch, self.rank, self.world):
+            yield self.data.X_train[rows], self.data.y_train[rows]
+
+    def step(self, batch, lr, batch_size):
+        X, y = batch
         return self.fw.train_step(self.replicas, X, y, self.devices, lr, batch_size)
 
     def weights(self):
@@ -47,17 +59,25 @@ class Scratch:
 
 
 class Builtin(Scratch):
-    """The framework's own data-parallel engine (its folder's builtin.py), driven the same way."""
+    """The framework's own data-parallel engine (its folder's builtin.py), fed by the framework's own input
+    pipeline (its pipeline.py: DataLoader, tf.data, Gluon DataLoader, a global jax.Array)."""
 
     def __init__(self, fw, devices):
         super().__init__(fw, devices)
         self.engine = load_module(fw.name, "builtin")
+        self.pipeline = load_module(fw.name, "pipeline")
 
     def start(self, weights):
         self.model = self.engine.get_model(weights, self.devices)
 
-    def step(self, X, y, lr, batch_size):
-        return self.engine.train_step(self.model, X, y, self.devices, lr, batch_size)
+    def feed(self, data, order, rank, world):
+        self.loader = self.pipeline.make_loader(data, order, rank, world, self.model, self.devices)
+
+    def batches(self, epoch):
+        return self.pipeline.batches(self.loader, epoch)
+
+    def step(self, batch, lr, batch_size):
+        return self.engine.train_step(self.model, batch, lr, batch_size)
 
     def weights(self):
         return self.engine.to_numpy(self.model)
@@ -71,11 +91,17 @@ class Builtin(Scratch):
 
 class Idiomatic(Builtin):
     """The framework's minimal single-device loop (its folder's idiomatic.py: model, optimizer, loss):
-    the reference that shows what the from-scratch harness costs."""
+    the reference that shows what the from-scratch harness costs. Fed numpy batches, as the recipe is."""
 
     def __init__(self, fw, devices):
         Scratch.__init__(self, fw, devices)
         self.engine = load_module(fw.name, "idiomatic")
+
+    feed, batches = Scratch.feed, Scratch.batches
+
+    def step(self, batch, lr, batch_size):
+        X, y = batch
+        return self.engine.train_step(self.model, X, y, self.devices, lr, batch_size)
 
 
 MODES = {"scratch": Scratch, "builtin": Builtin, "idiomatic": Idiomatic}
@@ -94,52 +120,75 @@ def digest(weights):
 
 
 def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world=1, min_size=1,
-          progress=None, max_steps=None):
+          progress=None, max_steps=None, weights=None, first_epoch=0, after_epoch=None):
     """Train this process's part; return its record: loss sums and sizes rather than means, so that
-    processes with shards of different sizes merge exactly. max_steps stops early (for parity checks)."""
-    runner.start(init_weights(seed, init))
-    record = {"epoch_loss_sums": [], "epoch_sizes": [], "epoch_seconds": [], "step_loss_sums": [],
-              "step_sizes": [], "first_step_seconds": None, "first_step_images": 0, "images": 0}
-    steps, total_steps = 0, epochs * steps_per_epoch(len(data.y_train), batch_size, min_size)
+    processes with shards of different sizes merge exactly. max_steps stops early (for parity checks).
+    A resumed run starts from `weights` at `first_epoch` (common/checkpoints.py): the remaining epochs see
+    the batches the uninterrupted run would. after_epoch(epochs done, runner) runs outside the timers."""
+    runner.start(init_weights(seed, init) if weights is None else weights)
+    order = Order(len(data.y_train), batch_size, seed, min_size)
+    runner.feed(data, order, rank, world)
+    record = {"epoch_loss_sums": [], "epoch_sizes": [], "epoch_seconds": [], "epoch_input_seconds": [],
+              "step_loss_sums": [], "step_sizes": [], "first_step_seconds": None, "first_step_images": 0,
+              "images": 0, "first_epoch": first_epoch}
+    steps = 0
+    total_steps = (epochs - first_epoch) * steps_per_epoch(len(data.y_train), batch_size, min_size)
     if max_steps is not None:
         total_steps = min(total_steps, max_steps)
-    for epoch in range(epochs):
-        batches = epoch_batches(len(data.y_train), batch_size, seed, epoch, min_size)
+    for epoch in range(first_epoch, epochs):
+        parts = order.parts(epoch, rank, world)
         if max_steps is not None:
-            batches = batches[:max_steps - steps]
-        if not batches:
+            parts = parts[:max_steps - steps]
+        if not parts:
             break
-        loss_sum, size = 0.0, 0
+        loss_sum, size, waited = 0.0, 0, 0.0
         with Timer(runner.sync) as epoch_timer:
-            for idx in batches:
-                a, b = shard_bounds(len(idx), world)[rank]
-                local = idx[a:b]
+            feed = iter(runner.batches(epoch))
+            for rows, global_size in parts:
+                with Timer() as wait:   # the input pipeline's cost: how long the loop waits for a batch
+                    batch = next(feed)
+                waited += wait.seconds
                 first = steps == 0   # one-off costs: tracing, allocation, caches
                 with Timer(runner.sync if first else lambda: None) as t:
-                    loss = runner.step(data.X_train[local], data.y_train[local], lr, len(idx))
+                    loss = runner.step(batch, lr, global_size)
                 if first:
-                    record["first_step_seconds"], record["first_step_images"] = t.seconds, len(idx)
+                    record["first_step_seconds"], record["first_step_images"] = t.seconds, global_size
                 steps += 1
-                record["images"] += len(idx)
+                record["images"] += global_size
                 if progress and rank == 0:
                     progress(steps, total_steps, loss)
-                loss_sum, size = loss_sum + loss * len(local), size + len(local)
+                loss_sum, size = loss_sum + loss * len(rows), size + len(rows)
                 if steps <= max(LOGGED_STEPS, max_steps or 0):
-                    record["step_loss_sums"].append(loss * len(local))
-                    record["step_sizes"].append(len(local))
+                    record["step_loss_sums"].append(loss * len(rows))
+                    record["step_sizes"].append(len(rows))
         record["epoch_loss_sums"].append(loss_sum)
         record["epoch_sizes"].append(size)
         record["epoch_seconds"].append(epoch_timer.seconds)
+        record["epoch_input_seconds"].append(waited)
+        if after_epoch:
+            after_epoch(epoch + 1, runner)
     record["test_accuracy"] = runner.evaluate(data.X_test, data.y_test)
     record["replica_spread"] = runner.spread()
     record["digest"] = digest(runner.weights())
     return record
 
 
+def fed_rows(runner, data, epochs, batch_size, seed=0, rank=0, world=1, min_size=1):
+    """The rows a built-in runner's input pipeline hands each of this process's devices, step by step, for
+    `epochs` epochs (labels replaced by row numbers, so the batches say which rows they hold): the tests
+    compare them with the shared order."""
+    data = dataclasses.replace(data, y_train=np.arange(len(data.y_train)))
+    runner.start(init_weights(seed))
+    runner.feed(data, Order(len(data.y_train), batch_size, seed, min_size), rank, world)
+    return [[[y.tolist() for _, y in runner.pipeline.per_device(batch)] for batch in runner.batches(epoch)]
+            for epoch in range(epochs)]
+
+
 def summarize(records):
     """Merge the records of all processes (one for an in-process run) into the run's measurements."""
     add = lambda key: np.sum([r[key] for r in records], axis=0)   # noqa: E731
     epoch_seconds = np.max([r["epoch_seconds"] for r in records], axis=0)   # the slowest process sets the pace
+    input_seconds = np.max([r.get("epoch_input_seconds", [0.0] * len(epoch_seconds)) for r in records], axis=0)
     train_seconds = float(epoch_seconds.sum())
     first = max(r["first_step_seconds"] for r in records)
     steady_seconds = train_seconds - first
@@ -151,12 +200,15 @@ def summarize(records):
         "first_step_seconds": first,
         "epoch_seconds": epoch_seconds.tolist(),
         "epoch_seconds_median": float(np.median(epoch_seconds)),
+        "epoch_input_seconds": input_seconds.tolist(),
+        "input_seconds_median": float(np.median(input_seconds)),
         "images_per_second": steady_images / steady_seconds if steady_images and steady_seconds > 0 else None,
         "epoch_losses": (add("epoch_loss_sums") / add("epoch_sizes")).tolist(),
         "step_losses": (add("step_loss_sums") / add("step_sizes")).tolist(),
         "test_accuracy": records[0]["test_accuracy"],
         "replica_spread": max(spreads) if spreads else None,
         "exec": records[0].get("exec"),
+        "first_epoch": records[0].get("first_epoch", 0),   # > 0: resumed from a checkpoint of that epoch
         "startup_seconds": max(r.get("startup_seconds", 0.0) for r in records),
         "peak_rss_bytes": max(r.get("peak_rss_bytes", 0) for r in records),
         "peak_device_memory_bytes": sum(device_peaks) if device_peaks else None,   # each process's own GPUs

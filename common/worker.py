@@ -79,17 +79,24 @@ def run(spec, started):
         return {"devices": fw.device_info(fw.get_devices(spec.get("devices")))}
     if spec.get("task") in ("step", "allreduce"):
         return scaling_inputs(fw, spec)
+    from common.checkpoints import resume_point, saver
     from common.data import load_dataset
     from common.training import MODES, train
     data = load_dataset(spec["dataset"], spec.get("data_dir"), spec.get("n_synthetic", 60000), spec["seed"])
     with joined(fw, spec) as (rank, world, devices):
         runner = MODES[spec["mode"]](fw, devices)
+        if spec.get("task") == "feed":   # what the input pipeline hands each device (tests/test_pipelines.py)
+            from common.training import fed_rows
+            return {"fed": fed_rows(runner, data, spec["epochs"], spec["batch_size"], spec["seed"], rank, world,
+                                    spec["devices"]), "rank": rank}
         exec_name = (load_module(fw.name, "execution").use(spec.get("exec", "default")) if spec["mode"] == "scratch"
                      else runner.engine.EXEC)   # the built-in engines and reference loops run their own way
+        weights, first_epoch = resume_point(spec)   # (None, 0) unless resuming from a checkpoint
         startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step
         record = train(runner, data, spec["epochs"], spec["batch_size"], spec["lr"], spec["seed"],
                        spec.get("init", "he"), rank, world, min_size=spec["devices"], progress=progress,
-                       max_steps=spec.get("max_steps"))
+                       max_steps=spec.get("max_steps"), weights=weights, first_epoch=first_epoch,
+                       after_epoch=saver(spec, rank))
         if spec.get("weights_out") and rank == 0:   # final weights, canonical layout, for parity checks
             import numpy as np
             np.savez(spec["weights_out"], **runner.weights())

@@ -1,4 +1,4 @@
-"""Keeps the Rosetta page's links on the right lines.
+"""Keeps the links of the Rosetta page and the migration page on the right lines.
 
 A link [`code`](../pytorch/data_parallel.py#L12) promises that line 12 of that file holds `code`.
 `python docs/links.py` re-points every link at the first line holding its code (a `def` or `class`
@@ -9,7 +9,7 @@ import re
 import sys
 
 DOCS = os.path.dirname(os.path.abspath(__file__))
-PAGES = [os.path.join(DOCS, "rosetta.md")]
+PAGES = [os.path.join(DOCS, "rosetta.md"), os.path.join(DOCS, "migration.md")]
 LINK = re.compile(r"\[`([^`]+)`\]\(\.\./([\w/.-]+\.py)#L(\d+)\)")
 
 

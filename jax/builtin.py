@@ -5,7 +5,7 @@ mesh's "devices" axis, the parameters are replicated, and XLA inserts the all-re
 The explicit form, jax.shard_map, writes the per-device step and its lax.psum by hand, which is the recipe
 compiled as one program; it is here too, and computes the same step. (jax.pmap, the legacy form, is in
 maintenance mode upstream.) Across processes the mesh spans every process's devices (distributed.py joined
-them) and each process contributes its own rows of the global batch."""
+them) and each process contributes its own rows of the global batch (pipeline.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +13,6 @@ from jax import lax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from common.sharding import shard_bounds
 from common.lenet import PARAM_NAMES
 
 from .data_parallel import evaluate as evaluate_params
@@ -75,30 +74,14 @@ def get_model(weights, devices, form="jit"):
     return mesh, params, compile_step(mesh, form), devices
 
 
-def shard_rows(mesh, devices, array, global_batch):
-    """This process's rows as its part of one global array sharded over the mesh. Device i holds its
-    common.sharding rows, padded with zeros to the size of the largest shard anywhere (a sharded array
-    has equal shards); also returns the mask that marks the real rows."""
-    size = -(-global_batch // mesh.size)
-    shards, masks = [], []
-    for (a, b), d in zip(shard_bounds(len(array), len(devices)), devices):
-        padding = np.zeros((size - (b - a), *array.shape[1:]), array.dtype)
-        shards.append(jax.device_put(np.concatenate([array[a:b], padding]), d))
-        masks.append(jax.device_put((np.arange(size) < b - a).astype(np.float32), d))
-    sharding = NamedSharding(mesh, P("devices"))
-    as_global = lambda parts: jax.make_array_from_single_device_arrays(   # noqa: E731
-        (mesh.size * size, *parts[0].shape[1:]), sharding, parts)
-    return as_global(shards), as_global(masks)
-
-
-def train_step(model, X, y, devices, lr, batch_size=None):
+def train_step(model, batch, lr, batch_size):
     """The summed loss of the global batch, its gradient all-reduced by XLA, the recipe's update
-    lr * sum / global batch; this process's rows' loss comes back."""
+    lr * sum / global batch; this process's rows' mean loss comes back. The batch is pipeline.py's: global
+    arrays sharded over the mesh, padding masked."""
     mesh, params, step, devices = model
-    X_global, mask = shard_rows(mesh, devices, X, batch_size or len(X))
-    y_global, _ = shard_rows(mesh, devices, y.astype(np.int32), batch_size or len(X))
-    params[:], rows = step(params, X_global, y_global, mask, jnp.float32(lr / (batch_size or len(X))))
-    return sum(float(shard.data.sum()) for shard in rows.addressable_shards) / len(X)
+    X, y, mask, rows = batch
+    params[:], losses = step(params, X, y, mask, jnp.float32(lr / batch_size))
+    return sum(float(shard.data.sum()) for shard in losses.addressable_shards) / rows
 
 
 def local_params(model):

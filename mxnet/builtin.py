@@ -4,7 +4,7 @@ kvstore that distributed.py created also sums them over all workers (through the
 from mxnet import autograd, gluon, nd
 
 from . import distributed as dist
-from .data_parallel import evaluate as evaluate_params, split_and_load
+from .data_parallel import evaluate as evaluate_params
 from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
 
 EXEC = "hybridize"
@@ -26,17 +26,18 @@ def get_model(weights, devices):
     return net, trainer
 
 
-def train_step(model, X, y, devices, lr, batch_size=None):
+def train_step(model, batch, lr, batch_size):
     """The Trainer sums the contexts' (and processes') gradients of their summed losses; step(global
-    batch) then makes its update lr * sum / global batch, the recipe's, even when shards differ in size."""
+    batch) then makes its update lr * sum / global batch, the recipe's, even when shards differ in size.
+    The batch is one shard per context, from pipeline.py's DataLoader and split_and_load."""
     net, trainer = model
-    X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
+    X_shards, y_shards = batch
     with autograd.record():                # queued asynchronously: the contexts work in parallel
         losses = [loss_sum(net(X_shard), y_shard) for X_shard, y_shard in zip(X_shards, y_shards)]
     autograd.backward(losses)
     trainer.set_learning_rate(lr)
-    trainer.step(batch_size or len(X))
-    return sum(loss.asscalar() for loss in losses) / len(X)
+    trainer.step(batch_size)
+    return sum(loss.asscalar() for loss in losses) / sum(len(y) for y in y_shards)
 
 
 def params(net):

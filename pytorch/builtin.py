@@ -23,14 +23,15 @@ def get_model(weights, devices):
     return ddp, torch.optim.SGD(ddp.parameters(), lr=0.0)
 
 
-def train_step(model, X, y, devices, lr, batch_size=None):
+def train_step(model, batch, lr, batch_size):
     """DDP averages gradients over processes; scaling each summed loss by world / global batch makes that
-    average the recipe's sum / global batch, exactly, even when the shards differ in size."""
+    average the recipe's sum / global batch, exactly, even when the shards differ in size. The batch is
+    this process's part, on its device, from pipeline.py's DataLoader."""
     ddp, optimizer = model
-    X, y = torch.tensor(X, device=devices[0]), torch.tensor(y, device=devices[0])
+    X, y = batch
     loss = loss_sum(ddp(X), y)
     optimizer.zero_grad()
-    (loss * dist.get_world_size() / (batch_size or len(X))).backward()
+    (loss * dist.get_world_size() / batch_size).backward()
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.step()

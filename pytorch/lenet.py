@@ -1,5 +1,7 @@
 """LeNet in PyTorch ops. A replica is the list of parameter tensors on one device, in
 common.lenet.PARAM_NAMES order; the layout is canonical, so no conversion is needed."""
+from collections import OrderedDict
+
 import numpy as np
 import torch
 import torch.nn as nn
@@ -32,12 +34,14 @@ def to_numpy(params):
 
 def build_model(weights):
     """The same LeNet as an idiomatic nn.Module (for the built-in engines and the reference loop); its
-    parameters come out in PARAM_NAMES order, so the scratch forward and to_numpy work on them too."""
+    parameters come out in PARAM_NAMES order, so the scratch forward and to_numpy work on them too. The
+    layers are named as in common.lenet, so its state_dict keys are the canonical names (conv1.weight, ...)."""
     (c1, _, k1, _), (c2, _, k2, _) = LAYERS["conv1"][1], LAYERS["conv2"][1]
     (h1, f1), (out, h2) = LAYERS["fc1"][1], LAYERS["fc2"][1]
-    model = nn.Sequential(nn.Conv2d(1, c1, k1), nn.ReLU(), nn.AvgPool2d(POOL),
-                          nn.Conv2d(c1, c2, k2), nn.ReLU(), nn.AvgPool2d(POOL),
-                          nn.Flatten(), nn.Linear(f1, h1), nn.ReLU(), nn.Linear(h2, out))
+    model = nn.Sequential(OrderedDict(
+        conv1=nn.Conv2d(1, c1, k1), relu1=nn.ReLU(), pool1=nn.AvgPool2d(POOL),
+        conv2=nn.Conv2d(c1, c2, k2), relu2=nn.ReLU(), pool2=nn.AvgPool2d(POOL),
+        flatten=nn.Flatten(), fc1=nn.Linear(f1, h1), relu3=nn.ReLU(), fc2=nn.Linear(h2, out)))
     with torch.no_grad():
         for p, name in zip(model.parameters(), PARAM_NAMES):
             p.copy_(torch.from_numpy(weights[name]))

@@ -1,13 +1,15 @@
-"""TensorFlow's own data parallelism: tf.distribute. In one process MirroredStrategy over its devices;
-across processes the MultiWorkerMirroredStrategy that distributed.py joined. Either way the strategy
-mirrors the variables, runs the scratch forward on every replica and Keras's SGD sums the gradients."""
+"""TensorFlow's own data parallelism: tf.distribute with Keras. In one process MirroredStrategy over its
+devices; across processes the MultiWorkerMirroredStrategy that distributed.py joined. The Keras model is built
+under strategy.scope(), so its variables are mirrored (one copy per replica, updated together); strategy.run
+runs the step on every replica with its shard of pipeline.py's distributed dataset, and the Keras optimizer
+sums the replicas' gradients (all processes' too) before it applies the same update to every copy."""
 import tensorflow as tf
 
 from common.interface import RosettaError
 
 from . import distributed as dist
-from .data_parallel import evaluate as evaluate_params, split_and_load
-from .lenet import forward, get_params, loss_sum, to_numpy as params_to_numpy
+from .idiomatic import evaluate as evaluate_keras, loss_fn, to_numpy as keras_to_numpy
+from .lenet import build_model
 
 EXEC = "tf.function"
 
@@ -26,46 +28,39 @@ def get_model(weights, devices):
     if replicas != len(devices):
         raise RosettaError(f"MultiWorkerMirroredStrategy runs {replicas} replica(s) per process here, "
                            f"not {len(devices)}: use as many processes as devices")
-    with strategy.scope():   # variables made here are mirrored: one copy per replica, updated together
-        params = get_params(weights, None)
+    with strategy.scope():   # everything that makes variables: the model and the optimizer's state
+        model = build_model(weights)
         optimizer = tf.keras.optimizers.SGD(learning_rate=0.0)
-        optimizer.build(params)
-    return strategy, params, optimizer
+        optimizer.build(model.trainable_variables)
+    return strategy, model, optimizer
 
 
-# One graph for the whole step, traced per model; reduce_retracing as in data_parallel.py.
+# One graph for the whole step, traced per model; reduce_retracing: shard shapes become None after one change.
 @tf.function(reduce_retracing=True)
-def step_on_replicas(strategy, params, optimizer, X_shards, y_shards):
+def step_on_replicas(strategy, model, optimizer, X, y):
     def replica_step(X, y):
         with tf.GradientTape() as tape:
-            loss = loss_sum(forward(params, X), y)
-        grads = tape.gradient(loss, params)
-        optimizer.apply_gradients(zip(grads, params))   # sums the gradients over all replicas, then SGD
-        return loss
-    return strategy.run(replica_step, args=(X_shards, y_shards))
+            loss = loss_fn(y, model(X, training=True))   # summed over the replica's shard
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))   # all-reduce (sum), then SGD
+        return loss, tf.shape(y)[0]
+    return strategy.run(replica_step, args=(X, y))
 
 
-def distribute(strategy, array):
-    """Replica i gets the i-th contiguous shard of this process's rows, as in the scratch mode (a tf.data
-    dataset would split the batch its own way). Replica ids count the replicas of all processes."""
-    shards = split_and_load(array, strategy.extended.worker_devices)
-    return strategy.experimental_distribute_values_from_function(
-        lambda ctx: shards[ctx.replica_id_in_sync_group % len(shards)])
-
-
-def train_step(model, X, y, devices, lr, batch_size=None):
-    """Keras sums the replicas' gradients (all processes' too) of their summed losses; a learning rate of
-    lr / global batch then makes its update the recipe's, computed in float32 like the scratch sgd (so the
-    two modes agree bit for bit), even when the shards differ in size."""
-    strategy, params, optimizer = model
-    optimizer.learning_rate = tf.constant(lr, tf.float32) / (batch_size or len(X))
-    losses = step_on_replicas(strategy, params, optimizer, distribute(strategy, X), distribute(strategy, y))
-    return sum(float(loss) for loss in strategy.experimental_local_results(losses)) / len(X)
+def train_step(model, batch, lr, batch_size):
+    """A learning rate of lr / global batch on the summed gradients makes the update the recipe's, computed
+    in float32 like the scratch sgd, even when the shards differ in size. Returns the mean loss of this
+    process's rows."""
+    strategy, model, optimizer = model
+    optimizer.learning_rate = tf.constant(lr, tf.float32) / batch_size
+    losses, sizes = (strategy.experimental_local_results(v)
+                     for v in step_on_replicas(strategy, model, optimizer, *batch))
+    return sum(float(loss) for loss in losses) / sum(int(n) for n in sizes)
 
 
 def to_numpy(model):
-    return params_to_numpy(model[1])
+    return keras_to_numpy(model[1:])   # (model, optimizer): what idiomatic.py holds
 
 
 def evaluate(model, X, y):
-    return evaluate_params(model[1], X, y)
+    return evaluate_keras(model[1:], X, y)

@@ -18,7 +18,7 @@ def train_both(fw, data, steps, batch_size=97, lr=0.2):
         except RosettaError as err:
             pytest.skip(str(err))
         runner.start(init_weights(3))
-        losses = [runner.step(data.X_train[i], data.y_train[i], lr, batch_size) for i in batches]
+        losses = [runner.step((data.X_train[i], data.y_train[i]), lr, batch_size) for i in batches]
         runs.append((losses, runner.weights()))
     return runs
 

@@ -17,14 +17,14 @@ def jax_fw():
 def test_both_builtin_forms_compute_the_scratch_step(jax_fw, digits, form, n_devices, batch_size):
     """jit + NamedSharding (XLA inserts the all-reduce) and shard_map + psum (written by hand) give the
     recipe's step, uneven shards included (the global array is padded, the padding masked)."""
-    builtin = load_module("jax", "builtin")
+    builtin, pipeline = load_module("jax", "builtin"), load_module("jax", "pipeline")
     devices = jax_fw.get_devices(n_devices)
     X, y = digits.X_train[:batch_size], digits.y_train[:batch_size]
     replicas = [jax_fw.get_params(init_weights(1), d) for d in devices]
     ref_loss = jax_fw.train_step(replicas, X, y, devices, 0.2)
     model = builtin.get_model(init_weights(1), devices, form)
     for _ in range(2):   # twice: the second step starts from the first one's replicated update
-        loss = builtin.train_step(model, X, y, devices, 0.2)
+        loss = builtin.train_step(model, pipeline.global_batch(model[0], devices, X, y, batch_size), 0.2, batch_size)
         if _ == 0:
             assert loss == pytest.approx(ref_loss, abs=1e-5)
             weights, ref = builtin.to_numpy(model), jax_fw.to_numpy(replicas[0])

@@ -1,0 +1,147 @@
+"""What is not framework-specific about checkpoints (each framework's native format is its folder's
+checkpoint.py): file names, telling a file's framework from its name, checking that a file holds this LeNet
+(every parameter, with its shape) before anything is read into a model, writing atomically, and the two hooks
+of a training run: saving every N epochs and resuming from a saved epoch.
+
+A checkpoint holds the weights only: plain SGD without momentum has no optimizer state, and the learning rate
+is constant, so the weights and the epoch (in the file name) are all a resumed run needs."""
+import glob
+import os
+import re
+import shutil
+
+import numpy as np
+
+from .interface import RosettaError, load_module
+from .layouts import to_channels_last, to_canonical
+from .lenet import PARAM_SHAPES
+
+SUFFIXES = {"pytorch": ".pt", "mxnet": ".params", "tensorflow": ".weights.h5", "jax": ".orbax"}
+FORMATS = {"pytorch": "PyTorch state_dict (torch.save)", "mxnet": "Gluon save_parameters",
+           "tensorflow": "Keras save_weights", "jax": "Orbax (Flax nnx.state)"}
+EPOCH = re.compile(r"-epoch(\d+)\.")
+
+
+def checkpoint_name(spec, epoch):
+    """framework-mode[-exec]-<devices>d-<processes>p-epoch<k><suffix>, e.g. mxnet-builtin-2d-1p-epoch30.params."""
+    level = "" if spec.get("exec", "default") == "default" else f"-{spec['exec']}"
+    return (f"{spec['framework']}-{spec['mode']}{level}-{spec['devices']}d-{spec['processes']}p-epoch{epoch}"
+            f"{SUFFIXES[spec['framework']]}")
+
+
+def framework_of(path, hint=""):
+    """The framework whose native checkpoint `path` is, from its suffix."""
+    for name, suffix in SUFFIXES.items():
+        if path.rstrip("/").endswith(suffix):
+            return name
+    known = ", ".join(f"{suffix} {name}" for name, suffix in SUFFIXES.items())
+    raise RosettaError(f"{path}: cannot tell its framework from the name ({known}){hint}")
+
+
+def epoch_of(path):
+    """The number of epochs a checkpoint written by a training run has done (from its name)."""
+    match = EPOCH.search(os.path.basename(path.rstrip("/")))
+    if not match:
+        raise RosettaError(f"{path}: no -epoch<k> in the name, so the epoch to resume from is unknown "
+                           "(names are as --checkpoint-dir writes them, e.g. mxnet-builtin-2d-1p-epoch10.params)")
+    return int(match.group(1))
+
+
+def reason(err):
+    """A framework's error in one short line: the first sentence of its first line that is not a traceback
+    (MXNet puts the C++ traceback first)."""
+    lines = [line.strip() for line in str(err).splitlines()
+             if line.strip() and not line.strip().startswith(("Traceback", "File "))]
+    return (lines or [type(err).__name__])[0].split(". ")[0].rstrip(".")
+
+
+def native_shape(framework, name):
+    """The shape parameter `name` has in the framework's file."""
+    shape = PARAM_SHAPES[name]
+    if load_module(framework, "checkpoint").CHANNELS_LAST:
+        return to_channels_last(name, np.zeros(shape, np.float32)).shape
+    return shape
+
+
+def read_weights(framework, path):
+    """The canonical weights a native checkpoint holds, after checking that it is this LeNet's: one line naming
+    the file and the first offending parameter otherwise."""
+    checkpoint = load_module(framework, "checkpoint")
+    if not os.path.exists(path):
+        raise RosettaError(f"{path}: no such file or directory")
+    try:
+        arrays = checkpoint.read(path)
+    except Exception as err:   # every framework fails in its own words
+        raise RosettaError(f"{path}: not a readable {FORMATS[framework]} file, or truncated ({reason(err)})")
+    weights = {}
+    for name, key in checkpoint.KEYS.items():
+        if key not in arrays:
+            raise RosettaError(f"{path}: not this LeNet's checkpoint: parameter {name} ({key!r} in the file) "
+                               "is missing")
+        array, shape = arrays[key], native_shape(framework, name)
+        if array.shape != shape or not np.issubdtype(array.dtype, np.floating):
+            raise RosettaError(f"{path}: parameter {name} ({key!r} in the file) is {array.dtype} {array.shape}; "
+                               f"this LeNet needs float {shape}")
+        array = array.astype(np.float32)
+        weights[name] = np.ascontiguousarray(to_canonical(name, array) if checkpoint.CHANNELS_LAST else array)
+    extra = sorted(set(arrays) - set(checkpoint.KEYS.values()))
+    if extra:
+        raise RosettaError(f"{path}: not this LeNet's checkpoint: unexpected parameter {extra[0]!r}")
+    return weights
+
+
+def write_weights(framework, weights, path):
+    """Write `path` completely or not at all: the framework writes a temporary file (or directory) beside it,
+    which replaces `path` only once written. The name must end in the framework's suffix (Keras insists on
+    .weights.h5; the others, so that the file's framework can be told from its name later)."""
+    path = os.path.abspath(path.rstrip("/"))
+    folder, name = os.path.split(path)
+    suffix = SUFFIXES[framework]
+    if not name.endswith(suffix) or name == suffix:
+        raise RosettaError(f"{path}: a {framework} checkpoint's name must end in {suffix}")
+    os.makedirs(folder, exist_ok=True)
+    temporary = os.path.join(folder, f".{name[:-len(suffix)]}.partial-{os.getpid()}{suffix}")
+    try:
+        load_module(framework, "checkpoint").save(weights, temporary)
+        if os.path.isdir(path):   # an earlier Orbax directory: os.replace cannot replace a full one
+            if not os.path.isdir(temporary):
+                raise RosettaError(f"{path} is a directory, not a {framework} checkpoint file")
+            shutil.rmtree(path)
+        os.replace(temporary, path)
+    finally:   # after a failure: the temporary, and anything the framework made beside it (Orbax's own)
+        for leftover in glob.glob(glob.escape(temporary) + "*"):
+            shutil.rmtree(leftover) if os.path.isdir(leftover) else os.remove(leftover)
+
+
+def saver(spec, rank):
+    """The after-epoch hook of a run with a checkpoint_dir: rank 0 writes the weights every checkpoint_every
+    epochs (if given) and after the last epoch."""
+    folder, every = spec.get("checkpoint_dir"), spec.get("checkpoint_every")
+    if not folder or rank != 0:
+        return None
+
+    def save(epoch, runner):
+        if epoch == spec["epochs"] or (every and epoch % every == 0):
+            write_weights(spec["framework"], runner.weights(), os.path.join(folder, checkpoint_name(spec, epoch)))
+    return save
+
+
+def resume_point(spec):
+    """(weights, epochs done) of the checkpoint a run resumes from, or (None, 0) for a fresh run."""
+    path = spec.get("resume_from")
+    if not path:
+        return None, 0
+    return read_weights(framework_of(path), path), epoch_of(path)
+
+
+def check_resume(path, frameworks, epochs):
+    """compare.py's check of --resume-from, before any run starts."""
+    framework, epoch = framework_of(path), epoch_of(path)
+    if not os.path.exists(path):
+        raise RosettaError(f"{path}: no such file or directory")
+    if list(frameworks) != [framework]:
+        raise RosettaError(f"{path}: the checkpoint is {framework}'s: resume {framework} runs only "
+                           f"(--frameworks {framework})")
+    if epoch >= epochs:
+        raise RosettaError(f"{path} has done {epoch} epochs; --epochs {epochs} leaves nothing to train")
+

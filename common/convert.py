@@ -1,0 +1,75 @@
+"""Convert a trained LeNet from one framework's native checkpoint to another's, through the canonical layout.
+
+    python -m common.convert SRC DST [--from F] [--to F] [--verify] [--dataset digits]
+
+The frameworks come from the names (.pt PyTorch, .params MXNet, .weights.h5 Keras, .orbax JAX) or from --from
+and --to. The source is checked first (every parameter of this LeNet, with its shape) and the destination is
+written completely or not at all. --verify loads both files with their frameworks' own calls into their
+idiomatic models, and prints the largest logit difference and both accuracies on the test split."""
+import argparse
+import os
+import sys
+
+from .interface import FRAMEWORKS, RosettaError
+
+TOLERANCE = 1e-4   # float32 round-off of two frameworks' kernels on the same weights, with room to spare
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m common.convert", description=__doc__.split("\n\n")[0])
+    p.add_argument("src", help="a native checkpoint (file, or directory for Orbax)")
+    p.add_argument("dst", help="where to write the other framework's checkpoint")
+    p.add_argument("--from", dest="source", choices=FRAMEWORKS, help="SRC's framework (default: from its name)")
+    p.add_argument("--to", dest="target", choices=FRAMEWORKS, help="DST's framework (default: from its name)")
+    p.add_argument("--verify", action="store_true",
+                   help=f"load both, compare logits on the test split (fails above {TOLERANCE:g})")
+    p.add_argument("--dataset", default="digits", help="test split for --verify (default digits)")
+    p.add_argument("--data-dir", help="folder with the IDX files (fashion-mnist, mnist)")
+    p.error = lambda message: p.exit(2, f"error: {message} (see python -m common.convert --help)\n")
+    return p.parse_args(argv)
+
+
+def verify(source, src, target, dst, data):
+    """(largest |logit difference|, source accuracy, destination accuracy) on the test split."""
+    from .checkpoints import reason
+    from .interface import load_module
+    logits = []
+    for framework, path in ((source, src), (target, dst)):
+        checkpoint = load_module(framework, "checkpoint")
+        try:
+            logits.append(checkpoint.logits(checkpoint.load(path), data.X_test))
+        except Exception as err:   # the file passed the checks, so this is a bug here: say where
+            raise RosettaError(f"{path}: {framework}'s own loading failed ({reason(err)})")
+    accuracy = [float((out.argmax(1) == data.y_test).mean()) for out in logits]
+    return float(abs(logits[0] - logits[1]).max()), *accuracy
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # TensorFlow's start-up chatter: with oneDNN's custom ops on, TensorFlow 2.21 writes a notice to stderr
+    # before its log level applies. Without them the error line is stderr's only line (and --verify compares
+    # against TensorFlow's plain kernels).
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    from .checkpoints import FORMATS, framework_of, read_weights, write_weights
+    from .data import load_dataset
+    try:
+        source = args.source or framework_of(args.src, "; give --from")
+        target = args.target or framework_of(args.dst, "; give --to")
+        data = load_dataset(args.dataset, args.data_dir) if args.verify else None   # bad data: fail before writing
+        write_weights(target, read_weights(source, args.src), args.dst)
+        print(f"wrote {args.dst} ({FORMATS[target]}) from {args.src} ({FORMATS[source]})")
+        if args.verify:
+            difference, src_accuracy, dst_accuracy = verify(source, args.src, target, args.dst, data)
+            print(f"verify on {data.name} test ({len(data.y_test)} images): largest |logit difference| "
+                  f"{difference:.2e}; accuracy {source} {src_accuracy:.4f}, {target} {dst_accuracy:.4f}")
+            if difference > TOLERANCE:
+                raise RosettaError(f"{args.dst}: logits differ from {args.src}'s by {difference:.2e} (> {TOLERANCE:g})")
+    except RosettaError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

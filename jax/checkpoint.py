@@ -1,0 +1,64 @@
+"""JAX checkpoints: Orbax (the checkpoint library of the JAX ecosystem, installed with Flax) saving the Flax
+model's state as a plain nested dict (nnx.to_pure_dict, Flax's recipe for Orbax), a directory,
+restored into a model of the same structure with nnx.replace_by_pure_dict. The arrays are saved as numpy
+arrays: in a multi-process run Orbax refuses host-local jax.Arrays. Orbax writes a temporary directory and
+renames it when complete. The weights are stored in Flax's channels-last layout."""
+import os
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from common.lenet import LAYERS, init_weights
+
+from .lenet import build_model
+
+KEYS = {f"{layer}.{part}": f"{layer}/{name}" for layer in LAYERS for part, name in (("weight", "kernel"),
+                                                                                    ("bias", "bias"))}
+CHANNELS_LAST = True
+
+
+def checkpointer():
+    """This process alone: in a multi-process run only rank 0 writes, and Orbax would otherwise wait for
+    every process at its barriers."""
+    me = jax.process_index()
+    return ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
+        primary_host=me, active_processes={me}))
+
+
+def save(weights, path):
+    state = nnx.to_pure_dict(nnx.state(build_model(weights)))
+    with checkpointer() as saver:
+        saver.save(os.path.abspath(path), jax.tree.map(np.asarray, state))   # Orbax takes absolute paths only
+
+
+def load(path):
+    """The idiomatic model with the file's weights: nothing but Flax's and Orbax's own calls."""
+    model = build_model(init_weights())   # any weights: restoring into its state replaces every one
+    state = nnx.state(model)
+    with checkpointer() as restorer:
+        nnx.replace_by_pure_dict(state, restorer.restore(os.path.abspath(path), nnx.to_pure_dict(state)))
+    nnx.update(model, state)
+    return model
+
+
+def read(path):
+    """The file's arrays by key (module/parameter, e.g. conv1/kernel), as stored."""
+    with checkpointer() as restorer:
+        return dict(flatten(restorer.restore(os.path.abspath(path))))
+
+
+def flatten(tree, prefix=""):
+    """(key, array) of a restored tree (an nnx.State saved whole holds each Param as {"value": array})."""
+    for key, value in tree.items():
+        if isinstance(value, dict) and set(value) == {"value"}:
+            value = value["value"]
+        if isinstance(value, dict):
+            yield from flatten(value, f"{prefix}{key}/")
+        else:
+            yield f"{prefix}{key}", np.asarray(value)
+
+
+def logits(model, X):
+    return np.asarray(model(X))

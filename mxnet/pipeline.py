@@ -1,0 +1,46 @@
+"""MXNet's input pipeline: a Gluon ArrayDataset and DataLoader whose batch sampler hands this process its part
+of every batch (what the SplitSampler of MXNet's distributed-training example does with kv.rank and
+kv.num_workers, here in the shared order of common.batches), and gluon.utils.split_and_load to cut each batch
+across the process's contexts. With even_split=False, MXNet 1.9.1 cuts an uneven batch as common.sharding
+does, larger shards first (tests/test_pipelines.py checks it); the default, even_split=True, refuses a batch
+that does not divide evenly, such as an epoch's last."""
+from mxnet import gluon
+
+
+class SharedOrderSampler(gluon.data.Sampler):
+    """This process's rows of every global batch of the epoch, one list per step (a batch sampler)."""
+
+    def __init__(self, order, rank, world):
+        self.order, self.rank, self.world, self.epoch = order, rank, world, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        for rows, _ in self.order.parts(self.epoch, self.rank, self.world):
+            yield rows.tolist()
+
+    def __len__(self):
+        return len(self.order.batches(self.epoch))
+
+
+def make_loader(data, order, rank, world, model, devices):
+    """No worker processes (num_workers=0): the data is in memory and the cores are busy training."""
+    sampler = SharedOrderSampler(order, rank, world)
+    loader = gluon.data.DataLoader(gluon.data.ArrayDataset(data.X_train, data.y_train), batch_sampler=sampler)
+    return loader, sampler, devices
+
+
+def batches(loader, epoch):
+    """The DataLoader's batch (NDArrays on the CPU), cut into one shard per context."""
+    loader, sampler, devices = loader
+    sampler.set_epoch(epoch)
+    for X, y in loader:
+        yield (gluon.utils.split_and_load(X, devices, even_split=False),
+               gluon.utils.split_and_load(y, devices, even_split=False))
+
+
+def per_device(batch):
+    """What each of this process's devices holds of a batch, as numpy (X, y): for tests and readers."""
+    X_shards, y_shards = batch
+    return [(X.asnumpy(), y.asnumpy()) for X, y in zip(X_shards, y_shards)]

@@ -1,0 +1,47 @@
+"""PyTorch's input pipeline: a Dataset, a DataLoader and a sampler that hands each process its part of
+every batch. The stock DistributedSampler would give process r the rows r, r + world, r + 2 world, ... of its
+own shuffle; the recipe wants the shared order (common.batches) and contiguous parts, so the sampler here is a
+batch sampler over that order, with DistributedSampler's set_epoch. No worker processes (num_workers=0): the
+data is in memory and the cores are busy training; with files to decode, num_workers > 0 would overlap it."""
+import torch
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+
+
+class SharedOrderSampler(Sampler):
+    """This process's rows of every global batch of the epoch, one list per step: what
+    DistributedSampler(num_replicas=world, rank=rank) + BatchSampler give, in the shared order."""
+
+    def __init__(self, order, rank, world):
+        self.order, self.rank, self.world, self.epoch = order, rank, world, 0
+
+    def set_epoch(self, epoch):
+        """As with DistributedSampler: call it before every epoch, or every epoch repeats the first's order."""
+        self.epoch = epoch
+
+    def __iter__(self):
+        for rows, _ in self.order.parts(self.epoch, self.rank, self.world):
+            yield rows.tolist()
+
+    def __len__(self):
+        return len(self.order.batches(self.epoch))
+
+
+def make_loader(data, order, rank, world, model, devices):
+    """DistributedDataParallel runs one device per process: the loader feeds that one."""
+    dataset = TensorDataset(torch.from_numpy(data.X_train), torch.from_numpy(data.y_train))
+    loader = DataLoader(dataset, batch_sampler=SharedOrderSampler(order, rank, world),
+                        pin_memory=devices[0].type == "cuda")   # page-locked: the copy below can overlap
+    return loader, devices[0]
+
+
+def batches(loader, epoch):
+    loader, device = loader
+    loader.batch_sampler.set_epoch(epoch)
+    for X, y in loader:
+        yield X.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+def per_device(batch):
+    """What each of this process's devices holds of a batch, as numpy (X, y): for tests and readers."""
+    X, y = batch
+    return [(X.cpu().numpy(), y.cpu().numpy())]

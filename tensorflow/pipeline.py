@@ -1,0 +1,49 @@
+"""TensorFlow's input pipeline: tf.data, handed to the strategy. distribute_datasets_from_function calls the
+dataset function once per input pipeline (one per worker process) and tells it which one it is
+(input_pipeline_id of num_input_pipelines); the dataset yields per-replica batches, and the strategy deals
+them to the worker's replicas in turn. So each process's dataset holds its part of every global batch
+(common.batches), cut into its replicas' contiguous shards, in that order. (experimental_distribute_dataset
+would instead split global batches its own way across processes and replicas.)"""
+import numpy as np
+import tensorflow as tf
+
+from common.sharding import shard_bounds
+
+
+def replica_rows(order, epoch, pipeline, pipelines, replicas):
+    """Index rows of every per-replica batch of this input pipeline, in the order the strategy deals them."""
+    rows = []
+    for part, _ in order.parts(epoch, pipeline, pipelines):
+        rows += [part[a:b] for a, b in shard_bounds(len(part), replicas)]
+    return rows
+
+
+def make_loader(data, order, rank, world, model, devices):
+    """The training set as two tensors in host memory, made once; each epoch's dataset gathers from them."""
+    with tf.device("/device:CPU:0"):
+        X, y = tf.constant(data.X_train), tf.constant(data.y_train)
+    return model[0], order, X, y
+
+
+def dataset(X, y, rows):
+    """Row lists as a ragged tensor, one per-replica batch each; gathered and prefetched in the background."""
+    def gather(index):
+        return tf.gather(X, index), tf.gather(y, index)
+    ragged = tf.RaggedTensor.from_row_lengths(np.concatenate(rows), [len(r) for r in rows])
+    return tf.data.Dataset.from_tensor_slices(ragged).map(gather).prefetch(tf.data.AUTOTUNE)
+
+
+def batches(loader, epoch):
+    strategy, order, X, y = loader
+    replicas = len(strategy.extended.worker_devices)   # this process's
+
+    def dataset_fn(context):
+        return dataset(X, y, replica_rows(order, epoch, context.input_pipeline_id, context.num_input_pipelines,
+                                          replicas))
+    yield from strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def per_device(batch):
+    """What each of this process's devices holds of a batch, as numpy (X, y): for tests and readers."""
+    X, y = (getattr(t, "values", (t,)) for t in batch)   # a PerReplica value, or a tensor for one replica
+    return [(a.numpy(), b.numpy()) for a, b in zip(X, y)]
