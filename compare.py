@@ -149,7 +149,7 @@ def parse_args(argv):
         p.error(f"--batch-size {args.batch_size} is smaller than {max(args.devices)} devices")
     if args.checkpoint_every is not None and (args.checkpoint_every < 1 or not args.checkpoint_dir):
         p.error("--checkpoint-every needs --checkpoint-dir and N >= 1")
-    for name in ("checkpoint_dir", "resume_from"):   # the workers run from the repo root
+    for name in ("data_dir", "checkpoint_dir", "resume_from"):   # the workers run from the repo root
         if getattr(args, name):
             setattr(args, name, os.path.abspath(getattr(args, name)))
     return args
