@@ -17,7 +17,8 @@ import os
 import signal
 import sys
 
-from common.benchmark import ROW_KEY, add_scaling, aggregate, write_csv
+from common.benchmark import ROW_KEY, add_peak_fraction, add_scaling, aggregate, write_csv
+from common.calibration import LoadRecord, matmul_peak, warning
 from common.checkpoints import check_resume
 from common.data import DATASETS, load_dataset
 from common.interface import FRAMEWORKS, RosettaError
@@ -148,7 +149,7 @@ def parse_args(argv):
         p.error(f"--batch-size {args.batch_size} is smaller than {max(args.devices)} devices")
     if args.checkpoint_every is not None and (args.checkpoint_every < 1 or not args.checkpoint_dir):
         p.error("--checkpoint-every needs --checkpoint-dir and N >= 1")
-    for name in ("checkpoint_dir", "resume_from"):   # the workers run from the repo root
+    for name in ("data_dir", "checkpoint_dir", "resume_from"):   # the workers run from the repo root
         if getattr(args, name):
             setattr(args, name, os.path.abspath(getattr(args, name)))
     return args
@@ -310,6 +311,10 @@ def compare(args):
         if row_trials:
             print(f"kept {label}: ok ({len(row_trials)} trial(s) from {args.json})", file=sys.stderr)
     env = environment()
+    if args.benchmark:   # this machine's yardsticks, measured in the run (common/calibration.py)
+        print(f"calibration: float32 matmul peak at {args.threads} thread(s) ...", file=sys.stderr, flush=True)
+        env["calibration"] = {"threads": args.threads, "matmul_peak_gflops_start": matmul_peak(args.threads)}
+        load = LoadRecord().start()
 
     def save():
         return write_results(args, env, dataset, specs, labels, trials, wanted)
@@ -334,6 +339,12 @@ def compare(args):
         err.add_note(f"{done} of {len(specs)} rows finished{trials_done}" + (
             f", kept in {files}; the same command with --resume runs the rest" if files else ""))
         raise
+    if args.benchmark:
+        env["calibration"]["matmul_peak_gflops_end"] = matmul_peak(args.threads)
+        env["load"] = load.stop()
+        runs = save()
+        if warning(env["load"]):
+            print(warning(env["load"]), file=sys.stderr)
     return report(args, env, dataset, runs)
 
 
@@ -347,6 +358,7 @@ def write_results(args, env, dataset, specs, labels, trials, wanted):
                for label, t, w in zip(labels, trials, wanted) if len(t) < w]
     add_scaling(runs)
     add_parity(runs)
+    add_peak_fraction(runs, env.get("calibration"))
     write_files(args, {"environment": env, "settings": settings(args), "dataset": dataset,
                        "complete": not not_run, "not_run": not_run, "runs": runs}, rows)
     return runs

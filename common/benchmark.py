@@ -13,7 +13,7 @@ TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "
 CSV_COLUMNS = ("framework", "mode", "exec", "devices", "processes", "trials", "status",
                "images_per_second", "images_per_second_min", "images_per_second_max", "epoch_seconds_median",
                "input_seconds_median",
-               "first_step_seconds", "startup_seconds", "gflops", "scaling_efficiency", "test_accuracy",
+               "first_step_seconds", "startup_seconds", "gflops", "peak_fraction", "scaling_efficiency", "test_accuracy",
                "peak_rss_bytes", "peak_device_memory_bytes", "error")
 
 
@@ -58,3 +58,13 @@ def write_csv(path, rows):
         writer.writeheader()
         for r in rows:
             writer.writerow({k: r.get(k) for k in CSV_COLUMNS})
+
+
+def add_peak_fraction(rows, calibration):
+    """Each row's GFLOP/s as a fraction of this machine's matmul peak measured in the same run (the mean of
+    the figures taken so far: at the start, and at the end once the run is over). Absolute speed differs
+    2x between machines of one kind; the fraction of the same run's peak does not."""
+    peaks = [v for k, v in sorted((calibration or {}).items()) if k.startswith("matmul_peak_gflops")]
+    peak = sum(peaks) / len(peaks) if peaks else None
+    for r in rows:
+        r["peak_fraction"] = r["gflops"] / peak if peak and r.get("gflops") else None

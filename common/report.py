@@ -13,7 +13,8 @@ from .interface import FRAMEWORKS, installed_version
 COLUMNS = ("framework", "mode", "exec", "devices", "processes", "epochs", "train s", "images/s",
            "test acc", "final loss", "|Δ step-1 loss|", "status")
 TIMING_COLUMNS = ("framework", "mode", "exec", "devices", "processes", "images/s (min-max)", "epoch s",
-                  "input s (share)", "first step s", "start-up s", "GFLOP/s", "scaling", "peak RSS MiB", "test acc", "status")
+                  "input s (share)", "first step s", "start-up s", "GFLOP/s", "of peak", "scaling", "peak RSS MiB",
+                  "test acc", "status")
 
 
 def cpu_name():
@@ -54,8 +55,18 @@ def environment():
 
 def environment_line(env):
     versions = ", ".join(f"{name} {v}" for name, v in env["frameworks"].items() if v)
-    return (f"{env['cpu']} ({env['cpu_count']} cores), {', '.join(env['gpus']) or 'no GPU'}; Python {env['python']}, "
+    line = (f"{env['cpu']} ({env['cpu_count']} cores), {', '.join(env['gpus']) or 'no GPU'}; Python {env['python']}, "
             f"{versions}, numpy {env['numpy']}; {env['platform']}")
+    calibration, load = env.get("calibration"), env.get("load")
+    if calibration:
+        peaks = " -> ".join(f"{calibration[k]:.0f}" for k in ("matmul_peak_gflops_start", "matmul_peak_gflops_end")
+                            if k in calibration)
+        line += f". Float32 matmul peak at {calibration['threads']} thread(s), start -> end: {peaks} GFLOP/s"
+    if load:
+        line += (f". Load: other processes used {100 * load['other_cpu_share']:.1f}% of the CPU during the run "
+                 f"({'quiet' if load['quiet'] else 'NOT QUIET'}); load average {load['loadavg_start'][0]:.2f} at the "
+                 f"start, {load['loadavg_end'][0]:.2f} at the end")
+    return line
 
 
 def installed_version_of(dist):
@@ -100,7 +111,9 @@ def timing_cells(r):
     rss = r.get("peak_rss_bytes")
     return [r["framework"], r["mode"], r.get("exec") or "-", str(r["devices"]), str(r["processes"]), ips,
             fmt(r.get("epoch_seconds_median"), ".2f"), input_cell(r), fmt(r.get("first_step_seconds"), ".2f"),
-            fmt(r.get("startup_seconds"), ".1f"), fmt(r.get("gflops"), ".1f"), fmt(r.get("scaling_efficiency"), ".2f"),
+            fmt(r.get("startup_seconds"), ".1f"), fmt(r.get("gflops"), ".1f"),
+            fmt(100 * r["peak_fraction"] if r.get("peak_fraction") else None, ".0f") + ("%" if r.get("peak_fraction") else ""),
+            fmt(r.get("scaling_efficiency"), ".2f"),
             fmt(rss / 2**20 if rss else None, ",.0f"), fmt(r.get("test_accuracy"), ".4f"), status(r)]
 
 

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from common import calibration
 
 BUSY = "import time\nwhile time.process_time() < 1.0: pass\n"   # one CPU second, however long it takes
@@ -39,3 +41,26 @@ def test_another_process_s_work_is_load_and_makes_a_warning(tmp_path):
 
 def test_a_quiet_record_has_no_warning():
     assert calibration.warning({"quiet": True}) is None
+
+
+def test_the_benchmark_records_its_calibration_and_each_row_s_share_of_peak(tmp_path, monkeypatch):
+    """A real --benchmark, shrunk to one small row: the JSON holds the matmul peak at the start and the end
+    and the load record; each row's fraction of peak is its GFLOP/s over their mean; the markdown says so."""
+    import json
+
+    import compare
+    from conftest import framework_or_skip
+    framework_or_skip("pytorch")
+    monkeypatch.setattr(compare, "BENCHMARK", {**compare.BENCHMARK, "n_synthetic": 600, "repeats": 1,
+                                               "plan": [("scratch", ("default",), 1)]})
+    monkeypatch.setattr(compare, "raise_on_signals", lambda: None)   # pytest keeps its own handlers
+    monkeypatch.chdir(tmp_path)   # results/ is written here
+    assert compare.main(["--benchmark", "--frameworks", "pytorch"]) == 0
+    content = json.loads((tmp_path / "results" / "benchmark.json").read_text())
+    calibration, load = content["environment"]["calibration"], content["environment"]["load"]
+    start, end = calibration["matmul_peak_gflops_start"], calibration["matmul_peak_gflops_end"]
+    assert start > 1 and end > 1 and {"quiet", "other_cpu_share", "loadavg_start"} <= set(load)
+    (row,) = content["runs"]
+    assert row["peak_fraction"] == pytest.approx(row["gflops"] / ((start + end) / 2))
+    markdown = (tmp_path / "results" / "benchmark.md").read_text()
+    assert "Float32 matmul peak" in markdown and f"{100 * row['peak_fraction']:.0f}%" in markdown

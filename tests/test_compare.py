@@ -205,3 +205,12 @@ def test_one_step_has_no_steady_state_throughput():
               "step_sizes": [2], "first_step_seconds": 0.4, "first_step_images": 2, "images": 2,
               "test_accuracy": 0.1, "replica_spread": 0.0}
     assert summarize([record])["images_per_second"] is None   # not 0 images/s
+
+
+def test_relative_paths_are_the_caller_s_not_the_workers(tmp_path, monkeypatch):
+    """Workers run from the repo root: a relative --data-dir (or checkpoint path) given from elsewhere must
+    be made absolute where compare.py was started, or the workers look in the wrong folder."""
+    import compare
+    monkeypatch.chdir(tmp_path)
+    args = compare.parse_args(["--dataset", "fashion-mnist", "--data-dir", "idx", "--checkpoint-dir", "ckpt"])
+    assert args.data_dir == str(tmp_path / "idx") and args.checkpoint_dir == str(tmp_path / "ckpt")
