@@ -32,3 +32,22 @@ class Order:
     def parts(self, epoch, rank, world):
         """(this process's rows, global batch size) of every batch of the epoch."""
         return [(process_part(b, rank, world), len(b)) for b in self.batches(epoch)]
+
+
+class ProcessBatches:
+    """A batch sampler over an Order: this process's rows of every global batch of the epoch, one list per
+    step, with DistributedSampler's set_epoch (call it before every epoch, or every epoch repeats the first's
+    order). Each framework's pipeline mixes it into its own Sampler base class (PyTorch's, Gluon's)."""
+
+    def __init__(self, order, rank, world):
+        self.order, self.rank, self.world, self.epoch = order, rank, world, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        for rows, _ in self.order.parts(self.epoch, self.rank, self.world):
+            yield rows.tolist()
+
+    def __len__(self):
+        return len(self.order.batches(self.epoch))

@@ -6,22 +6,11 @@ does, larger shards first (tests/test_pipelines.py checks it); the default, even
 that does not divide evenly, such as an epoch's last."""
 from mxnet import gluon
 
+from common.batches import ProcessBatches
 
-class SharedOrderSampler(gluon.data.Sampler):
+
+class SharedOrderSampler(ProcessBatches, gluon.data.Sampler):
     """This process's rows of every global batch of the epoch, one list per step (a batch sampler)."""
-
-    def __init__(self, order, rank, world):
-        self.order, self.rank, self.world, self.epoch = order, rank, world, 0
-
-    def set_epoch(self, epoch):
-        self.epoch = epoch
-
-    def __iter__(self):
-        for rows, _ in self.order.parts(self.epoch, self.rank, self.world):
-            yield rows.tolist()
-
-    def __len__(self):
-        return len(self.order.batches(self.epoch))
 
 
 def make_loader(data, order, rank, world, model, devices):

@@ -6,24 +6,12 @@ data is in memory and the cores are busy training; with files to decode, num_wor
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
+from common.batches import ProcessBatches
 
-class SharedOrderSampler(Sampler):
+
+class SharedOrderSampler(ProcessBatches, Sampler):
     """This process's rows of every global batch of the epoch, one list per step: what
     DistributedSampler(num_replicas=world, rank=rank) + BatchSampler give, in the shared order."""
-
-    def __init__(self, order, rank, world):
-        self.order, self.rank, self.world, self.epoch = order, rank, world, 0
-
-    def set_epoch(self, epoch):
-        """As with DistributedSampler: call it before every epoch, or every epoch repeats the first's order."""
-        self.epoch = epoch
-
-    def __iter__(self):
-        for rows, _ in self.order.parts(self.epoch, self.rank, self.world):
-            yield rows.tolist()
-
-    def __len__(self):
-        return len(self.order.batches(self.epoch))
 
 
 def make_loader(data, order, rank, world, model, devices):
