@@ -15,6 +15,13 @@ def test_the_fit_recovers_the_latency_and_bandwidth_it_was_made_from(framework):
     assert fitted_alpha == pytest.approx(alpha, rel=1e-6) and fitted_bandwidth == pytest.approx(bandwidth, rel=1e-6)
 
 
+def test_the_fitted_latency_is_never_negative():
+    """MXNet's measured points (ms at 0.49, 1, 16, 100 MB) once gave a free fit alpha of -123 us."""
+    sizes = [0.49 * 2**20, 2**20, 16 * 2**20, 100 * 2**20]
+    alpha, bandwidth = scaling.fit(sizes, [1.12e-3, 1.95e-3, 37.41e-3, 352.30e-3], "mxnet")
+    assert alpha == 0.0 and 0.3e9 < bandwidth < 3e9
+
+
 def test_the_ring_and_the_parameter_server_formulas():
     n, alpha, bandwidth = 8e6, 1e-4, 1e9
     assert scaling.allreduce_seconds(n, 2, alpha, bandwidth) == pytest.approx(2 * alpha + n / bandwidth)
