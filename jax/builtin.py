@@ -31,18 +31,19 @@ def mesh_of(devices):
     return Mesh(np.array([by_id[int(i)] for i in ids]), ("devices",))
 
 
-def row_losses(params, X, y, mask):
-    """Each row's cross-entropy; padding rows (mask 0) count nothing."""
+def summed_loss(params, X, y, mask):
+    """The summed cross-entropy, and each row's (padding rows, mask 0, count nothing)."""
     logp = jax.nn.log_softmax(forward(params, X))
-    return -jnp.take_along_axis(logp, y[:, None], axis=1)[:, 0] * mask
+    rows = -jnp.take_along_axis(logp, y[:, None], axis=1)[:, 0] * mask
+    return rows.sum(), rows
+
+
+loss_rows_and_grads = jax.value_and_grad(summed_loss, has_aux=True)
 
 
 def jit_step(params, X, y, mask, scale):
     """Written for one device; the shardings of its inputs make it data-parallel."""
-    def loss(params):
-        rows = row_losses(params, X, y, mask)
-        return rows.sum(), rows
-    (_, rows), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    (_, rows), grads = loss_rows_and_grads(params, X, y, mask)
     return [p - scale * g for p, g in zip(params, grads)], rows
 
 
@@ -50,10 +51,7 @@ def shard_map_step(params, X, y, mask, scale):
     """Runs on every device with its own rows. lax.pvary marks the parameters as this device's copy: without
     it shard_map's gradient of a replicated input comes back already summed over the mesh, and the psum
     below would count it twice (the shard_map gradient trap)."""
-    def loss(params):
-        rows = row_losses(params, X, y, mask)
-        return rows.sum(), rows
-    (_, rows), grads = jax.value_and_grad(loss, has_aux=True)(lax.pvary(params, "devices"))
+    (_, rows), grads = loss_rows_and_grads(lax.pvary(params, "devices"), X, y, mask)
     grads = lax.psum(grads, "devices")     # the all-reduce, said explicitly
     return [p - scale * g for p, g in zip(params, grads)], rows
 
