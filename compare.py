@@ -12,6 +12,7 @@ is imported, and a framework that crashes or is missing costs only its own row. 
 rewritten after every finished row, so an interrupted run keeps its finished rows (--resume goes on).
 """
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -20,27 +21,34 @@ import sys
 from common.benchmark import ROW_KEY, add_peak_fraction, add_scaling, aggregate, write_csv
 from common.calibration import LoadRecord, matmul_peak, warning
 from common.checkpoints import check_resume
+from common.cores import CORES, per_device_threads
 from common.data import DATASETS, load_dataset
 from common.interface import FRAMEWORKS, RosettaError
 from common.launch import PROCESS_PER_DEVICE, raise_on_signals, run_workers
 from common.lenet import INITS
-from common.report import (add_parity, environment, environment_line, format_table, is_stream,
+from common.report import (add_parity, environment, environment_line, format_scaling, format_table, is_stream,
                            replaced_atomically, unwritable, write_json)
 from common.training import MODES, summarize
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 EXEC_LEVELS = ("default", "eager", "graph", "xla")
-# --benchmark: the issue's setting (synthetic 60,000 images, batch 256), every execution mode on one
-# device, the idiomatic reference loops, the default mode on 2 devices for scaling, and the built-in engines
-# on 2 devices, fed by their frameworks' own input pipelines; 3 trials.
+# --benchmark: synthetic images, batch 256, 3 trials. With the cores shared (every op may use every core):
+# every execution mode on one device, the idiomatic reference loops, the default mode and the built-in engines
+# (fed by their frameworks' own input pipelines) on 2 devices. With a core per device: the default mode on
+# 1 device, 2 devices and 2 processes, and the built-in engines on 2 processes: real parallel speed-up, if any.
+# Plan entries: (mode, exec levels, (devices, processes) shapes, cores).
 BENCHMARK_MD = os.path.join("results", "benchmark.md")
-BENCHMARK = {"dataset": "synthetic", "n_synthetic": 60000, "epochs": 1, "batch_size": 256, "repeats": 3,
-             "plan": [("scratch", ("eager", "graph", "xla"), 1), ("idiomatic", ("default",), 1),
-                      ("scratch", ("default",), 2), ("builtin", ("default",), 2)]}
-SPEC_FIELDS = ("framework", "mode", "exec", "devices", "processes", "epochs", "batch_size", "lr", "seed",
-               "init", "threads")
+BENCHMARK = {"dataset": "synthetic", "n_synthetic": 30000, "epochs": 1, "batch_size": 256, "repeats": 3,
+             "plan": [("scratch", ("eager", "graph", "xla"), ((1, 1),), "shared"),
+                      ("idiomatic", ("default",), ((1, 1),), "shared"),
+                      ("scratch", ("default",), ((2, 1),), "shared"),
+                      ("builtin", ("default",), ((2, 1),), "shared"),
+                      ("scratch", ("default",), ((1, 1), (2, 1), (2, 2)), "per-device"),
+                      ("builtin", ("default",), ((2, 2),), "per-device")]}
+SPEC_FIELDS = ("framework", "mode", "exec", "devices", "processes", "cores", "epochs", "batch_size", "lr",
+               "seed", "init", "threads")
 # What decides a run's rows and numbers: --resume continues a file only if all of these are the same.
-SETTINGS = ("frameworks", "mode", "exec", "devices", "processes", "dataset", "n_synthetic", "epochs", "batch_size",
+SETTINGS = ("frameworks", "mode", "exec", "devices", "processes", "cores", "dataset", "n_synthetic", "epochs", "batch_size",
             "lr", "seed", "init", "threads", "repeats", "benchmark")
 
 
@@ -93,6 +101,9 @@ def parse_args(argv):
     p.add_argument("--devices", type=int_list, default="2", help="device counts, e.g. 1,2")
     p.add_argument("--processes", type=int_list, default="1",
                    help="process counts, e.g. 1,2: the devices are shared out among them")
+    p.add_argument("--cores", type=name_list(CORES, "cores setting"), default="shared",
+                   help="shared (every op may use all of --threads) or per-device (each device pinned to cores "
+                        "of its own: --threads / the most devices; see common/cores.py); comma-separated")
     p.add_argument("--dataset", choices=DATASETS, default="digits", help="the data set (see README)")
     p.add_argument("--data-dir", help="folder with the IDX files (fashion-mnist, mnist)")
     p.add_argument("--n-synthetic", type=int, default=60000, help="training images of the synthetic set")
@@ -127,11 +138,12 @@ def parse_args(argv):
     p.add_argument("--merge", nargs="+", metavar="OUT_JSON",
                    help="no training: the table of hand-launched runs from their workers' out-{rank}.json files")
     args = p.parse_args(argv)
-    args.plan = [(mode, tuple(args.exec), None) for mode in args.mode]
+    args.plan = [(mode, tuple(args.exec), tuple(itertools.product(args.devices, args.processes)), cores)
+                 for cores in args.cores for mode in args.mode]
     if args.benchmark:
         for key, value in BENCHMARK.items():
             setattr(args, key, value)
-        args.devices = sorted({d for _, _, d in args.plan})
+        args.devices = sorted({d for *_, shapes, _ in args.plan for d, _ in shapes})
         for ext in ("json", "csv", "plot"):
             setattr(args, ext, getattr(args, ext) or os.path.join("results", f"benchmark.{'png' if ext == 'plot' else ext}"))
     if args.epochs is None:
@@ -170,27 +182,36 @@ def list_devices(args):
 
 def run_specs(args):
     """Every requested row as (spec, reason it cannot run or None)."""
-    for mode, levels, only_devices in args.plan:
+    share = per_device_threads(args.threads, max(args.devices))   # each device's cores, per-device rows
+    seen = {}
+    for mode, levels, shapes, cores in args.plan:
         for level in levels:
-            for devices in ([only_devices] if only_devices else args.devices):
-                for processes in args.processes:
-                    for name in args.frameworks:
-                        world = devices if (name, mode) in PROCESS_PER_DEVICE else processes
-                        spec = {"framework": name, "mode": mode, "exec": level, "devices": devices,
-                                "processes": world, "dataset": args.dataset, "data_dir": args.data_dir,
-                                "n_synthetic": args.n_synthetic, "epochs": args.epochs,
-                                "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-                                "init": args.init, "threads": max(1, args.threads // world),
-                                "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
-                                "resume_from": args.resume_from}
-                        skip = None
-                        if devices % world:
-                            skip = f"{devices} devices cannot be shared evenly among {world} processes"
-                        elif mode != "scratch" and level != "default":
-                            skip = f"exec levels apply to the scratch mode; {mode} runs its framework's own way"
-                        elif mode == "idiomatic" and (devices, world) != (1, 1):
-                            skip = "the idiomatic reference loop is single-device, single-process"
-                        yield spec, skip
+            for devices, processes in shapes:
+                for name in args.frameworks:
+                    world = devices if (name, mode) in PROCESS_PER_DEVICE else processes
+                    threads = share * devices // world if cores == "per-device" else args.threads // world
+                    spec = {"framework": name, "mode": mode, "exec": level, "devices": devices,
+                            "processes": world, "cores": cores, "dataset": args.dataset, "data_dir": args.data_dir,
+                            "n_synthetic": args.n_synthetic, "epochs": args.epochs,
+                            "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
+                            "init": args.init, "threads": max(1, threads),
+                            "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
+                            "resume_from": args.resume_from}
+                    key = json.dumps(spec, sort_keys=True)
+                    skip = None
+                    if devices % world:
+                        skip = f"{devices} devices cannot be shared evenly among {world} processes"
+                    elif mode != "scratch" and level != "default":
+                        skip = f"exec levels apply to the scratch mode; {mode} runs its framework's own way"
+                    elif mode == "idiomatic" and (devices, world) != (1, 1):
+                        skip = "the idiomatic reference loop is single-device, single-process"
+                    elif cores == "per-device" and (share < 1 or share * devices > len(os.sched_getaffinity(0))):
+                        skip = (f"a core per device: {max(args.devices)} devices need {max(args.devices)} of "
+                                f"--threads {args.threads}, {len(os.sched_getaffinity(0))} usable cores here")
+                    elif key in seen:
+                        skip = f"the same run as {seen[key]} ({name} {mode} runs one process per device)"
+                    seen.setdefault(key, row_label(spec))
+                    yield spec, skip
 
 
 def progress_bar(label):
@@ -205,8 +226,9 @@ def progress_bar(label):
 
 
 def row_label(spec):
+    per_device = ", a core per device" if spec.get("cores") == "per-device" else ""
     return (f"{spec['framework']} {spec['mode']} ({spec['exec']}), {spec['devices']} device(s), "
-            f"{spec['processes']} process(es)")
+            f"{spec['processes']} process(es){per_device}")
 
 
 def run_one(spec, dataset, args, label):
@@ -378,6 +400,9 @@ def write_files(args, content, rows):
         with replaced_atomically(BENCHMARK_MD) as f:
             f.write(f"Command: `python {env['command']}`\n\nEnvironment: {environment_line(env)}\n\n"
                     f"{format_table(runs, timing=True)}\n")
+            if format_scaling(runs):
+                f.write(f"\nScaling (cores shared: every op may use every thread; a core per device: each device "
+                        f"pinned to cores of its own):\n\n{format_scaling(runs)}\n")
             if content.get("not_run"):
                 f.write(f"\nIncomplete: not run yet: {'; '.join(content['not_run'])}\n")
 
@@ -385,6 +410,8 @@ def write_files(args, content, rows):
 def report(args, env, dataset, runs):
     """The table on stdout and the plot; exit status 1 if a run failed."""
     print(format_table(runs, timing=args.repeats > 1 or args.benchmark))
+    if args.benchmark:
+        print(f"\n{format_scaling(runs)}\n\n{environment_line(env)}")
     if args.plot:
         from common.plots import plot_runs
         plot_runs(args.plot, runs, title=f"{dataset['name']}, batch {runs[0]['batch_size']}, {env['cpu']}")
@@ -427,7 +454,7 @@ def merge(args):
         source = (spec["dataset"], spec.get("data_dir"), spec.get("n_synthetic", 60000), spec["seed"])
         if source not in datasets:
             datasets[source] = load_dataset(*source).summary()
-        row = {"exec": "default", "init": "he", "threads": None, **spec, "processes": world}
+        row = {"exec": "default", "cores": "shared", "init": "he", "threads": None, **spec, "processes": world}
         runs.append(aggregate([{**{k: row[k] for k in SPEC_FIELDS},
                                 **merge_records(records, datasets[source]["fingerprint"])}]))
     summaries = {d["fingerprint"]: d for d in datasets.values()}

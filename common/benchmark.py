@@ -6,15 +6,51 @@ import statistics
 from .lenet import flops_per_image
 from .report import replaced_atomically
 
-ROW_KEY = ("framework", "mode", "exec", "devices", "processes")
+ROW_KEY = ("framework", "mode", "exec", "devices", "processes", "cores")
 TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "input_seconds_median",
                  "first_step_seconds",
-                 "startup_seconds", "test_accuracy", "peak_rss_bytes", "peak_device_memory_bytes")
-CSV_COLUMNS = ("framework", "mode", "exec", "devices", "processes", "trials", "status",
-               "images_per_second", "images_per_second_min", "images_per_second_max", "epoch_seconds_median",
-               "input_seconds_median",
-               "first_step_seconds", "startup_seconds", "gflops", "peak_fraction", "scaling_efficiency", "test_accuracy",
-               "peak_rss_bytes", "peak_device_memory_bytes", "error")
+                 "startup_seconds", "test_accuracy", "peak_rss_bytes", "train_memory_bytes",
+                 "peak_device_memory_bytes")
+# The CSV: every column of the printed tables, unformatted but rounded to what the measurement can say.
+# (name, value of a row, decimals): None decimals keeps the value as it is.
+CSV_FIELDS = (
+    ("framework", lambda r: r["framework"], None), ("mode", lambda r: r["mode"], None),
+    ("exec", lambda r: r.get("exec"), None), ("compiles", lambda r: r.get("compiles"), None),
+    ("cores", lambda r: r.get("cores"), None), ("threads_per_process", lambda r: r.get("threads"), None),
+    ("devices", lambda r: r["devices"], None), ("processes", lambda r: r["processes"], None),
+    ("epochs", lambda r: r.get("epochs"), None), ("trials", lambda r: r.get("trials"), None),
+    ("status", lambda r: r["status"], None),
+    ("images_per_second", lambda r: r.get("images_per_second"), 1),
+    ("images_per_second_min", lambda r: r.get("images_per_second_min"), 1),
+    ("images_per_second_max", lambda r: r.get("images_per_second_max"), 1),
+    ("train_seconds", lambda r: r.get("train_seconds"), 3),
+    ("epoch_seconds_median", lambda r: r.get("epoch_seconds_median"), 3),
+    ("input_seconds_median", lambda r: r.get("input_seconds_median"), 4),
+    ("first_step_seconds", lambda r: r.get("first_step_seconds"), 3),
+    ("startup_seconds", lambda r: r.get("startup_seconds"), 2),
+    ("gflops", lambda r: r.get("gflops"), 2), ("peak_fraction", lambda r: r.get("peak_fraction"), 4),
+    ("scaling_efficiency", lambda r: r.get("scaling_efficiency"), 3),
+    ("scaling_base", lambda r: r.get("scaling_base"), None),
+    ("train_memory_mib", lambda r: mib(r.get("train_memory_bytes")), 0),
+    ("peak_rss_mib", lambda r: mib(r.get("peak_rss_bytes")), 0),
+    ("peak_device_memory_mib", lambda r: mib(r.get("peak_device_memory_bytes")), 0),
+    ("test_accuracy", lambda r: r.get("test_accuracy"), 4),
+    ("final_loss", lambda r: r["epoch_losses"][-1] if r.get("epoch_losses") else None, 5),
+    ("step1_loss_diff", lambda r: r.get("step1_loss_diff"), "e"),
+    ("error", lambda r: r.get("error"), None),
+)
+# Left out of a file when no row has a value: device memory exists only on GPUs, errors only when a row failed.
+OPTIONAL_CSV_FIELDS = ("peak_device_memory_mib", "error", "scaling_base")
+
+
+def mib(n):
+    return n / 2**20 if n else None
+
+
+def rounded(value, decimals):
+    if value is None or decimals is None:
+        return value
+    return float(f"{value:.2e}") if decimals == "e" else round(value, decimals) if decimals else round(value)
 
 
 def median(values):
@@ -43,21 +79,29 @@ def aggregate(trials):
 
 
 def add_scaling(rows):
-    """Throughput at N devices / (N x throughput at 1 device), same framework, mode, exec and processes."""
-    single = {(r["framework"], r["mode"], r.get("exec")): r["images_per_second"]
-              for r in rows if r["status"] == "ok" and r["devices"] == 1 and r["processes"] == 1}
+    """Throughput at N devices / (N x throughput at 1 device): the same framework, mode, exec and cores
+    setting. A built-in engine timed only on several devices is compared with its framework's scratch
+    step on 1 device in the same cores setting, when exactly one such row exists (`scaling_base` says so)."""
+    single = [r for r in rows if r["status"] == "ok" and r["devices"] == 1 and r["processes"] == 1
+              and r.get("images_per_second")]
     for r in rows:
-        base = single.get((r["framework"], r["mode"], r.get("exec")))
-        r["scaling_efficiency"] = (r["images_per_second"] / (r["devices"] * base)
-                                   if r["status"] == "ok" and base and r.get("images_per_second") else None)
+        like = [b for b in single if all(b.get(k) == r.get(k) for k in ("framework", "mode", "exec", "cores"))]
+        scratch = [b for b in single if (b["framework"], b["mode"], b.get("cores")) ==
+                   (r["framework"], "scratch", r.get("cores"))]
+        base = like[0] if like else scratch[0] if len(scratch) == 1 else None
+        ok = r["status"] == "ok" and base and r.get("images_per_second")
+        r["scaling_efficiency"] = r["images_per_second"] / (r["devices"] * base["images_per_second"]) if ok else None
+        r["scaling_base"] = f"{base['mode']} ({base['exec']}), 1 device" if ok else None
 
 
 def write_csv(path, rows):
+    table = [{name: rounded(value(r), decimals) for name, value, decimals in CSV_FIELDS} for r in rows]
+    columns = [name for name, _, _ in CSV_FIELDS
+               if name not in OPTIONAL_CSV_FIELDS or any(t[name] is not None for t in table)]
     with replaced_atomically(path, newline="") as f:
-        writer = csv.DictWriter(f, CSV_COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(f, columns, extrasaction="ignore")
         writer.writeheader()
-        for r in rows:
-            writer.writerow({k: r.get(k) for k in CSV_COLUMNS})
+        writer.writerows(table)
 
 
 def add_peak_fraction(rows, calibration):

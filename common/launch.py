@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 
+from .cores import CPUS_VARIABLE, worker_cpus
 from .interface import ROOT
 from .placement import machine_gpus, worker_env
 
@@ -140,6 +141,9 @@ def run_workers(spec, timeout=None, processes=1, progress=None, stall_timeout=No
     raises (Interrupted included). progress(step, steps), if given, is called as the first worker reports."""
     worker_envs, helper_envs = (engine_env(spec["framework"], processes, spec.get("devices"))
                                 if uses_engine(spec) else ([{}], []))
+    if spec.get("cores") == "per-device":   # each worker pinned to cores of its own (common/cores.py)
+        worker_envs = [{**env, CPUS_VARIABLE: ",".join(map(str, worker_cpus(r, spec["threads"])))}
+                       for r, env in enumerate(worker_envs)]
     n = len(helper_envs)   # procs, logs and names: the helpers first, then the workers in rank order
     names = [f"{spec['framework']} {name}" for name, _ in helper_envs]
     names += [f"worker {r} of {processes}" if processes > 1 else "worker" for r in range(processes)]

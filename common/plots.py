@@ -1,5 +1,6 @@
 """The benchmark figure: loss curves of every run overlaid (the same data and weights, so they should
-coincide), and throughput bars with min-max whiskers over the trials."""
+coincide), and throughput bars with min-max whiskers over the trials (a row of one trial has none, and says
+so)."""
 import os
 
 import matplotlib
@@ -11,11 +12,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from .interface import RosettaError  # noqa: E402
 from .report import replaced_atomically  # noqa: E402
 
-COLORS = {"pytorch": "tab:red", "mxnet": "tab:blue", "tensorflow": "tab:orange"}
+COLORS = {"pytorch": "tab:red", "mxnet": "tab:blue", "tensorflow": "tab:orange", "jax": "tab:green"}
 
 
 def label(r):
-    return f"{r['framework']} {r['mode']} {r.get('exec') or ''} {r['devices']}d/{r['processes']}p".replace("  ", " ")
+    cores = ", core per device" if r.get("cores") == "per-device" else ""
+    trials = "" if r.get("trials", 1) > 1 else ", 1 trial"
+    return f"{r['framework']} {r['mode']} {r.get('exec') or ''} {r['devices']}d/{r['processes']}p{cores}{trials}"
 
 
 def image_format(path):
@@ -31,21 +34,27 @@ def image_format(path):
 
 def plot_runs(path, runs, title=""):
     ok = [r for r in runs if r["status"] == "ok"]
-    fig, (curves, bars) = plt.subplots(1, 2, figsize=(15, 6))
-    for r in ok:
-        losses = r.get("step_losses") or []
-        curves.plot(range(1, len(losses) + 1), losses, color=COLORS.get(r["framework"]), alpha=0.6, label=label(r))
-    curves.set(xlabel="training step", ylabel="training loss (global batch)", title="loss curves")
-    curves.legend(fontsize=7)
     timed = [r for r in ok if r.get("images_per_second")]
+    fig, (curves, bars) = plt.subplots(1, 2, figsize=(16, max(6, 0.28 * len(timed) + 2)),
+                                       gridspec_kw={"width_ratios": (1, 1.3)})
+    for r in ok:   # one legend entry per framework: the curves of one framework share its colour
+        losses = r.get("step_losses") or []
+        curves.plot(range(1, len(losses) + 1), losses, color=COLORS.get(r["framework"]), alpha=0.5, linewidth=0.8,
+                    label=r["framework"])
+    handles = {h.get_label(): h for h in curves.get_legend_handles_labels()[0]}
+    curves.legend(handles.values(), handles.keys())
+    curves.set(xlabel="training step", ylabel="training loss (global batch)",
+               title=f"loss curves of all {len(ok)} runs (same data, same initial weights)")
     ips = [r["images_per_second"] for r in timed]
-    low = [v - (r.get("images_per_second_min") or v) for v, r in zip(ips, timed)]
-    high = [(r.get("images_per_second_max") or v) - v for v, r in zip(ips, timed)]
-    bars.barh(range(len(timed)), ips, xerr=[low, high], capsize=3,
-              color=[COLORS.get(r["framework"]) for r in timed])
-    bars.set_yticks(range(len(timed)), [label(r) for r in timed], fontsize=7)
+    several = [r.get("trials", 1) > 1 for r in timed]   # min-max whiskers only where there were trials to span
+    low = [v - r["images_per_second_min"] if s else 0 for v, r, s in zip(ips, timed, several)]
+    high = [r["images_per_second_max"] - v if s else 0 for v, r, s in zip(ips, timed, several)]
+    bars.barh(range(len(timed)), ips, xerr=[low, high], capsize=3, color=[COLORS.get(r["framework"]) for r in timed],
+              hatch=["" if s else "//" for s in several])
+    bars.set_yticks(range(len(timed)), [label(r) for r in timed], fontsize=8)
     bars.invert_yaxis()
-    bars.set(xlabel="images/s (median; whiskers: min-max over trials)", title="training throughput")
+    bars.set(xlabel="images/s: median; whiskers min-max over the trials (hatched, no whisker: a single trial)",
+             title="training throughput")
     fig.suptitle(title)
     fig.tight_layout()
     with replaced_atomically(path, "wb") as f:

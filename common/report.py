@@ -12,9 +12,9 @@ from .interface import FRAMEWORKS, installed_version
 
 COLUMNS = ("framework", "mode", "exec", "devices", "processes", "epochs", "train s", "images/s",
            "test acc", "final loss", "|Δ step-1 loss|", "status")
-TIMING_COLUMNS = ("framework", "mode", "exec", "devices", "processes", "images/s (min-max)", "epoch s",
-                  "input s (share)", "first step s", "start-up s", "GFLOP/s", "of peak", "scaling", "peak RSS MiB",
-                  "test acc", "status")
+TIMING_COLUMNS = ("framework", "mode", "exec", "compiles", "cores", "devices", "processes", "images/s (min-max)",
+                  "epoch s", "input s (share)", "first step s", "start-up s", "GFLOP/s", "of peak", "scaling",
+                  "train MiB", "test acc", "status")
 
 
 def cpu_name():
@@ -108,13 +108,23 @@ def timing_cells(r):
     ips = fmt(r.get("images_per_second"), ",.0f")
     if r.get("images_per_second_min") is not None and r.get("trials", 1) > 1:
         ips += f" ({r['images_per_second_min']:,.0f}-{r['images_per_second_max']:,.0f})"
-    rss = r.get("peak_rss_bytes")
-    return [r["framework"], r["mode"], r.get("exec") or "-", str(r["devices"]), str(r["processes"]), ips,
+    memory = r.get("train_memory_bytes")
+    return [r["framework"], r["mode"], r.get("exec") or "-", r.get("compiles") or "-", cores_cell(r),
+            str(r["devices"]), str(r["processes"]), ips,
             fmt(r.get("epoch_seconds_median"), ".2f"), input_cell(r), fmt(r.get("first_step_seconds"), ".2f"),
             fmt(r.get("startup_seconds"), ".1f"), fmt(r.get("gflops"), ".1f"),
             fmt(100 * r["peak_fraction"] if r.get("peak_fraction") else None, ".0f") + ("%" if r.get("peak_fraction") else ""),
             fmt(r.get("scaling_efficiency"), ".2f"),
-            fmt(rss / 2**20 if rss else None, ",.0f"), fmt(r.get("test_accuracy"), ".4f"), status(r)]
+            fmt(memory / 2**20 if memory else None, ",.0f"), fmt(r.get("test_accuracy"), ".4f"), status(r)]
+
+
+def cores_cell(r):
+    """How the run's processes used the cores (common/cores.py): all threads shared by every op, or a
+    number of cores of its own for each device."""
+    threads = r.get("threads")
+    if r.get("cores") == "per-device":
+        return f"{threads * r['processes'] // r['devices']} per device" if threads else "per device"
+    return f"shared, {threads}" + (f" x {r['processes']}" if r["processes"] > 1 else "") if threads else "shared"
 
 
 def input_cell(r):
@@ -133,6 +143,21 @@ def format_table(runs, timing=False):
     widths = [max([len(c)] + [len(row[i]) for row in rows]) for i, c in enumerate(columns)]
     line = lambda items: "| " + " | ".join(c.ljust(w) for c, w in zip(items, widths)) + " |"  # noqa: E731
     return "\n".join([line(columns), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
+
+
+def format_scaling(runs):
+    """The scaling rows alone, framework by framework: throughput on N devices (or processes) against N x its
+    1-device row, with the cores shared or a core per device, so concurrent and serial replicas show apart."""
+    rows = sorted((r for r in runs if r.get("scaling_efficiency") is not None and r["devices"] > 1),
+                  key=lambda r: (r["framework"], r.get("cores") != "shared"))
+    lines = ["| framework | cores | run | images/s | 1-device row | its images/s | efficiency |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        base = r["images_per_second"] / (r["devices"] * r["scaling_efficiency"])
+        lines.append(f"| {r['framework']} | {cores_cell(r)} | {r['mode']} ({r.get('exec')}), {r['devices']} devices, "
+                     f"{r['processes']} process(es) | {r['images_per_second']:,.0f} | {r['scaling_base']} | "
+                     f"{base:,.0f} | {r['scaling_efficiency']:.2f} |")
+    return "\n".join(lines) if rows else ""
 
 
 def write_json(path, content):

@@ -208,8 +208,11 @@ def summarize(records):
         "test_accuracy": records[0]["test_accuracy"],
         "replica_spread": max(spreads) if spreads else None,
         "exec": records[0].get("exec"),
+        "compiles": records[0].get("compiles"),
         "first_epoch": records[0].get("first_epoch", 0),   # > 0: resumed from a checkpoint of that epoch
         "startup_seconds": max(r.get("startup_seconds", 0.0) for r in records),
         "peak_rss_bytes": max(r.get("peak_rss_bytes", 0) for r in records),
+        "train_memory_bytes": max((r["train_memory_bytes"] for r in records if r.get("train_memory_bytes")),
+                                  default=None),
         "peak_device_memory_bytes": sum(device_peaks) if device_peaks else None,   # each process's own GPUs
     }

@@ -15,12 +15,12 @@ import time
 import traceback
 
 
-def set_threads(n):
+def set_threads(spec, local_devices):
     """Must happen before the framework is imported: OpenMP, MKL and TensorFlow read these at start-up."""
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "MXNET_CPU_WORKER_NTHREADS"):
-        os.environ[var] = str(n)
-    os.environ["TF_NUM_INTEROP_THREADS"] = "1" if n == 1 else "2"
+    from common.cores import pin_from_env, thread_env
+    os.environ.update(thread_env(spec.get("threads") or os.cpu_count(), spec.get("cores", "shared"), local_devices))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's start-up chatter
+    pin_from_env()
 
 
 def set_virtual_devices(n):
@@ -63,6 +63,22 @@ def joined(fw, spec):
             engine.shutdown()
 
 
+def reset_peak_rss():
+    """Start the peak resident memory (VmHWM) afresh from what the process holds now (Linux); False where
+    it cannot be reset."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
 def scaling_inputs(fw, spec):
     """The scaling model's inputs (common/scaling.py): one step's compute, or one all-reduce across the run."""
     from common import scaling
@@ -89,18 +105,23 @@ def run(spec, started):
             from common.training import fed_rows
             return {"fed": fed_rows(runner, data, spec["epochs"], spec["batch_size"], spec["seed"], rank, world,
                                     spec["devices"]), "rank": rank}
-        exec_name = (load_module(fw.name, "execution").use(spec.get("exec", "default")) if spec["mode"] == "scratch"
-                     else runner.engine.EXEC)   # the built-in engines and reference loops run their own way
+        execution = load_module(fw.name, "execution")   # the built-in engines and reference loops run their own way
+        exec_name = execution.use(spec.get("exec", "default")) if spec["mode"] == "scratch" else runner.engine.EXEC
+        compiles = execution.COMPILES[exec_name] if spec["mode"] == "scratch" else runner.engine.COMPILES
         weights, first_epoch = resume_point(spec)   # (None, 0) unless resuming from a checkpoint
         startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step
+        fresh_peak = reset_peak_rss()   # the data set's generation peak (~1.3 GiB at 60,000 images) is not training's
         record = train(runner, data, spec["epochs"], spec["batch_size"], spec["lr"], spec["seed"],
                        spec.get("init", "he"), rank, world, min_size=spec["devices"], progress=progress,
                        max_steps=spec.get("max_steps"), weights=weights, first_epoch=first_epoch,
                        after_epoch=saver(spec, rank))
+        # What the framework holds while it trains: the peak since the reset, less the harness's own copy of the data
+        data_bytes = sum(a.nbytes for a in (data.X_train, data.y_train, data.X_test, data.y_test))
+        record["train_memory_bytes"] = peak_rss() - data_bytes if fresh_peak else None
         if spec.get("weights_out") and rank == 0:   # final weights, canonical layout, for parity checks
             import numpy as np
             np.savez(spec["weights_out"], **runner.weights())
-    record.update(spec=spec, rank=rank, world=world, fingerprint=data.fingerprint(), exec=exec_name,
+    record.update(spec=spec, rank=rank, world=world, fingerprint=data.fingerprint(), exec=exec_name, compiles=compiles,
                   startup_seconds=startup_seconds, device_names=[d["name"] for d in fw.device_info(devices)],
                   peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   peak_device_memory_bytes=fw.peak_memory(devices))
@@ -141,9 +162,10 @@ def main(spec_json, out_path):
     started = time.perf_counter()
     spec = json.loads(spec_json)
     exit_with_parent()
-    set_threads(spec.get("threads") or os.cpu_count())
+    local_devices = max(1, (spec.get("devices") or 1) // spec.get("processes", 1))
+    set_threads(spec, local_devices)
     if spec.get("framework") == "jax":   # its own share of the run's devices (common.placement)
-        set_virtual_devices(max(1, (spec.get("devices") or 1) // spec.get("processes", 1)))
+        set_virtual_devices(local_devices)
     from common.interface import RosettaError, Unavailable
     try:
         role = os.environ.get("DMLC_ROLE", "worker")
@@ -153,6 +175,7 @@ def main(spec_json, out_path):
     except Exception as err:   # a crash in one framework must not take the others' results with it
         traceback.print_exc()
         result = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
+    result["cpus"] = sorted(os.sched_getaffinity(0))   # the cores it could run on (pinned: common/cores.py)
     if "{rank}" in out_path:   # hand-launched workers (torchrun, TF_CONFIG, DMLC_*) share one command line
         out_path = out_path.replace("{rank}", str(result.get("rank", os.environ.get("DMLC_ROLE", 0))))
     with open(out_path, "w") as f:

@@ -19,6 +19,7 @@ from .data_parallel import evaluate as evaluate_params
 from .lenet import forward, to_numpy as params_to_numpy
 
 EXEC = "jax.jit+NamedSharding"
+COMPILES = "whole step"
 FORMS = ("jit", "shard_map")
 
 

@@ -8,6 +8,8 @@ from common.interface import exec_level
 from . import data_parallel
 
 NAMES = {"eager": "eager", "graph": "jax.jit"}
+# What each level puts in a compiled graph (the rest runs op by op): the table's "compiles" column
+COMPILES = {"eager": "nothing", "jax.jit": "fwd+bwd, update"}   # the all-reduce between them runs op by op
 DEFAULT = "graph"
 python_steps = {name: getattr(data_parallel, name).__wrapped__ for name in ("loss_and_grads", "update")}
 

@@ -5,6 +5,8 @@ from common.interface import exec_level
 from . import lenet
 
 NAMES = {"eager": "imperative", "graph": "hybridize"}
+# What each level puts in a compiled graph (the rest runs op by op): the table's "compiles" column
+COMPILES = {"imperative": "nothing", "hybridize": "fwd+bwd"}   # the CachedOp runs its backward as a graph too
 DEFAULT = "graph"
 
 

@@ -7,6 +7,8 @@ from common.interface import exec_level
 from . import data_parallel, lenet
 
 NAMES = {"eager": "eager", "graph": "torch.compile"}
+# What each level puts in a compiled graph (the rest runs op by op): the table's "compiles" column
+COMPILES = {"eager": "nothing", "torch.compile": "fwd+bwd"}   # AOTAutograd compiles the backward too
 DEFAULT = "eager"
 
 

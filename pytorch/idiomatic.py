@@ -9,6 +9,7 @@ from common.interface import Unavailable
 from .lenet import build_model, to_numpy as params_to_numpy
 
 EXEC = "eager"
+COMPILES = "nothing"
 
 
 def get_model(weights, devices):

@@ -9,6 +9,8 @@ from common.interface import exec_level
 from . import data_parallel
 
 NAMES = {"eager": "eager", "graph": "tf.function", "xla": "tf.function+XLA"}
+# What each level puts in a compiled graph (the rest runs op by op): the table's "compiles" column
+COMPILES = {"eager": "nothing", "tf.function": "whole step", "tf.function+XLA": "whole step, fwd+bwd by XLA"}
 DEFAULT = "graph"
 python_step = data_parallel.step_on_shards.python_function   # the undecorated step
 python_device_part = data_parallel.loss_and_grads

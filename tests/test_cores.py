@@ -1,0 +1,110 @@
+"""Cores per device (common/cores.py): each worker of a per-device run pinned to cores of its own, thread
+counts that give each device its share, and the benchmark rows and files that report it."""
+import csv
+import json
+import os
+
+import pytest
+
+from common import cores
+from common.benchmark import add_scaling
+from common.launch import run_workers
+from conftest import framework_or_skip
+
+USABLE = sorted(os.sched_getaffinity(0))
+
+
+def test_shared_cores_give_every_op_all_threads():
+    env = cores.thread_env(2, "shared", local_devices=2)
+    assert env["OMP_NUM_THREADS"] == env["TF_NUM_INTRAOP_THREADS"] == env["MXNET_CPU_WORKER_NTHREADS"] == "2"
+
+
+def test_a_core_per_device_gives_each_op_one_device_s_share_and_the_schedulers_a_thread_per_device():
+    env = cores.thread_env(4, "per-device", local_devices=2)
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == env["TF_NUM_INTRAOP_THREADS"] == "2"
+    assert env["TF_NUM_INTEROP_THREADS"] == "2"   # the two devices' ops side by side
+    assert env["MXNET_CPU_WORKER_NTHREADS"] == "1"   # MXNet's engine has a pool per context: one thread each
+
+
+def test_each_worker_gets_cores_of_its_own():
+    assert cores.worker_cpus(0, 2, available=[3, 5, 7, 9]) == [3, 5]
+    assert cores.worker_cpus(1, 2, available=[3, 5, 7, 9]) == [7, 9]
+    with pytest.raises(ValueError, match="needs cores 2-3"):
+        cores.worker_cpus(1, 2, available=[0, 1, 2])
+    assert cores.per_device_threads(8, 2) == 4 and cores.per_device_threads(2, 2) == 1
+
+
+@pytest.mark.skipif(len(USABLE) < 2, reason="needs 2 usable cores")
+def test_per_device_workers_are_really_pinned_and_shared_ones_are_not():
+    framework_or_skip("pytorch")
+    spec = {"task": "devices", "framework": "pytorch", "devices": 2, "processes": 2, "threads": 1, "cores": "per-device"}
+    results = run_workers(spec, timeout=120, processes=2)
+    assert [r["cpus"] for r in results] == [USABLE[:1], USABLE[1:2]]
+    (alone,) = run_workers({**spec, "devices": 1, "processes": 1, "cores": "shared"}, timeout=120)
+    assert alone["cpus"] == USABLE
+
+
+def row(framework, mode, exec_, devices, processes, cores_, ips):
+    return {"framework": framework, "mode": mode, "exec": exec_, "devices": devices, "processes": processes,
+            "cores": cores_, "status": "ok", "images_per_second": ips}
+
+
+def test_scaling_compares_like_with_like_and_says_what_with():
+    rows = [row("mxnet", "scratch", "hybridize", 1, 1, "shared", 3000),
+            row("mxnet", "scratch", "imperative", 1, 1, "shared", 2000),
+            row("mxnet", "scratch", "hybridize", 2, 1, "shared", 3000),
+            row("mxnet", "builtin", "hybridize", 2, 1, "shared", 3300),    # two scratch rows: no base
+            row("mxnet", "scratch", "hybridize", 1, 1, "per-device", 2000),
+            row("mxnet", "scratch", "hybridize", 2, 2, "per-device", 3600),
+            row("mxnet", "builtin", "hybridize", 2, 2, "per-device", 3200)]
+    add_scaling(rows)
+    assert [r["scaling_efficiency"] for r in rows] == [1.0, 1.0, 0.5, None, 1.0, 0.9, 0.8]
+    assert rows[5]["scaling_base"] == rows[6]["scaling_base"] == "scratch (hybridize), 1 device"
+
+
+def test_the_peak_memory_of_training_leaves_out_what_came_before():
+    """VmHWM restarted: a large array freed before the reset no longer counts (the synthetic set's
+    generation peaks at ~1.3 GiB at 60,000 images; training does not)."""
+    import numpy as np
+
+    from common.worker import peak_rss, reset_peak_rss
+    big = np.ones(300 * 2**20 // 8)
+    before = peak_rss()
+    del big
+    assert reset_peak_rss()
+    small = np.ones(20 * 2**20 // 8)
+    after = peak_rss()
+    assert small.sum() > 0 and after < before - 200 * 2**20
+
+
+@pytest.mark.skipif(len(USABLE) < 2, reason="a core per device for 2 devices needs 2 usable cores")
+def test_the_benchmark_reports_both_core_settings_in_every_file(tmp_path, monkeypatch):
+    """A real --benchmark shrunk to PyTorch on a few steps: shared and per-device rows, the per-device rows'
+    thread counts, the scaling section in the markdown, and a CSV with every printed column."""
+    import compare
+    framework_or_skip("pytorch")
+    monkeypatch.setattr(compare, "BENCHMARK", {
+        **compare.BENCHMARK, "n_synthetic": 1200, "repeats": 1,
+        "plan": [("scratch", ("default",), ((1, 1),), "shared"),
+                 ("scratch", ("default",), ((1, 1), (2, 1), (2, 2)), "per-device"),
+                 ("builtin", ("default",), ((2, 1), (2, 2)), "per-device")]})
+    monkeypatch.setattr(compare, "raise_on_signals", lambda: None)   # pytest keeps its own handlers
+    monkeypatch.chdir(tmp_path)
+    assert compare.main(["--benchmark", "--frameworks", "pytorch"]) == 0
+    runs = json.loads((tmp_path / "results" / "benchmark.json").read_text())["runs"]
+    shape = [(r["cores"], r["devices"], r["processes"], r["threads"], r["status"]) for r in runs]
+    assert shape == [("shared", 1, 1, 2, "ok"), ("per-device", 1, 1, 1, "ok"), ("per-device", 2, 1, 2, "ok"),
+                     ("per-device", 2, 2, 1, "ok"), ("per-device", 2, 2, 1, "ok"), ("per-device", 2, 2, 1, "skipped")]
+    assert "the same run as pytorch builtin (default), 2 device(s), 2 process(es)" in runs[-1]["error"]
+    assert runs[4]["compiles"] == "nothing" and runs[0]["compiles"] == "nothing"
+    assert all(0 < r["train_memory_bytes"] < r["peak_rss_bytes"] for r in runs[:5])
+    markdown = (tmp_path / "results" / "benchmark.md").read_text()
+    assert "| 1 per device |" in markdown and "shared, 2 " in markdown and "efficiency |" in markdown
+    with open(tmp_path / "results" / "benchmark.csv") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(runs)
+    for column in ("epochs", "train_seconds", "final_loss", "step1_loss_diff", "cores", "compiles",
+                   "train_memory_mib", "peak_fraction", "scaling_efficiency"):
+        assert table[0][column] != "", column
+    assert "peak_device_memory_mib" not in table[0]   # no GPU: a column that could only be empty is left out
+    assert float(table[2]["scaling_efficiency"]) == pytest.approx(runs[2]["scaling_efficiency"], abs=1e-3)
