@@ -132,8 +132,9 @@ def parse_args(argv):
                    help="start from a checkpoint saved after epoch k (its name says k) and train epochs k+1.. "
                         "--epochs in the batch order the uninterrupted run would see; one framework only")
     p.add_argument("--benchmark", action="store_true",
-                   help="the timing benchmark: synthetic 60,000 images, batch 256, every exec mode, the "
-                        "idiomatic references, 3 trials; writes results/benchmark.{md,csv,json,png}")
+                   help="the timing benchmark: synthetic 30,000 images, batch 256, every exec mode, the "
+                        "idiomatic references, both --cores settings, 3 trials; "
+                        "writes results/benchmark.{md,csv,json,png}")
     p.add_argument("--list-devices", action="store_true", help="print the devices each framework sees; no training")
     p.add_argument("--merge", nargs="+", metavar="OUT_JSON",
                    help="no training: the table of hand-launched runs from their workers' out-{rank}.json files")
