@@ -10,6 +10,7 @@ from common.interface import Unavailable
 from .lenet import build_model, model_to_numpy
 
 EXEC = "nnx.jit"
+LAYOUT = "NHWC (Flax)"
 
 
 def get_model(weights, devices):

@@ -8,6 +8,7 @@ from .data_parallel import evaluate as evaluate_params
 from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
 
 EXEC = "hybridize"
+LAYOUT = "NCHW (Gluon)"
 
 
 def get_model(weights, devices):

@@ -8,6 +8,7 @@ from common.interface import Unavailable
 from .lenet import build_model, to_numpy as params_to_numpy
 
 EXEC = "hybridize"
+LAYOUT = "NCHW (Gluon)"
 
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()   # one loss per example
 

@@ -12,6 +12,7 @@ from .idiomatic import evaluate as evaluate_keras, loss_fn, to_numpy as keras_to
 from .lenet import build_model
 
 EXEC = "tf.function"
+LAYOUT = "NHWC (Keras)"
 
 
 def get_model(weights, devices):
