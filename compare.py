@@ -12,6 +12,7 @@ is imported, and a framework that crashes or is missing costs only its own row. 
 rewritten after every finished row, so an interrupted run keeps its finished rows (--resume goes on).
 """
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ from common.training import MODES, summarize
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 EXEC_LEVELS = ("default", "eager", "graph", "xla")
+LAYOUTS = ("default", "nchw", "nhwc")   # memory layout of images and conv kernels: channels first or last
 # --benchmark: the issue's setting (synthetic 60,000 images, batch 256), every execution mode on one
 # device, the idiomatic reference loops, the default mode on 2 devices for scaling, and the built-in engines
 # on 2 devices, fed by their frameworks' own input pipelines; 3 trials.
@@ -37,11 +39,11 @@ BENCHMARK_MD = os.path.join("results", "benchmark.md")
 BENCHMARK = {"dataset": "synthetic", "n_synthetic": 60000, "epochs": 1, "batch_size": 256, "repeats": 3,
              "plan": [("scratch", ("eager", "graph", "xla"), 1), ("idiomatic", ("default",), 1),
                       ("scratch", ("default",), 2), ("builtin", ("default",), 2)]}
-SPEC_FIELDS = ("framework", "mode", "exec", "devices", "processes", "epochs", "batch_size", "lr", "seed",
+SPEC_FIELDS = ("framework", "mode", "exec", "layout", "devices", "processes", "epochs", "batch_size", "lr", "seed",
                "init", "threads")
 # What decides a run's rows and numbers: --resume continues a file only if all of these are the same.
 SETTINGS = ("frameworks", "mode", "exec", "devices", "processes", "dataset", "n_synthetic", "epochs", "batch_size",
-            "lr", "seed", "init", "threads", "repeats", "benchmark")
+            "lr", "seed", "init", "threads", "repeats", "benchmark", "layout")
 
 
 class Parser(argparse.ArgumentParser):
@@ -90,6 +92,9 @@ def parse_args(argv):
     p.add_argument("--exec", type=name_list(EXEC_LEVELS, "exec level"), default="default",
                    help="how the scratch step runs: default (the framework's usual way), eager, graph "
                         "(torch.compile, tf.function, hybridize, jax.jit), xla (tf.function+XLA)")
+    p.add_argument("--layout", type=name_list(LAYOUTS, "layout"), default="default",
+                   help="the scratch step's memory layout of images and conv kernels: default (the framework's "
+                        "faster one here), nchw (channels first), nhwc (channels last)")
     p.add_argument("--devices", type=int_list, default="2", help="device counts, e.g. 1,2")
     p.add_argument("--processes", type=int_list, default="1",
                    help="process counts, e.g. 1,2: the devices are shared out among them")
@@ -171,7 +176,7 @@ def list_devices(args):
 def run_specs(args):
     """Every requested row as (spec, reason it cannot run or None)."""
     for mode, levels, only_devices in args.plan:
-        for level in levels:
+        for level, layout in itertools.product(levels, args.layout):
             for devices in ([only_devices] if only_devices else args.devices):
                 for processes in args.processes:
                     for name in args.frameworks:
@@ -182,12 +187,14 @@ def run_specs(args):
                                 "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
                                 "init": args.init, "threads": max(1, args.threads // world),
                                 "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
-                                "resume_from": args.resume_from}
+                                "resume_from": args.resume_from, "layout": layout}
                         skip = None
                         if devices % world:
                             skip = f"{devices} devices cannot be shared evenly among {world} processes"
                         elif mode != "scratch" and level != "default":
                             skip = f"exec levels apply to the scratch mode; {mode} runs its framework's own way"
+                        elif mode != "scratch" and layout != "default":
+                            skip = f"layouts apply to the scratch mode; {mode} runs in its framework's own layout"
                         elif mode == "idiomatic" and (devices, world) != (1, 1):
                             skip = "the idiomatic reference loop is single-device, single-process"
                         yield spec, skip
@@ -205,7 +212,8 @@ def progress_bar(label):
 
 
 def row_label(spec):
-    return (f"{spec['framework']} {spec['mode']} ({spec['exec']}), {spec['devices']} device(s), "
+    layout = "" if spec.get("layout", "default") == "default" else f", {spec['layout']}"
+    return (f"{spec['framework']} {spec['mode']} ({spec['exec']}{layout}), {spec['devices']} device(s), "
             f"{spec['processes']} process(es)")
 
 
@@ -427,7 +435,7 @@ def merge(args):
         source = (spec["dataset"], spec.get("data_dir"), spec.get("n_synthetic", 60000), spec["seed"])
         if source not in datasets:
             datasets[source] = load_dataset(*source).summary()
-        row = {"exec": "default", "init": "he", "threads": None, **spec, "processes": world}
+        row = {"exec": "default", "layout": "default", "init": "he", "threads": None, **spec, "processes": world}
         runs.append(aggregate([{**{k: row[k] for k in SPEC_FIELDS},
                                 **merge_records(records, datasets[source]["fingerprint"])}]))
     summaries = {d["fingerprint"]: d for d in datasets.values()}

@@ -6,11 +6,11 @@ import statistics
 from .lenet import flops_per_image
 from .report import replaced_atomically
 
-ROW_KEY = ("framework", "mode", "exec", "devices", "processes")
+ROW_KEY = ("framework", "mode", "exec", "layout", "devices", "processes")
 TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "input_seconds_median",
                  "first_step_seconds",
                  "startup_seconds", "test_accuracy", "peak_rss_bytes", "peak_device_memory_bytes")
-CSV_COLUMNS = ("framework", "mode", "exec", "devices", "processes", "trials", "status",
+CSV_COLUMNS = ("framework", "mode", "exec", "layout", "devices", "processes", "trials", "status",
                "images_per_second", "images_per_second_min", "images_per_second_max", "epoch_seconds_median",
                "input_seconds_median",
                "first_step_seconds", "startup_seconds", "gflops", "peak_fraction", "scaling_efficiency", "test_accuracy",
@@ -43,11 +43,11 @@ def aggregate(trials):
 
 
 def add_scaling(rows):
-    """Throughput at N devices / (N x throughput at 1 device), same framework, mode, exec and processes."""
-    single = {(r["framework"], r["mode"], r.get("exec")): r["images_per_second"]
+    """Throughput at N devices / (N x throughput at 1 device), same framework, mode, exec, layout and processes."""
+    single = {(r["framework"], r["mode"], r.get("exec"), r.get("layout")): r["images_per_second"]
               for r in rows if r["status"] == "ok" and r["devices"] == 1 and r["processes"] == 1}
     for r in rows:
-        base = single.get((r["framework"], r["mode"], r.get("exec")))
+        base = single.get((r["framework"], r["mode"], r.get("exec"), r.get("layout")))
         r["scaling_efficiency"] = (r["images_per_second"] / (r["devices"] * base)
                                    if r["status"] == "ok" and base and r.get("images_per_second") else None)
 

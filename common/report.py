@@ -10,9 +10,9 @@ import tempfile
 
 from .interface import FRAMEWORKS, installed_version
 
-COLUMNS = ("framework", "mode", "exec", "devices", "processes", "epochs", "train s", "images/s",
+COLUMNS = ("framework", "mode", "exec", "layout", "devices", "processes", "epochs", "train s", "images/s",
            "test acc", "final loss", "|Δ step-1 loss|", "status")
-TIMING_COLUMNS = ("framework", "mode", "exec", "devices", "processes", "images/s (min-max)", "epoch s",
+TIMING_COLUMNS = ("framework", "mode", "exec", "layout", "devices", "processes", "images/s (min-max)", "epoch s",
                   "input s (share)", "first step s", "start-up s", "GFLOP/s", "of peak", "scaling", "peak RSS MiB",
                   "test acc", "status")
 
@@ -97,7 +97,8 @@ def status(r):
 
 def row_cells(r):
     ok = r["status"] == "ok"
-    return [r["framework"], r["mode"], r.get("exec") or "-", str(r["devices"]), str(r["processes"]), str(r["epochs"]),
+    return [r["framework"], r["mode"], r.get("exec") or "-", r.get("layout") or "-", str(r["devices"]),
+            str(r["processes"]), str(r["epochs"]),
             fmt(r.get("train_seconds"), ".1f"), fmt(r.get("images_per_second"), ",.0f"),
             fmt(r.get("test_accuracy"), ".4f"),
             fmt(r["epoch_losses"][-1] if ok and r.get("epoch_losses") else None, ".4f"),
@@ -109,7 +110,8 @@ def timing_cells(r):
     if r.get("images_per_second_min") is not None and r.get("trials", 1) > 1:
         ips += f" ({r['images_per_second_min']:,.0f}-{r['images_per_second_max']:,.0f})"
     rss = r.get("peak_rss_bytes")
-    return [r["framework"], r["mode"], r.get("exec") or "-", str(r["devices"]), str(r["processes"]), ips,
+    return [r["framework"], r["mode"], r.get("exec") or "-", r.get("layout") or "-", str(r["devices"]),
+            str(r["processes"]), ips,
             fmt(r.get("epoch_seconds_median"), ".2f"), input_cell(r), fmt(r.get("first_step_seconds"), ".2f"),
             fmt(r.get("startup_seconds"), ".1f"), fmt(r.get("gflops"), ".1f"),
             fmt(100 * r["peak_fraction"] if r.get("peak_fraction") else None, ".0f") + ("%" if r.get("peak_fraction") else ""),

@@ -89,8 +89,10 @@ def run(spec, started):
             from common.training import fed_rows
             return {"fed": fed_rows(runner, data, spec["epochs"], spec["batch_size"], spec["seed"], rank, world,
                                     spec["devices"]), "rank": rank}
-        exec_name = (load_module(fw.name, "execution").use(spec.get("exec", "default")) if spec["mode"] == "scratch"
-                     else runner.engine.EXEC)   # the built-in engines and reference loops run their own way
+        execution = load_module(fw.name, "execution") if spec["mode"] == "scratch" else None
+        # the built-in engines and reference loops run their own way, in their own layout
+        layout_name = execution.use_layout(spec.get("layout", "default")) if execution else runner.engine.LAYOUT
+        exec_name = execution.use(spec.get("exec", "default")) if execution else runner.engine.EXEC
         weights, first_epoch = resume_point(spec)   # (None, 0) unless resuming from a checkpoint
         startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step
         record = train(runner, data, spec["epochs"], spec["batch_size"], spec["lr"], spec["seed"],
@@ -100,7 +102,7 @@ def run(spec, started):
         if spec.get("weights_out") and rank == 0:   # final weights, canonical layout, for parity checks
             import numpy as np
             np.savez(spec["weights_out"], **runner.weights())
-    record.update(spec=spec, rank=rank, world=world, fingerprint=data.fingerprint(), exec=exec_name,
+    record.update(spec=spec, rank=rank, world=world, fingerprint=data.fingerprint(), exec=exec_name, layout=layout_name,
                   startup_seconds=startup_seconds, device_names=[d["name"] for d in fw.device_info(devices)],
                   peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   peak_device_memory_bytes=fw.peak_memory(devices))

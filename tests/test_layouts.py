@@ -1,12 +1,16 @@
-"""Every memory layout computes the same step as the default one, and the layout a run asks for is the one
-it gets (PyTorch: the strides of its batches and kernels)."""
+"""Every memory layout computes the same step as the default one, the layout a run asks for is the one it
+gets (PyTorch: the strides of its batches and kernels), and the table names it on every row."""
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from common.batches import Order, epoch_batches
 from common.interface import Unavailable, load_module
 from common.lenet import init_weights
-from conftest import framework_or_skip
+from conftest import ROOT, framework_or_skip
 
 ALL_LAYOUTS = ("nchw", "nhwc")
 
@@ -92,3 +96,35 @@ def test_pytorch_builtin_and_idiomatic_run_the_default_layout(digits):
     X, _ = next(iter(pipeline.batches(loader, 0)))
     assert X.stride() == images
 
+
+def test_every_row_names_its_layout(tmp_path):
+    """--layout multiplies the scratch rows; other modes run in their engine's own layout, and ask for none."""
+    for name in ("pytorch", "mxnet"):
+        framework_or_skip(name)
+    out = tmp_path / "layouts.json"
+    proc = subprocess.run([sys.executable, "compare.py", "--frameworks", "pytorch,mxnet", "--mode", "scratch,idiomatic",
+                           "--layout", "default,nchw,nhwc", "--devices", "1", "--epochs", "1", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {(r["framework"], r["mode"], r["row"].split("(")[1].split(")")[0]): r
+            for r in json.loads(out.read_text())["runs"]}
+    shown = {key: (r["status"], r["layout"]) for key, r in rows.items()}
+    assert shown == {
+        ("pytorch", "scratch", "default"): ("ok", "NHWC (channels_last)"),
+        ("pytorch", "scratch", "default, nchw"): ("ok", "NCHW (contiguous)"),
+        ("pytorch", "scratch", "default, nhwc"): ("ok", "NHWC (channels_last)"),
+        ("mxnet", "scratch", "default"): ("ok", "NCHW (the only one)"),
+        ("mxnet", "scratch", "default, nchw"): ("ok", "NCHW (the only one)"),
+        ("mxnet", "scratch", "default, nhwc"): ("skipped", "nhwc"),
+        ("pytorch", "idiomatic", "default"): ("ok", "NHWC (channels_last)"),
+        ("pytorch", "idiomatic", "default, nchw"): ("skipped", "nchw"),
+        ("pytorch", "idiomatic", "default, nhwc"): ("skipped", "nhwc"),
+        ("mxnet", "idiomatic", "default"): ("ok", "NCHW (Gluon)"),
+        ("mxnet", "idiomatic", "default, nchw"): ("skipped", "nchw"),
+        ("mxnet", "idiomatic", "default, nhwc"): ("skipped", "nhwc"),
+    }
+    assert "takes NCHW only" in rows["mxnet", "scratch", "default, nhwc"]["error"]
+    assert "layouts apply to the scratch mode" in rows["pytorch", "idiomatic", "default, nhwc"]["error"]
+    assert all(r["step1_loss_diff"] <= 1e-5 for r in rows.values() if r["status"] == "ok")
+    header = proc.stdout.splitlines()[0]
+    assert "| exec" in header and "| layout" in header and "| NCHW (contiguous)" in proc.stdout
