@@ -93,8 +93,8 @@ def parse_args(argv):
                    help="how the scratch step runs: default (the framework's usual way), eager, graph "
                         "(torch.compile, tf.function, hybridize, jax.jit), xla (tf.function+XLA)")
     p.add_argument("--layout", type=name_list(LAYOUTS, "layout"), default="default",
-                   help="the scratch step's memory layout of images and conv kernels: default (the framework's "
-                        "faster one here), nchw (channels first), nhwc (channels last)")
+                   help="the scratch step's memory layout of images and conv kernels: default (the faster one "
+                        "here: nhwc, MXNet's only nchw), nchw (channels first), nhwc (channels last)")
     p.add_argument("--devices", type=int_list, default="2", help="device counts, e.g. 1,2")
     p.add_argument("--processes", type=int_list, default="1",
                    help="process counts, e.g. 1,2: the devices are shared out among them")
