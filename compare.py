@@ -32,24 +32,28 @@ from common.training import MODES, summarize
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 EXEC_LEVELS = ("default", "eager", "graph", "xla")
+LAYOUTS = ("default", "nchw", "nhwc")   # memory layout of images and conv kernels: channels first or last
 # --benchmark: synthetic images, batch 256, 3 trials. With the cores shared (every op may use every core):
 # every execution mode on one device, the idiomatic reference loops, the default mode and the built-in engines
 # (fed by their frameworks' own input pipelines) on 2 devices. With a core per device: the default mode on
 # 1 device, 2 devices and 2 processes, and the built-in engines on 2 processes: real parallel speed-up, if any.
-# Plan entries: (mode, exec levels, (devices, processes) shapes, cores).
+# And the scratch step in channels-first memory (NCHW), against the rows above in each framework's default
+# layout (channels-last but in MXNet, whose NCHW row is then the same run twice: the noise between two rows).
+# Plan entries: (mode, exec levels, (devices, processes) shapes, cores, layouts).
 BENCHMARK_MD = os.path.join("results", "benchmark.md")
 BENCHMARK = {"dataset": "synthetic", "n_synthetic": 30000, "epochs": 1, "batch_size": 256, "repeats": 3,
-             "plan": [("scratch", ("eager", "graph", "xla"), ((1, 1),), "shared"),
-                      ("idiomatic", ("default",), ((1, 1),), "shared"),
-                      ("scratch", ("default",), ((2, 1),), "shared"),
-                      ("builtin", ("default",), ((2, 1),), "shared"),
-                      ("scratch", ("default",), ((1, 1), (2, 1), (2, 2)), "per-device"),
-                      ("builtin", ("default",), ((2, 2),), "per-device")]}
-SPEC_FIELDS = ("framework", "mode", "exec", "devices", "processes", "cores", "epochs", "batch_size", "lr",
-               "seed", "init", "threads")
+             "plan": [("scratch", ("eager", "graph", "xla"), ((1, 1),), "shared", ("default",)),
+                      ("scratch", ("default",), ((1, 1),), "shared", ("nchw",)),
+                      ("idiomatic", ("default",), ((1, 1),), "shared", ("default",)),
+                      ("scratch", ("default",), ((2, 1),), "shared", ("default",)),
+                      ("builtin", ("default",), ((2, 1),), "shared", ("default",)),
+                      ("scratch", ("default",), ((1, 1), (2, 1), (2, 2)), "per-device", ("default",)),
+                      ("builtin", ("default",), ((2, 2),), "per-device", ("default",))]}
+SPEC_FIELDS = ("framework", "mode", "exec", "layout", "devices", "processes", "cores", "epochs", "batch_size",
+               "lr", "seed", "init", "threads")
 # What decides a run's rows and numbers: --resume continues a file only if all of these are the same.
-SETTINGS = ("frameworks", "mode", "exec", "devices", "processes", "cores", "dataset", "n_synthetic", "epochs", "batch_size",
-            "lr", "seed", "init", "threads", "repeats", "benchmark")
+SETTINGS = ("frameworks", "mode", "exec", "layout", "devices", "processes", "cores", "dataset", "n_synthetic",
+            "epochs", "batch_size", "lr", "seed", "init", "threads", "repeats", "benchmark")
 
 
 class Parser(argparse.ArgumentParser):
@@ -98,6 +102,9 @@ def parse_args(argv):
     p.add_argument("--exec", type=name_list(EXEC_LEVELS, "exec level"), default="default",
                    help="how the scratch step runs: default (the framework's usual way), eager, graph "
                         "(torch.compile, tf.function, hybridize, jax.jit), xla (tf.function+XLA)")
+    p.add_argument("--layout", type=name_list(LAYOUTS, "layout"), default="default",
+                   help="the scratch step's memory layout of images and conv kernels: default (the faster one "
+                        "here: nhwc, MXNet's only nchw), nchw (channels first), nhwc (channels last)")
     p.add_argument("--devices", type=int_list, default="2", help="device counts, e.g. 1,2")
     p.add_argument("--processes", type=int_list, default="1",
                    help="process counts, e.g. 1,2: the devices are shared out among them")
@@ -139,12 +146,12 @@ def parse_args(argv):
     p.add_argument("--merge", nargs="+", metavar="OUT_JSON",
                    help="no training: the table of hand-launched runs from their workers' out-{rank}.json files")
     args = p.parse_args(argv)
-    args.plan = [(mode, tuple(args.exec), tuple(itertools.product(args.devices, args.processes)), cores)
-                 for cores in args.cores for mode in args.mode]
+    args.plan = [(mode, tuple(args.exec), tuple(itertools.product(args.devices, args.processes)), cores,
+                  tuple(args.layout)) for cores in args.cores for mode in args.mode]
     if args.benchmark:
         for key, value in BENCHMARK.items():
             setattr(args, key, value)
-        args.devices = sorted({d for *_, shapes, _ in args.plan for d, _ in shapes})
+        args.devices = sorted({d for _, _, shapes, _, _ in args.plan for d, _ in shapes})
         for ext in ("json", "csv", "plot"):
             setattr(args, ext, getattr(args, ext) or os.path.join("results", f"benchmark.{'png' if ext == 'plot' else ext}"))
     if args.epochs is None:
@@ -185,8 +192,8 @@ def run_specs(args):
     """Every requested row as (spec, reason it cannot run or None)."""
     share = per_device_threads(args.threads, max(args.devices))   # each device's cores, per-device rows
     seen = {}
-    for mode, levels, shapes, cores in args.plan:
-        for level in levels:
+    for mode, levels, shapes, cores, layouts in args.plan:
+        for level, layout in itertools.product(levels, layouts):
             for devices, processes in shapes:
                 for name in args.frameworks:
                     world = devices if (name, mode) in PROCESS_PER_DEVICE else processes
@@ -197,13 +204,15 @@ def run_specs(args):
                             "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
                             "init": args.init, "threads": max(1, threads),
                             "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
-                            "resume_from": args.resume_from}
+                            "resume_from": args.resume_from, "layout": layout}
                     key = json.dumps(spec, sort_keys=True)
                     skip = None
                     if devices % world:
                         skip = f"{devices} devices cannot be shared evenly among {world} processes"
                     elif mode != "scratch" and level != "default":
                         skip = f"exec levels apply to the scratch mode; {mode} runs its framework's own way"
+                    elif mode != "scratch" and layout != "default":
+                        skip = f"layouts apply to the scratch mode; {mode} runs in its framework's own layout"
                     elif mode == "idiomatic" and (devices, world) != (1, 1):
                         skip = "the idiomatic reference loop is single-device, single-process"
                     elif cores == "per-device" and (share < 1 or share * devices > len(os.sched_getaffinity(0))):
@@ -227,8 +236,9 @@ def progress_bar(label):
 
 
 def row_label(spec):
+    layout = "" if spec.get("layout", "default") == "default" else f", {spec['layout']}"
     per_device = ", a core per device" if spec.get("cores") == "per-device" else ""
-    return (f"{spec['framework']} {spec['mode']} ({spec['exec']}), {spec['devices']} device(s), "
+    return (f"{spec['framework']} {spec['mode']} ({spec['exec']}{layout}), {spec['devices']} device(s), "
             f"{spec['processes']} process(es){per_device}")
 
 
@@ -455,7 +465,8 @@ def merge(args):
         source = (spec["dataset"], spec.get("data_dir"), spec.get("n_synthetic", 60000), spec["seed"])
         if source not in datasets:
             datasets[source] = load_dataset(*source).summary()
-        row = {"exec": "default", "cores": "shared", "init": "he", "threads": None, **spec, "processes": world}
+        row = {"exec": "default", "layout": "default", "cores": "shared", "init": "he", "threads": None, **spec,
+               "processes": world}
         runs.append(aggregate([{**{k: row[k] for k in SPEC_FIELDS},
                                 **merge_records(records, datasets[source]["fingerprint"])}]))
     summaries = {d["fingerprint"]: d for d in datasets.values()}

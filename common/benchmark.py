@@ -6,7 +6,7 @@ import statistics
 from .lenet import flops_per_image
 from .report import replaced_atomically
 
-ROW_KEY = ("framework", "mode", "exec", "devices", "processes", "cores")
+ROW_KEY = ("framework", "mode", "exec", "layout", "devices", "processes", "cores")
 TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "input_seconds_median",
                  "first_step_seconds",
                  "startup_seconds", "test_accuracy", "peak_rss_bytes", "train_memory_bytes",
@@ -16,6 +16,7 @@ TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "
 CSV_FIELDS = (
     ("framework", lambda r: r["framework"], None), ("mode", lambda r: r["mode"], None),
     ("exec", lambda r: r.get("exec"), None), ("compiles", lambda r: r.get("compiles"), None),
+    ("layout", lambda r: r.get("layout"), None),
     ("cores", lambda r: r.get("cores"), None), ("threads_per_process", lambda r: r.get("threads"), None),
     ("devices", lambda r: r["devices"], None), ("processes", lambda r: r["processes"], None),
     ("epochs", lambda r: r.get("epochs"), None), ("trials", lambda r: r.get("trials"), None),
@@ -78,14 +79,17 @@ def aggregate(trials):
     return row
 
 
+SCALING_KEY = ("framework", "mode", "exec", "layout", "cores")   # what a row and its 1-device base share
+
+
 def add_scaling(rows):
-    """Throughput at N devices / (N x throughput at 1 device): the same framework, mode, exec and cores
-    setting. A built-in engine timed only on several devices is compared with its framework's scratch
+    """Throughput at N devices / (N x throughput at 1 device): the same framework, mode, exec, layout and
+    cores setting. A built-in engine timed only on several devices is compared with its framework's scratch
     step on 1 device in the same cores setting, when exactly one such row exists (`scaling_base` says so)."""
     single = [r for r in rows if r["status"] == "ok" and r["devices"] == 1 and r["processes"] == 1
               and r.get("images_per_second")]
     for r in rows:
-        like = [b for b in single if all(b.get(k) == r.get(k) for k in ("framework", "mode", "exec", "cores"))]
+        like = [b for b in single if all(b.get(k) == r.get(k) for k in SCALING_KEY)]
         scratch = [b for b in single if (b["framework"], b["mode"], b.get("cores")) ==
                    (r["framework"], "scratch", r.get("cores"))]
         base = like[0] if like else scratch[0] if len(scratch) == 1 else None

@@ -23,8 +23,9 @@ EPOCH = re.compile(r"-epoch(\d+)\.")
 
 
 def checkpoint_name(spec, epoch):
-    """framework-mode[-exec]-<devices>d-<processes>p-epoch<k><suffix>, e.g. mxnet-builtin-2d-1p-epoch30.params."""
-    level = "" if spec.get("exec", "default") == "default" else f"-{spec['exec']}"
+    """framework-mode[-exec][-layout]-<devices>d-<processes>p-epoch<k><suffix>, e.g.
+    mxnet-builtin-2d-1p-epoch30.params."""
+    level = "".join(f"-{spec[key]}" for key in ("exec", "layout") if spec.get(key, "default") != "default")
     return (f"{spec['framework']}-{spec['mode']}{level}-{spec['devices']}d-{spec['processes']}p-epoch{epoch}"
             f"{SUFFIXES[spec['framework']]}")
 

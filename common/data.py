@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .interface import RosettaError
+from .lenet import IMAGE_SHAPE
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "synthetic")
 DEBIAN_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}   # apt-get install dataset-fashion-mnist
@@ -56,6 +57,15 @@ class Dataset:
                 "fingerprint": self.fingerprint()}
 
 
+def as_images(a):
+    """(N, 28, 28) -> a new (N, 1, 28, 28) float32 array with plain C strides (3136, 3136, 112, 4 bytes).
+    Not `a.astype(np.float32)[:, None]`: the inserted axis gets stride 0, which numpy still calls
+    contiguous (np.ascontiguousarray keeps it), and batches gathered from it (X[rows]) get strides that
+    PyTorch reads as channels-last: the convolution path then depends on how the data was built, not on
+    the layout chosen in execution.py."""
+    return np.array(a, dtype=np.float32).reshape(len(a), *IMAGE_SHAPE)
+
+
 def load_dataset(name, data_dir=None, n_synthetic=60000, seed=0):
     if name == "digits":
         return load_digits()
@@ -76,7 +86,7 @@ def load_digits():
     from sklearn.model_selection import train_test_split
     digits = sklearn_digits()
     images = zoom(digits.images.astype(np.float32) / 16.0, (1, 3.5, 3.5), order=1)
-    images = np.clip(images, 0.0, 1.0)[:, None].astype(np.float32)
+    images = as_images(np.clip(images, 0.0, 1.0))
     labels = digits.target.astype(np.int64)
     X_train, X_test, y_train, y_test = train_test_split(
         images, labels, test_size=0.2, stratify=labels, random_state=0)
@@ -108,7 +118,7 @@ def make_synthetic(n, seed=0, n_test=None):
         shifts = rng.integers(-2, 3, (count, 2))
         images = np.stack([np.roll(im, tuple(s), axis=(0, 1)) for im, s in zip(images, shifts)])
         images = images + rng.normal(0, 0.3, images.shape)
-        return np.clip(images, 0, 1).astype(np.float32)[:, None], labels.astype(np.int64)
+        return as_images(np.clip(images, 0, 1)), labels.astype(np.int64)
 
     X_train, y_train = draw(n)
     X_test, y_test = draw(n_test if n_test is not None else max(n // 6, 100))
@@ -215,7 +225,7 @@ def read_idx_pair(images_path, labels_path):
         raise RosettaError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
     if labels.size and labels.max() >= 10:
         raise RosettaError(f"{labels_path}: label {labels.max()} out of range 0-9")
-    return (images[:, None].astype(np.float32) / 255.0), labels.astype(np.int64)
+    return as_images(images) / 255.0, labels.astype(np.int64)
 
 
 def write_idx(path, array):

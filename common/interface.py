@@ -60,16 +60,17 @@ class RosettaError(Exception):
 
 
 class Unavailable(RosettaError):
-    """This framework, file, mode or exec level cannot run here: its row is skipped, with this reason."""
+    """This framework, file, mode, exec level or layout cannot run here: its row is skipped, with this reason."""
 
 
-def exec_level(level, names, default, framework):
-    """The execution level a framework runs for `level` ('default' is its usual one), or Unavailable
-    for a level it lacks (a skipped row, not a failure)."""
-    level = default if level == "default" else level
-    if level not in names:
-        raise Unavailable(f"{framework} has no {level!r} mode here (choose from {', '.join(names)})")
-    return level
+def choose(option, names, default, framework, what="mode", reasons=None):
+    """The exec level or layout (`what`) a framework runs for `option` ('default' is its usual one), or
+    Unavailable for one it lacks (a skipped row, not a failure), saying why where `reasons` knows."""
+    option = default if option == "default" else option
+    if option not in names:
+        why = (reasons or {}).get(option, f"choose from {', '.join(names)}")
+        raise Unavailable(f"{framework} has no {option!r} {what} here ({why})")
+    return option
 
 
 @functools.cache

@@ -10,11 +10,11 @@ import tempfile
 
 from .interface import FRAMEWORKS, installed_version
 
-COLUMNS = ("framework", "mode", "exec", "devices", "processes", "epochs", "train s", "images/s",
+COLUMNS = ("framework", "mode", "exec", "layout", "devices", "processes", "epochs", "train s", "images/s",
            "test acc", "final loss", "|Δ step-1 loss|", "status")
-TIMING_COLUMNS = ("framework", "mode", "exec", "compiles", "cores", "devices", "processes", "images/s (min-max)",
-                  "epoch s", "input s (share)", "first step s", "start-up s", "GFLOP/s", "of peak", "scaling",
-                  "train MiB", "test acc", "status")
+TIMING_COLUMNS = ("framework", "mode", "exec", "compiles", "layout", "cores", "devices", "processes",
+                  "images/s (min-max)", "epoch s", "input s (share)", "first step s", "start-up s", "GFLOP/s",
+                  "of peak", "scaling", "train MiB", "test acc", "status")
 
 
 def cpu_name():
@@ -97,7 +97,8 @@ def status(r):
 
 def row_cells(r):
     ok = r["status"] == "ok"
-    return [r["framework"], r["mode"], r.get("exec") or "-", str(r["devices"]), str(r["processes"]), str(r["epochs"]),
+    return [r["framework"], r["mode"], r.get("exec") or "-", r.get("layout") or "-", str(r["devices"]),
+            str(r["processes"]), str(r["epochs"]),
             fmt(r.get("train_seconds"), ".1f"), fmt(r.get("images_per_second"), ",.0f"),
             fmt(r.get("test_accuracy"), ".4f"),
             fmt(r["epoch_losses"][-1] if ok and r.get("epoch_losses") else None, ".4f"),
@@ -109,7 +110,8 @@ def timing_cells(r):
     if r.get("images_per_second_min") is not None and r.get("trials", 1) > 1:
         ips += f" ({r['images_per_second_min']:,.0f}-{r['images_per_second_max']:,.0f})"
     memory = r.get("train_memory_bytes")
-    return [r["framework"], r["mode"], r.get("exec") or "-", r.get("compiles") or "-", cores_cell(r),
+    return [r["framework"], r["mode"], r.get("exec") or "-", r.get("compiles") or "-", r.get("layout") or "-",
+            cores_cell(r),
             str(r["devices"]), str(r["processes"]), ips,
             fmt(r.get("epoch_seconds_median"), ".2f"), input_cell(r), fmt(r.get("first_step_seconds"), ".2f"),
             fmt(r.get("startup_seconds"), ".1f"), fmt(r.get("gflops"), ".1f"),

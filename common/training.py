@@ -209,6 +209,7 @@ def summarize(records):
         "replica_spread": max(spreads) if spreads else None,
         "exec": records[0].get("exec"),
         "compiles": records[0].get("compiles"),
+        "layout": records[0].get("layout"),
         "first_epoch": records[0].get("first_epoch", 0),   # > 0: resumed from a checkpoint of that epoch
         "startup_seconds": max(r.get("startup_seconds", 0.0) for r in records),
         "peak_rss_bytes": max(r.get("peak_rss_bytes", 0) for r in records),

@@ -105,9 +105,11 @@ def run(spec, started):
             from common.training import fed_rows
             return {"fed": fed_rows(runner, data, spec["epochs"], spec["batch_size"], spec["seed"], rank, world,
                                     spec["devices"]), "rank": rank}
-        execution = load_module(fw.name, "execution")   # the built-in engines and reference loops run their own way
-        exec_name = execution.use(spec.get("exec", "default")) if spec["mode"] == "scratch" else runner.engine.EXEC
-        compiles = execution.COMPILES[exec_name] if spec["mode"] == "scratch" else runner.engine.COMPILES
+        execution = load_module(fw.name, "execution") if spec["mode"] == "scratch" else None
+        # the built-in engines and reference loops run their own way, in their own layout
+        layout_name = execution.use_layout(spec.get("layout", "default")) if execution else runner.engine.LAYOUT
+        exec_name = execution.use(spec.get("exec", "default")) if execution else runner.engine.EXEC
+        compiles = execution.COMPILES[exec_name] if execution else runner.engine.COMPILES
         weights, first_epoch = resume_point(spec)   # (None, 0) unless resuming from a checkpoint
         startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step
         fresh_peak = reset_peak_rss()   # the data set's generation peak (~1.3 GiB at 60,000 images) is not training's
@@ -122,6 +124,7 @@ def run(spec, started):
             import numpy as np
             np.savez(spec["weights_out"], **runner.weights())
     record.update(spec=spec, rank=rank, world=world, fingerprint=data.fingerprint(), exec=exec_name, compiles=compiles,
+                  layout=layout_name,
                   startup_seconds=startup_seconds, device_names=[d["name"] for d in fw.device_info(devices)],
                   peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   peak_device_memory_bytes=fw.peak_memory(devices))

@@ -16,10 +16,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from common.lenet import PARAM_NAMES
 
 from .data_parallel import evaluate as evaluate_params
-from .lenet import forward, to_numpy as params_to_numpy
+from .execution import DEFAULT_LAYOUT, LAYOUTS
+from .lenet import forward, held, to_numpy as params_to_numpy
 
 EXEC = "jax.jit+NamedSharding"
 COMPILES = "whole step"
+LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # the scratch forward's, whose weights lenet.held lays out
 FORMS = ("jit", "shard_map")
 
 
@@ -68,8 +70,8 @@ def compile_step(mesh, form):
 def get_model(weights, devices, form="jit"):
     mesh = mesh_of(devices)
     replicated = NamedSharding(mesh, P())   # every device holds the whole parameter
-    params = [jax.make_array_from_callback(weights[name].shape, replicated, lambda index, w=weights[name]: w[index])
-              for name in PARAM_NAMES]
+    params = [jax.make_array_from_callback(w.shape, replicated, lambda index, w=w: w[index])
+              for w in (held(name, weights[name]) for name in PARAM_NAMES)]
     return mesh, params, compile_step(mesh, form), devices
 
 

@@ -1,22 +1,34 @@
 """How the step runs: JAX executes op by op (eager, each op dispatched on its own) unless jax.jit traces
 the function and XLA compiles it into fused kernels, once per input shape (a new shard shape compiles
-again). jax.jit is JAX's usual way, and it is already XLA: there is no separate XLA level."""
+again). jax.jit is JAX's usual way, and it is already XLA: there is no separate XLA level.
+Its layout: lax convolutions run in the layout their dimension numbers name: NCHW/OIHW, the canonical one,
+or NHWC/HWIO with the weights converted (common/layouts.py) and the batch transposed inside the step. XLA's
+CPU convolutions were ~8% faster in NHWC here (the transpose included), so it is the default."""
 import jax
 
-from common.interface import exec_level
+from common.interface import choose
 
-from . import data_parallel
+from . import data_parallel, lenet
 
 NAMES = {"eager": "eager", "graph": "jax.jit"}
 # What each level puts in a compiled graph (the rest runs op by op): the table's "compiles" column
 COMPILES = {"eager": "nothing", "jax.jit": "fwd+bwd, update"}   # the all-reduce between them runs op by op
 DEFAULT = "graph"
+LAYOUTS = {"nchw": "NCHW/OIHW (lax)", "nhwc": "NHWC/HWIO (lax)"}
+DEFAULT_LAYOUT = lenet.DEFAULT_LAYOUT   # what lenet.py starts in
 python_steps = {name: getattr(data_parallel, name).__wrapped__ for name in ("loss_and_grads", "update")}
 
 
 def use(level):
     """Switch the scratch step to `level` ('default', 'eager', 'graph' or 'xla'); returns its name here."""
-    level = exec_level(level, NAMES, DEFAULT, "JAX")
+    level = choose(level, NAMES, DEFAULT, "JAX")
     for name, fn in python_steps.items():
         setattr(data_parallel, name, jax.jit(fn) if level == "graph" else fn)
     return NAMES[level]
+
+
+def use_layout(layout):
+    """Switch the scratch step to `layout` ('default', 'nchw' or 'nhwc'); returns its name here. Call it before
+    use() and before get_params: compiled steps and replicas keep the layout they were made with."""
+    lenet.layout = choose(layout, LAYOUTS, DEFAULT_LAYOUT, "JAX", "layout")
+    return LAYOUTS[lenet.layout]

@@ -11,6 +11,7 @@ from .lenet import build_model, model_to_numpy
 
 EXEC = "nnx.jit"
 COMPILES = "whole step"
+LAYOUT = "NHWC (Flax)"
 
 
 def get_model(weights, devices):

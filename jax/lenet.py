@@ -1,5 +1,6 @@
 """LeNet in jax.lax ops. A replica is the list of jax arrays on one device, in common.lenet.PARAM_NAMES
-order; the layout is canonical (lax convolutions take NCHW/OIHW when told so), so no conversion is needed.
+order. lax convolutions take any layout they are told (dimension numbers): in the canonical one, NCHW/OIHW,
+the weights need no conversion; in the channels-last one, NHWC/HWIO, common/layouts.py converts them.
 JAX arrays are immutable: an update makes new arrays, and the replica's list slots are re-pointed at them."""
 import jax
 import jax.numpy as jnp
@@ -10,27 +11,47 @@ from jax import lax
 from common.layouts import to_canonical, to_channels_last
 from common.lenet import LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
 
-DIMENSIONS = ("NCHW", "OIHW", "NCHW")   # input, kernel, output: the canonical layout
+DIMENSIONS = {"nchw": ("NCHW", "OIHW", "NCHW"), "nhwc": ("NHWC", "HWIO", "NHWC")}   # input, kernel, output
+DEFAULT_LAYOUT = "nhwc"   # the faster one here (execution.py)
+layout = DEFAULT_LAYOUT   # the scratch step's: execution.use_layout switches it
+
+
+def to_layout(X):
+    """A canonical NCHW batch in the convolutions' layout (inside the compiled step, XLA fuses the transpose)."""
+    return X.transpose(0, 2, 3, 1) if layout == "nhwc" else X
+
+
+def held(name, a):
+    """A canonical weight as the layout holds it: channels-last kernels, dense (in, out) and fc1's rows in
+    H, W, C order (common/layouts.py), or unchanged."""
+    return to_channels_last(name, a) if layout == "nhwc" else a
 
 
 def get_params(weights, device):
-    return [jax.device_put(weights[name], device) for name in PARAM_NAMES]
+    return [jax.device_put(held(name, weights[name]), device) for name in PARAM_NAMES]
 
 
 def avg_pool(h):
-    window = (1, 1, POOL, POOL)
+    window = tuple(POOL if axis in "HW" else 1 for axis in DIMENSIONS[layout][0])
     return lax.reduce_window(h, 0.0, lax.add, window, window, "VALID") / (POOL * POOL)
+
+
+def conv(h, w, b):
+    """Convolution plus bias, the bias broadcast along the layout's channel axis."""
+    dims = DIMENSIONS[layout]
+    h = lax.conv_general_dilated(h, w, (1, 1), "VALID", dimension_numbers=dims)
+    return h + lax.broadcast_in_dim(b, h.shape, (dims[2].index("C"),))
 
 
 def forward(params, X):
     w1, b1, w2, b2, w3, b3, w4, b4 = params
-    conv = lambda h, w, b: lax.conv_general_dilated(h, w, (1, 1), "VALID", dimension_numbers=DIMENSIONS) \
-        + b[None, :, None, None]   # noqa: E731
-    h = avg_pool(jax.nn.relu(conv(X, w1, b1)))
+    if layout == "nchw":                   # canonical dense weights are (out, in)
+        w3, w4 = w3.T, w4.T
+    h = avg_pool(jax.nn.relu(conv(to_layout(X), w1, b1)))
     h = avg_pool(jax.nn.relu(conv(h, w2, b2)))
-    h = h.reshape(h.shape[0], -1)          # C, H, W order: the canonical flatten
-    h = jax.nn.relu(h @ w3.T + b3)
-    return h @ w4.T + b4
+    h = h.reshape(h.shape[0], -1)          # C, H, W or H, W, C order: fc1's rows were made to match
+    h = jax.nn.relu(h @ w3 + b3)
+    return h @ w4 + b4
 
 
 def loss_sum(logits, y):
@@ -39,7 +60,8 @@ def loss_sum(logits, y):
 
 
 def to_numpy(params):
-    return {name: np.asarray(p, dtype=np.float32) for name, p in zip(PARAM_NAMES, params)}
+    return {name: np.ascontiguousarray(to_canonical(name, np.asarray(p)) if layout == "nhwc" else p, dtype=np.float32)
+            for name, p in zip(PARAM_NAMES, params)}
 
 
 class LeNet(nnx.Module):

@@ -9,6 +9,7 @@ from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
 
 EXEC = "hybridize"
 COMPILES = "fwd+bwd"
+LAYOUT = "NCHW (Gluon)"
 
 
 def get_model(weights, devices):

@@ -1,6 +1,9 @@
 """How the step runs: MXNet executes imperatively, op by op, unless hybridize traces the model into a
-cached graph whose memory is planned once and reused every step (static_alloc)."""
-from common.interface import exec_level
+cached graph whose memory is planned once and reused every step (static_alloc).
+Its layout: NCHW only. MXNet's CPU Convolution refuses NHWC ("Only support NCW, NCHW and NCDHW layout";
+layout="NHWC" is for cuDNN, on a GPU); its oneDNN kernels run the plain NCHW tensors as they are (DNNL_VERBOSE
+shows abcd formats, gemm convolutions, no reorder into blocked layouts)."""
+from common.interface import choose
 
 from . import lenet
 
@@ -8,10 +11,19 @@ NAMES = {"eager": "imperative", "graph": "hybridize"}
 # What each level puts in a compiled graph (the rest runs op by op): the table's "compiles" column
 COMPILES = {"imperative": "nothing", "hybridize": "fwd+bwd"}   # the CachedOp runs its backward as a graph too
 DEFAULT = "graph"
+LAYOUTS = {"nchw": "NCHW (the only one)"}
+DEFAULT_LAYOUT = "nchw"
+MISSING_LAYOUTS = {"nhwc": "its CPU Convolution takes NCHW only; layout='NHWC' is for cuDNN, on a GPU"}
 
 
 def use(level):
     """Switch the scratch step to `level` ('default', 'eager', 'graph' or 'xla'); returns its name here."""
-    level = exec_level(level, NAMES, DEFAULT, "MXNet")
+    level = choose(level, NAMES, DEFAULT, "MXNet")
     lenet.lenet.hybridize(active=level == "graph", static_alloc=True, static_shape=True)
     return NAMES[level]
+
+
+def use_layout(layout):
+    """The scratch step's layout for `layout` ('default', 'nchw' or 'nhwc'): NCHW is the only one here; returns
+    its name."""
+    return LAYOUTS[choose(layout, LAYOUTS, DEFAULT_LAYOUT, "MXNet", "layout", MISSING_LAYOUTS)]

@@ -9,6 +9,7 @@ from .lenet import build_model, to_numpy as params_to_numpy
 
 EXEC = "hybridize"
 COMPILES = "fwd+bwd"
+LAYOUT = "NCHW (Gluon)"
 
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()   # one loss per example
 

@@ -8,6 +8,12 @@ from common.lenet import LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
 CONV1, CONV2, FC1 = (LAYERS[name][1] for name in ("conv1", "conv2", "fc1"))   # weight shapes
 
 
+def to_layout(X):
+    """A canonical NCHW batch in the convolutions' layout: as it is, NCHW being the only one MXNet's CPU
+    Convolution takes (execution.py)."""
+    return X
+
+
 def get_params(weights, device):
     params = [nd.array(weights[name], ctx=device) for name in PARAM_NAMES]
     for p in params:
@@ -36,7 +42,7 @@ lenet.hybridize(static_alloc=True, static_shape=True)
 
 
 def forward(params, X):
-    return lenet(X, *params)
+    return lenet(to_layout(X), *params)
 
 
 cross_entropy = gluon.loss.SoftmaxCrossEntropyLoss()   # one loss per example

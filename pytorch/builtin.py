@@ -8,10 +8,12 @@ from torch.nn.parallel import DistributedDataParallel
 from common.interface import RosettaError
 
 from .data_parallel import evaluate as evaluate_params
+from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
 
 EXEC = "eager"
 COMPILES = "nothing"
+LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, pipeline.py's batches
 
 
 def get_model(weights, devices):

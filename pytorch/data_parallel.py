@@ -5,12 +5,13 @@ import torch.distributed as dist
 
 from common.sharding import shard_bounds
 
-from .lenet import forward, loss_sum
+from .lenet import forward, loss_sum, to_layout
 
 
 def split_and_load(array, devices):
-    """torch.tensor copies: a shard never aliases the caller's numpy array, on the CPU as on a GPU."""
-    return [torch.tensor(array[a:b], device=d)
+    """torch.tensor copies: a shard never aliases the caller's numpy array, on the CPU as on a GPU. Images
+    get the strides of the chosen memory layout (to_layout): PyTorch picks its convolution path from them."""
+    return [to_layout(torch.tensor(array[a:b], device=d))
             for (a, b), d in zip(shard_bounds(len(array), len(devices)), devices)]
 
 
@@ -52,6 +53,6 @@ def evaluate(params, X, y, batch_size=1000):
     correct = 0
     with torch.no_grad():
         for i in range(0, len(X), batch_size):
-            X_batch = torch.from_numpy(X[i:i + batch_size]).to(device)
+            X_batch = to_layout(torch.from_numpy(X[i:i + batch_size]).to(device))
             correct += (forward(params, X_batch).argmax(1).cpu().numpy() == y[i:i + batch_size]).sum()
     return float(correct) / len(X)

@@ -6,10 +6,12 @@ import torch.nn.functional as F
 
 from common.interface import Unavailable
 
-from .lenet import build_model, to_numpy as params_to_numpy
+from .execution import DEFAULT_LAYOUT, LAYOUTS
+from .lenet import build_model, to_layout, to_numpy as params_to_numpy
 
 EXEC = "eager"
 COMPILES = "nothing"
+LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, to_layout's batches
 
 
 def get_model(weights, devices):
@@ -23,7 +25,7 @@ def train_step(model, X, y, devices, lr, batch_size=None):
     """The tutorial's step, with the loss summed rather than averaged and a learning rate of
     lr / batch_size: the recipe's update, whatever part of the batch is here."""
     model, optimizer = model
-    X, y = torch.tensor(X, device=devices[0]), torch.tensor(y, device=devices[0])   # copies, as split_and_load
+    X, y = to_layout(torch.tensor(X, device=devices[0])), torch.tensor(y, device=devices[0])   # as split_and_load
     loss = F.cross_entropy(model(X), y, reduction="sum")
     optimizer.zero_grad()
     loss.backward()
@@ -43,6 +45,6 @@ def evaluate(model, X, y, batch_size=1000):
     correct = 0
     with torch.no_grad():
         for i in range(0, len(X), batch_size):
-            logits = model(torch.from_numpy(X[i:i + batch_size]).to(device))
+            logits = model(to_layout(torch.from_numpy(X[i:i + batch_size]).to(device)))
             correct += (logits.argmax(1).cpu().numpy() == y[i:i + batch_size]).sum()
     return float(correct) / len(X)

@@ -1,5 +1,6 @@
 """LeNet in PyTorch ops. A replica is the list of parameter tensors on one device, in
-common.lenet.PARAM_NAMES order; the layout is canonical, so no conversion is needed."""
+common.lenet.PARAM_NAMES order; the axis order is canonical, so no conversion is needed (the memory layout,
+NCHW or NHWC strides, is to_layout's)."""
 from collections import OrderedDict
 
 import numpy as np
@@ -10,8 +11,23 @@ import torch.nn.functional as F
 from common.lenet import LAYERS, PARAM_NAMES, POOL
 
 
+# PyTorch picks its convolution path from the strides of the input and the kernel, so the memory layout is
+# set wherever they are made. execution.py names, measures and chooses the layouts; builtin.py and
+# idiomatic.py run the default (nobody switches it in their processes).
+MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+DEFAULT_LAYOUT = "nhwc"   # the faster one here (execution.py)
+layout = DEFAULT_LAYOUT   # the scratch step's: execution.use_layout switches it
+
+
+def to_layout(t):
+    """A 4-d tensor (images, conv kernels) with the strides of `layout`; others as they are. `.to(memory_format=)`
+    sets them even with one channel, where both stride patterns pass as either format, so that
+    `.contiguous(memory_format=)` may keep strides that PyTorch reads as the other layout."""
+    return t.to(memory_format=MEMORY_FORMATS[layout]) if t.dim() == 4 else t
+
+
 def get_params(weights, device):
-    return [torch.tensor(weights[name], device=device, requires_grad=True) for name in PARAM_NAMES]
+    return [to_layout(torch.tensor(weights[name], device=device)).requires_grad_() for name in PARAM_NAMES]
 
 
 def forward(params, X):
@@ -29,7 +45,9 @@ def loss_sum(logits, y):
 
 
 def to_numpy(params):
-    return {name: p.detach().cpu().numpy().astype(np.float32) for name, p in zip(PARAM_NAMES, params)}
+    """C-ordered whatever the layout: channels-last kernels would otherwise come out with their strides."""
+    return {name: np.ascontiguousarray(p.detach().cpu().numpy(), dtype=np.float32)
+            for name, p in zip(PARAM_NAMES, params)}
 
 
 def build_model(weights):
@@ -45,4 +63,4 @@ def build_model(weights):
     with torch.no_grad():
         for p, name in zip(model.parameters(), PARAM_NAMES):
             p.copy_(torch.from_numpy(weights[name]))
-    return model
+    return model.to(memory_format=MEMORY_FORMATS[layout])   # the conv kernels; Module.to leaves other tensors

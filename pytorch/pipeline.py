@@ -8,6 +8,8 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from common.batches import ProcessBatches
 
+from .lenet import to_layout
+
 
 class SharedOrderSampler(ProcessBatches, Sampler):
     """This process's rows of every global batch of the epoch, one list per step: what
@@ -26,7 +28,7 @@ def batches(loader, epoch):
     loader, device = loader
     loader.batch_sampler.set_epoch(epoch)
     for X, y in loader:
-        yield X.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        yield to_layout(X.to(device, non_blocking=True)), y.to(device, non_blocking=True)   # the model's layout
 
 
 def per_device(batch):

@@ -13,6 +13,7 @@ from .lenet import build_model
 
 EXEC = "tf.function"
 COMPILES = "whole step"
+LAYOUT = "NHWC (Keras)"
 
 
 def get_model(weights, devices):

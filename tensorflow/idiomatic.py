@@ -9,6 +9,7 @@ from .lenet import build_model, to_numpy as params_to_numpy
 
 EXEC = "tf.function"
 COMPILES = "whole step"
+LAYOUT = "NHWC (Keras)"
 
 # Summed, not averaged: the step then divides by the global batch size, as the recipe does.
 loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")

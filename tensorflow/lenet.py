@@ -8,9 +8,14 @@ from common.layouts import to_canonical, to_channels_last
 from common.lenet import IMAGE_SHAPE, LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
 
 
-def images_to_tf(X):
-    """NCHW -> NHWC: TensorFlow's CPU convolutions want channels last."""
-    return tf.transpose(X, (0, 2, 3, 1))
+DEFAULT_LAYOUT = "nhwc"   # the faster one here (execution.py)
+layout = DEFAULT_LAYOUT   # the scratch step's convolutions: execution.use_layout switches it
+
+
+def to_layout(X):
+    """A canonical NCHW batch in the convolutions' layout: NHWC, TensorFlow's usual one on the CPU, is a
+    transpose; NCHW runs as it is (data_format="NCHW")."""
+    return tf.transpose(X, (0, 2, 3, 1)) if layout == "nhwc" else X
 
 
 def get_params(weights, device):
@@ -18,12 +23,19 @@ def get_params(weights, device):
         return [tf.Variable(to_channels_last(name, weights[name]), name=name) for name in PARAM_NAMES]
 
 
+def conv_relu_pool(h, w, b):
+    """One convolution, its ReLU and its pooling in `layout`; the kernel is HWIO in both data formats."""
+    data_format = layout.upper()
+    h = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, w, 1, "VALID", data_format=data_format), b, data_format))
+    return tf.nn.avg_pool2d(h, POOL, POOL, "VALID", data_format)
+
+
 def forward(params, X):
-    """X is a canonical NCHW batch, like every framework's; it is made NHWC here."""
+    """X is a canonical NCHW batch, like every framework's; to_layout makes it the convolutions' layout."""
     w1, b1, w2, b2, w3, b3, w4, b4 = params
-    h = images_to_tf(X)
-    h = tf.nn.avg_pool2d(tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, w1, 1, "VALID"), b1)), POOL, POOL, "VALID")
-    h = tf.nn.avg_pool2d(tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, w2, 1, "VALID"), b2)), POOL, POOL, "VALID")
+    h = conv_relu_pool(conv_relu_pool(to_layout(X), w1, b1), w2, b2)
+    if layout == "nchw":
+        h = tf.transpose(h, (0, 2, 3, 1))   # 800 values per image, and the weights are those of NHWC
     h = tf.reshape(h, (-1, w3.shape[0]))   # H, W, C order: fc1's rows were reordered to match
     h = tf.nn.relu(tf.nn.bias_add(tf.matmul(h, w3), b3))
     return tf.nn.bias_add(tf.matmul(h, w4), b4)

@@ -52,7 +52,7 @@ def test_the_benchmark_records_its_calibration_and_each_row_s_share_of_peak(tmp_
     from conftest import framework_or_skip
     framework_or_skip("pytorch")
     monkeypatch.setattr(compare, "BENCHMARK", {**compare.BENCHMARK, "n_synthetic": 600, "repeats": 1,
-                                               "plan": [("scratch", ("default",), ((1, 1),), "shared")]})
+                                               "plan": [("scratch", ("default",), ((1, 1),), "shared", ("default",))]})
     monkeypatch.setattr(compare, "raise_on_signals", lambda: None)   # pytest keeps its own handlers
     monkeypatch.chdir(tmp_path)   # results/ is written here
     assert compare.main(["--benchmark", "--frameworks", "pytorch"]) == 0

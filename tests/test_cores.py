@@ -85,9 +85,9 @@ def test_the_benchmark_reports_both_core_settings_in_every_file(tmp_path, monkey
     framework_or_skip("pytorch")
     monkeypatch.setattr(compare, "BENCHMARK", {
         **compare.BENCHMARK, "n_synthetic": 1200, "repeats": 1,
-        "plan": [("scratch", ("default",), ((1, 1),), "shared"),
-                 ("scratch", ("default",), ((1, 1), (2, 1), (2, 2)), "per-device"),
-                 ("builtin", ("default",), ((2, 1), (2, 2)), "per-device")]})
+        "plan": [("scratch", ("default",), ((1, 1),), "shared", ("default",)),
+                 ("scratch", ("default",), ((1, 1), (2, 1), (2, 2)), "per-device", ("default",)),
+                 ("builtin", ("default",), ((2, 1), (2, 2)), "per-device", ("default",))]})
     monkeypatch.setattr(compare, "raise_on_signals", lambda: None)   # pytest keeps its own handlers
     monkeypatch.chdir(tmp_path)
     assert compare.main(["--benchmark", "--frameworks", "pytorch"]) == 0
@@ -103,7 +103,7 @@ def test_the_benchmark_reports_both_core_settings_in_every_file(tmp_path, monkey
     with open(tmp_path / "results" / "benchmark.csv") as f:
         table = list(csv.DictReader(f))
     assert len(table) == len(runs)
-    for column in ("epochs", "train_seconds", "final_loss", "step1_loss_diff", "cores", "compiles",
+    for column in ("epochs", "train_seconds", "final_loss", "step1_loss_diff", "cores", "compiles", "layout",
                    "train_memory_mib", "peak_fraction", "scaling_efficiency"):
         assert table[0][column] != "", column
     assert "peak_device_memory_mib" not in table[0]   # no GPU: a column that could only be empty is left out

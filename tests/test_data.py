@@ -101,6 +101,19 @@ def test_synthetic_is_seeded_balanced_and_any_size():
     assert (pred == a.y_test).mean() > 0.5
 
 
+@pytest.mark.parametrize("name", ["digits", "synthetic", "mnist"])
+def test_images_have_plain_strides_and_so_do_their_batches(name, tmp_path):
+    """Plain C strides for every image array and every batch gathered from one: an inserted channel axis
+    of stride 0 made fancy-indexed batches look channels-last to PyTorch, which then ran another (faster)
+    convolution path by accident."""
+    if name == "mnist":
+        make_idx_dir(tmp_path)
+    data = load_dataset(name, data_dir=str(tmp_path) if name == "mnist" else None, n_synthetic=300)
+    plain = (3136, 3136, 112, 4)
+    for X in (data.X_train, data.X_test, data.X_train[np.array([5, 0, 3])], data.X_train[2:7]):
+        assert X.dtype == np.float32 and X.flags.c_contiguous and X.strides == plain, name
+
+
 DEBIAN = data_module.DEBIAN_DIRS["fashion-mnist"]
 
 

@@ -1,0 +1,130 @@
+"""Every memory layout computes the same step as the default one, the layout a run asks for is the one it
+gets (PyTorch: the strides of its batches and kernels), and the table names it on every row."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from common.batches import Order, epoch_batches
+from common.interface import Unavailable, load_module
+from common.lenet import init_weights
+from conftest import ROOT, framework_or_skip
+
+ALL_LAYOUTS = ("nchw", "nhwc")
+
+
+@pytest.fixture
+def execution(fw):
+    """The framework's execution module, back in its default layout and level after the test."""
+    module = load_module(fw.name, "execution")
+    yield module
+    module.use_layout("default")
+    module.use("default")
+
+
+def one_step(fw, execution, layout, data, n_devices):
+    execution.use_layout(layout)   # before use(): a traced step keeps the layout it was traced with
+    execution.use("default")
+    devices = fw.get_devices(n_devices)
+    replicas = [fw.get_params(init_weights(0), d) for d in devices]
+    rows = epoch_batches(len(data.y_train), 256, 0, 0)[0]
+    loss = fw.train_step(replicas, data.X_train[rows], data.y_train[rows], devices, 0.2)
+    return loss, [fw.to_numpy(r) for r in replicas]
+
+
+@pytest.mark.parametrize("n_devices", [1, 2])
+def test_every_layout_computes_the_default_step(fw, execution, digits, n_devices):
+    assert execution.DEFAULT_LAYOUT in execution.LAYOUTS and set(execution.LAYOUTS) <= set(ALL_LAYOUTS)
+    ref_loss, ref_replicas = one_step(fw, execution, "default", digits, n_devices)
+    for layout in execution.LAYOUTS:
+        loss, replicas = one_step(fw, execution, layout, digits, n_devices)
+        assert abs(loss - ref_loss) <= 1e-5, (fw.name, layout)
+        for replica in replicas:
+            for name, value in ref_replicas[0].items():
+                assert replica[name].flags.c_contiguous, (fw.name, layout, name)
+                assert np.max(np.abs(replica[name] - value)) <= 1e-5, (fw.name, layout, name)
+
+
+def test_a_layout_a_framework_lacks_is_a_skip_with_its_reason(fw, execution):
+    assert execution.use_layout("default") == execution.LAYOUTS[execution.DEFAULT_LAYOUT]
+    for layout in set(ALL_LAYOUTS) - set(execution.LAYOUTS):
+        with pytest.raises(Unavailable, match=f"has no '{layout}' layout here"):
+            execution.use_layout(layout)
+    if fw.name == "mxnet":
+        with pytest.raises(Unavailable, match="takes NCHW only"):
+            execution.use_layout("nhwc")
+
+
+# element strides of a (N, 1, 28, 28) batch, a conv1 (20, 1, 3, 3) and a conv2 (50, 20, 5, 5) kernel
+STRIDES = {"nchw": ((784, 784, 28, 1), (9, 9, 3, 1), (500, 25, 5, 1)),
+           "nhwc": ((784, 1, 28, 1), (9, 1, 3, 1), (500, 1, 100, 20))}
+
+
+@pytest.mark.parametrize("layout", ALL_LAYOUTS)
+def test_pytorch_shards_and_kernels_have_the_layouts_strides(digits, layout):
+    """With one channel both stride patterns pass is_contiguous for either format: the strides themselves
+    say which convolution path PyTorch takes."""
+    fw = framework_or_skip("pytorch")
+    execution = load_module("pytorch", "execution")
+    try:
+        execution.use_layout(layout)
+        images, conv1, conv2 = STRIDES[layout]
+        devices = fw.get_devices(2)
+        shards = fw.split_and_load(digits.X_train[np.arange(256)], devices)
+        assert [s.stride() for s in shards] == [images, images]
+        assert [s.stride() for s in fw.split_and_load(digits.y_train[:256], devices)] == [(1,), (1,)]
+        replica = fw.get_params(init_weights(0), devices[0])
+        assert (replica[0].stride(), replica[2].stride()) == (conv1, conv2)
+        fw.train_step([replica], digits.X_train[:256], digits.y_train[:256], devices[:1], 0.2)
+        assert (replica[0].stride(), replica[2].stride()) == (conv1, conv2)   # the update keeps them
+    finally:
+        execution.use_layout("default")
+
+
+def test_pytorch_builtin_and_idiomatic_run_the_default_layout(digits):
+    """DistributedDataParallel's model and batches (pipeline.py) and the reference loop's, by design."""
+    fw = framework_or_skip("pytorch")
+    execution, pipeline = load_module("pytorch", "execution"), load_module("pytorch", "pipeline")
+    images, conv1, conv2 = STRIDES[execution.DEFAULT_LAYOUT]
+    for engine in (load_module("pytorch", "builtin"), load_module("pytorch", "idiomatic")):
+        assert engine.LAYOUT == execution.LAYOUTS[execution.DEFAULT_LAYOUT]
+    model, _ = load_module("pytorch", "idiomatic").get_model(init_weights(0), fw.get_devices(1))
+    assert (model.conv1.weight.stride(), model.conv2.weight.stride()) == (conv1, conv2)
+    loader = pipeline.make_loader(digits, Order(len(digits.y_train), 256, 0), 0, 1, None, fw.get_devices(1))
+    X, _ = next(iter(pipeline.batches(loader, 0)))
+    assert X.stride() == images
+
+
+def test_every_row_names_its_layout(tmp_path):
+    """--layout multiplies the scratch rows; other modes run in their engine's own layout, and ask for none."""
+    for name in ("pytorch", "mxnet"):
+        framework_or_skip(name)
+    out = tmp_path / "layouts.json"
+    proc = subprocess.run([sys.executable, "compare.py", "--frameworks", "pytorch,mxnet", "--mode", "scratch,idiomatic",
+                           "--layout", "default,nchw,nhwc", "--devices", "1", "--epochs", "1", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {(r["framework"], r["mode"], r["row"].split("(")[1].split(")")[0]): r
+            for r in json.loads(out.read_text())["runs"]}
+    shown = {key: (r["status"], r["layout"]) for key, r in rows.items()}
+    assert shown == {
+        ("pytorch", "scratch", "default"): ("ok", "NHWC (channels_last)"),
+        ("pytorch", "scratch", "default, nchw"): ("ok", "NCHW (contiguous)"),
+        ("pytorch", "scratch", "default, nhwc"): ("ok", "NHWC (channels_last)"),
+        ("mxnet", "scratch", "default"): ("ok", "NCHW (the only one)"),
+        ("mxnet", "scratch", "default, nchw"): ("ok", "NCHW (the only one)"),
+        ("mxnet", "scratch", "default, nhwc"): ("skipped", "nhwc"),
+        ("pytorch", "idiomatic", "default"): ("ok", "NHWC (channels_last)"),
+        ("pytorch", "idiomatic", "default, nchw"): ("skipped", "nchw"),
+        ("pytorch", "idiomatic", "default, nhwc"): ("skipped", "nhwc"),
+        ("mxnet", "idiomatic", "default"): ("ok", "NCHW (Gluon)"),
+        ("mxnet", "idiomatic", "default, nchw"): ("skipped", "nchw"),
+        ("mxnet", "idiomatic", "default, nhwc"): ("skipped", "nhwc"),
+    }
+    assert "takes NCHW only" in rows["mxnet", "scratch", "default, nhwc"]["error"]
+    assert "layouts apply to the scratch mode" in rows["pytorch", "idiomatic", "default, nhwc"]["error"]
+    assert all(r["step1_loss_diff"] <= 1e-5 for r in rows.values() if r["status"] == "ok")
+    header = proc.stdout.splitlines()[0]
+    assert "| exec" in header and "| layout" in header and "| NCHW (contiguous)" in proc.stdout
