@@ -18,7 +18,8 @@ COLORS = {"pytorch": "tab:red", "mxnet": "tab:blue", "tensorflow": "tab:orange",
 def label(r):
     cores = ", core per device" if r.get("cores") == "per-device" else ""
     trials = "" if r.get("trials", 1) > 1 else ", 1 trial"
-    return f"{r['framework']} {r['mode']} {r.get('exec') or ''} {r['devices']}d/{r['processes']}p{cores}{trials}"
+    layout = (r.get("layout") or "").split(" ")[0]   # NCHW, NHWC: two rows may differ only there
+    return f"{r['framework']} {r['mode']} {r.get('exec') or ''} {layout} {r['devices']}d/{r['processes']}p{cores}{trials}"
 
 
 def image_format(path):
