@@ -191,6 +191,7 @@ def list_devices(args):
 def run_specs(args):
     """Every requested row as (spec, reason it cannot run or None)."""
     share = per_device_threads(args.threads, max(args.devices))   # each device's cores, per-device rows
+    usable = len(os.sched_getaffinity(0))
     seen = {}
     for mode, levels, shapes, cores, layouts in args.plan:
         for level, layout in itertools.product(levels, layouts):
@@ -215,9 +216,9 @@ def run_specs(args):
                         skip = f"layouts apply to the scratch mode; {mode} runs in its framework's own layout"
                     elif mode == "idiomatic" and (devices, world) != (1, 1):
                         skip = "the idiomatic reference loop is single-device, single-process"
-                    elif cores == "per-device" and (share < 1 or share * devices > len(os.sched_getaffinity(0))):
+                    elif cores == "per-device" and (share < 1 or share * devices > usable):
                         skip = (f"a core per device: {max(args.devices)} devices need {max(args.devices)} of "
-                                f"--threads {args.threads}, {len(os.sched_getaffinity(0))} usable cores here")
+                                f"--threads {args.threads}, {usable} usable cores here")
                     elif key in seen:
                         skip = f"the same run as {seen[key]} ({name} {mode} runs one process per device)"
                     seen.setdefault(key, row_label(spec))

@@ -96,6 +96,7 @@ def add_scaling(rows):
         ok = r["status"] == "ok" and base and r.get("images_per_second")
         r["scaling_efficiency"] = r["images_per_second"] / (r["devices"] * base["images_per_second"]) if ok else None
         r["scaling_base"] = f"{base['mode']} ({base['exec']}), 1 device" if ok else None
+        r["scaling_base_images_per_second"] = base["images_per_second"] if ok else None
 
 
 def write_csv(path, rows):
