@@ -1,30 +1,7 @@
-"""The contract every framework folder implements, and the one way to load an implementation.
+"""The contract every framework folder implements: its files, the functions they define, and the errors
+they raise. The machinery that loads a folder is harness/loader.py; nothing here imports a framework."""
 
-The folders `pytorch/`, `mxnet/`, `tensorflow/` and `jax/` have no `__init__.py` on purpose: a package folder
-with the name of a real framework would shadow it. They are mounted here under a private name
-(`rosetta_pytorch`, ...) so their files can import each other with relative imports.
-"""
-import functools
-import importlib
-import importlib.metadata
-import os
-import sys
-import types
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRAMEWORKS = ("pytorch", "mxnet", "tensorflow", "jax")
-
-# The pip distribution to install for each framework (requirements.txt pins it). Any other distribution
-# that provides the same import package counts as installed: torch's CUDA builds, mxnet-cu101 ...
-# mxnet-cu117, tensorflow (with GPU support), tensorflow-gpu, ...
-DISTRIBUTIONS = {
-    "pytorch": ("torch",),
-    "mxnet": ("mxnet",),
-    "tensorflow": ("tensorflow-cpu",),
-    "jax": ("jax",),
-}
-# The package each framework is imported as, where it differs from the framework's name.
-IMPORT_NAMES = {"pytorch": "torch"}
 
 # The files of a framework folder, in reading order, and what each one must define.
 FILES = ("devices", "lenet", "data_parallel")
@@ -71,58 +48,3 @@ def choose(option, names, default, framework, what="mode", reasons=None):
         why = (reasons or {}).get(option, f"choose from {', '.join(names)}")
         raise Unavailable(f"{framework} has no {option!r} {what} here ({why})")
     return option
-
-
-@functools.cache
-def installed_version(name, path=None):
-    """The framework's version from package metadata, without importing it (None if not installed): that
-    of the installed distribution whose files include the framework's import package, whatever its pip
-    name (every CUDA build of MXNet has its own). Metadata, not `find_spec`: from the repo root,
-    find_spec would find our own `mxnet/` folder. `path`: where to look (default sys.path)."""
-    package = IMPORT_NAMES.get(name, name)
-    for dist in importlib.metadata.distributions(**({} if path is None else {"path": list(path)})):
-        declared = (dist.read_text("top_level.txt") or "").split()
-        if package in declared or (not declared and any(f.parts[0] == package for f in dist.files or ())):
-            return dist.version
-    return None
-
-
-def check_name(name):
-    if name not in FRAMEWORKS:
-        raise RosettaError(f"unknown framework {name!r}; choose from {', '.join(FRAMEWORKS)}")
-
-
-def load_framework(name):
-    """The framework's implementation as one namespace holding every CONTRACT function."""
-    check_name(name)
-    if installed_version(name) is None:
-        raise Unavailable(f"{name} is not installed (pip install {DISTRIBUTIONS[name][0]}); "
-                           f"see requirements.txt for the pinned version")
-    package = f"rosetta_{name}"
-    if package not in sys.modules:
-        module = types.ModuleType(package, f"The {name} implementation, mounted from {name}/.")
-        module.__path__ = [os.path.join(ROOT, name)]
-        sys.modules[package] = module
-    impl = types.SimpleNamespace(name=name, version=installed_version(name))
-    for file in FILES:
-        if not os.path.exists(os.path.join(ROOT, name, file + ".py")):
-            raise Unavailable(f"{name} is not implemented yet ({name}/{file}.py is missing)")
-        try:
-            module = importlib.import_module(f"{package}.{file}")
-        except ImportError as err:
-            raise RosettaError(f"{name} is installed but does not import: {err}") from err
-        for attr in dir(module):
-            if attr in CONTRACT:
-                setattr(impl, attr, getattr(module, attr))
-    missing = [fn for fn in CONTRACT if not hasattr(impl, fn)]
-    if missing:
-        raise RosettaError(f"{name} does not implement {', '.join(missing)}")
-    return impl
-
-
-def load_module(name, file):
-    """One more file of a framework folder (beyond the contract), e.g. ('pytorch', 'builtin')."""
-    load_framework(name)
-    if not os.path.exists(os.path.join(ROOT, name, file + ".py")):
-        raise Unavailable(f"{name} is not implemented yet ({name}/{file}.py is missing)")
-    return importlib.import_module(f"rosetta_{name}.{file}")

@@ -6,8 +6,8 @@ By hand on one machine, from the repo root: one spec and coordinator for all pro
     SPEC='{"framework": "jax", "mode": "builtin", "devices": 2, "processes": 2, "dataset": "digits",
            "epochs": 3, "batch_size": 256, "lr": 0.1, "seed": 0}'
     export JAX_COORDINATOR_ADDRESS=127.0.0.1:12355 JAX_NUM_PROCESSES=2
-    JAX_PROCESS_ID=0 python -m common.worker "$SPEC" out-{rank}.json &
-    JAX_PROCESS_ID=1 python -m common.worker "$SPEC" out-{rank}.json
+    JAX_PROCESS_ID=0 python -m harness.worker "$SPEC" out-{rank}.json &
+    JAX_PROCESS_ID=1 python -m harness.worker "$SPEC" out-{rank}.json
     python compare.py --merge out-*.json    # the run's table row
 On several machines: the same, one process per machine, JAX_COORDINATOR_ADDRESS naming process 0's
 machine. Start them in any order: each waits for the others.

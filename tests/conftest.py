@@ -13,7 +13,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from common import FRAMEWORKS, RosettaError, load_framework  # noqa: E402
+from common import FRAMEWORKS, RosettaError  # noqa: E402
+from harness.loader import load_framework  # noqa: E402
 
 
 def framework_or_skip(name):
@@ -70,7 +71,7 @@ def role(pid):
     a worker process (compare.py, or gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"common.worker" not in f.read():
+            if b"harness.worker" not in f.read():
                 return None
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
@@ -136,7 +137,7 @@ def start_compare(tag):
     yield start
     for proc in started:
         if proc.poll() is None:
-            proc.kill()   # its workers notice and end themselves (common.worker.exit_with_parent)
+            proc.kill()   # its workers notice and end themselves (harness.worker.exit_with_parent)
         proc.communicate()
 
 

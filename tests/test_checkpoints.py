@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from common import FRAMEWORKS
-from common.checkpoints import SUFFIXES, checkpoint_name, read_weights, write_weights
-from common.convert import main as convert
-from common.interface import RosettaError, load_framework, load_module
-from common.launch import run_workers
+from harness.checkpoints import SUFFIXES, checkpoint_name, read_weights, write_weights
+from harness.convert import main as convert
+from common.interface import RosettaError
+from harness.loader import load_framework, load_module
+from harness.launch import run_workers
 from common.lenet import init_weights
 from conftest import ROOT, framework_or_skip
 
@@ -212,7 +213,7 @@ def test_a_trained_mxnet_model_converts_to_every_framework(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT}   # run beside the files: relative names (Orbax wants absolute ones)
     for target in FRAMEWORKS[:1] + FRAMEWORKS[2:]:
         framework_or_skip(target)
-        proc = subprocess.run([sys.executable, "-m", "common.convert", "mxnet-builtin-2d-1p-epoch4.params",
+        proc = subprocess.run([sys.executable, "-m", "harness.convert", "mxnet-builtin-2d-1p-epoch4.params",
                                f"lenet{SUFFIXES[target]}", "--verify"], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]

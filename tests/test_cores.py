@@ -1,4 +1,4 @@
-"""Cores per device (common/cores.py): each worker of a per-device run pinned to cores of its own, thread
+"""Cores per device (harness/cores.py): each worker of a per-device run pinned to cores of its own, thread
 counts that give each device its share, and the benchmark rows and files that report it."""
 import csv
 import json
@@ -7,8 +7,8 @@ import os
 import pytest
 
 from common import cores
-from common.benchmark import add_scaling
-from common.launch import run_workers
+from harness.benchmark import add_scaling
+from harness.launch import run_workers
 from conftest import framework_or_skip
 
 USABLE = sorted(os.sched_getaffinity(0))
@@ -67,7 +67,7 @@ def test_the_peak_memory_of_training_leaves_out_what_came_before():
     generation peaks at ~1.3 GiB at 60,000 images; training does not)."""
     import numpy as np
 
-    from common.worker import peak_rss, reset_peak_rss
+    from harness.worker import peak_rss, reset_peak_rss
     big = np.ones(300 * 2**20 // 8)
     before = peak_rss()
     del big

@@ -10,9 +10,10 @@ import types
 import numpy as np
 import pytest
 
-from common.interface import RosettaError, load_module
-from common.launch import engine_env
-from common.training import summarize
+from common.interface import RosettaError
+from harness.loader import load_module
+from harness.launch import engine_env
+from harness.training import summarize
 from conftest import ROOT, framework_or_skip
 
 
@@ -118,7 +119,7 @@ def test_mxnet_sums_on_the_gpus_across_processes(monkeypatch):
 # CPU contexts, so the GPU choice is exercised for real (its pushpull, and the Trainer over it).
 GPU_KVSTORE_WORKER = """
 import sys
-from common.interface import load_module
+from harness.loader import load_module
 engine = load_module("mxnet", "distributed")
 engine.backend = lambda gpus: "dist_device_sync"
 
@@ -130,7 +131,7 @@ def create(kind, mxnet_create=engine.mx.kv.create):
 
 
 engine.mx.kv.create = create
-from common.worker import main
+from harness.worker import main
 sys.exit(main(sys.argv[1], sys.argv[2]))
 """
 
@@ -144,8 +145,8 @@ def test_mxnet_gpu_kvstore_computes_the_dist_sync_step(mode, tmp_path):
     for name, code in (("dist_sync", None), ("dist_device_sync", GPU_KVSTORE_WORKER)):
         workers, helpers = engine_env("mxnet", 2, devices=2, gpus=[])
         out = str(tmp_path / f"{name}-{{rank}}.json")
-        worker = [sys.executable, "-m", "common.worker"] if code is None else [sys.executable, "-c", code]
-        procs = [subprocess.Popen([sys.executable, "-m", "common.worker", json.dumps(spec), os.devnull],
+        worker = [sys.executable, "-m", "harness.worker"] if code is None else [sys.executable, "-c", code]
+        procs = [subprocess.Popen([sys.executable, "-m", "harness.worker", json.dumps(spec), os.devnull],
                                   cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, start_new_session=True) for _, env in helpers]
         procs += [subprocess.Popen(worker + [json.dumps(spec), out], cwd=ROOT, env={**os.environ, **env},

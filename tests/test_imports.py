@@ -55,14 +55,14 @@ def fake_install(folder, dist, version, top_level=None, files=()):
 @pytest.mark.parametrize("dist", ["mxnet-cu101", "mxnet-cu110", "mxnet-cu111", "mxnet-cu113", "mxnet-cu116"])
 def test_every_cuda_build_of_mxnet_counts_as_mxnet(dist, tmp_path):
     """MXNet 1.9.1 has a pip name per CUDA version (mxnet-cu101 ... mxnet-cu117): any of them is mxnet."""
-    from common.interface import installed_version
+    from harness.loader import installed_version
     fake_install(tmp_path, dist, "1.9.1", top_level="dmlc_tracker\nmxnet")
     assert installed_version("mxnet", path=(str(tmp_path),)) == "1.9.1"
     assert installed_version("tensorflow", path=(str(tmp_path),)) is None
 
 
 def test_a_framework_is_known_by_its_import_package(tmp_path):
-    from common.interface import installed_version
+    from harness.loader import installed_version
     fake_install(tmp_path, "tensorflow", "2.21.0", files=["tensorflow/__init__.py"])   # no top_level.txt
     fake_install(tmp_path, "torch", "2.13.0+cu126", top_level="functorch\ntorch\ntorchgen")
     fake_install(tmp_path, "mxnet-tools", "0.1", top_level="mxnet_tools")   # not mxnet

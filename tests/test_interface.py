@@ -4,7 +4,7 @@ import pytest
 
 from common import CONTRACT, RosettaError
 from common.lenet import PARAM_NAMES, PARAM_SHAPES, init_weights
-from common.training import Scratch
+from harness.training import Scratch
 
 
 def as_numpy(t):
@@ -123,7 +123,8 @@ def test_evaluate_counts_correct_predictions(fw, digits):
 
 
 def test_an_exec_level_a_framework_lacks_is_a_skip_not_a_failure(fw):
-    from common.interface import Unavailable, load_module
+    from common.interface import Unavailable
+    from harness.loader import load_module
     execution = load_module(fw.name, "execution")
     assert execution.use("default") == execution.NAMES[execution.DEFAULT]
     if "xla" not in execution.NAMES:

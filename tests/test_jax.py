@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from common.interface import load_module
+from harness.loader import load_module
 from common.lenet import init_weights
 from conftest import framework_or_skip
 

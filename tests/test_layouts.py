@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from common.batches import Order, epoch_batches
-from common.interface import Unavailable, load_module
+from common.interface import Unavailable
+from harness.loader import load_module
 from common.lenet import init_weights
 from conftest import ROOT, framework_or_skip
 

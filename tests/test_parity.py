@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from common import FRAMEWORKS, RosettaError, load_framework
+from common import FRAMEWORKS, RosettaError
+from harness.loader import load_framework
 from common.batches import epoch_batches
 from common.lenet import init_weights
 from conftest import ROOT

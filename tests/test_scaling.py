@@ -44,7 +44,7 @@ def test_a_measured_allreduce_grows_with_size_and_feeds_the_page():
     (small, large) = results["pytorch"]["allreduce"]
     assert 0 < small["median"] < large["median"]
     assert results["pytorch"]["step"]["median"] > 0 and results["pytorch"]["alpha"] > 0
-    page = scaling.markdown(results, "test machine", "python -m common.scaling")
+    page = scaling.markdown(results, "test machine", "python -m harness.projection")
     tables = sum(len(times) for _, times in scaling.MODELS.values())   # one per model and step time
     assert "| pytorch | gloo ring all-reduce |" in page
     assert page.count("### ") == page.count("| 64 GPUs |") == tables

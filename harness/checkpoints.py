@@ -12,9 +12,11 @@ import shutil
 
 import numpy as np
 
-from .interface import RosettaError, load_module
-from .layouts import to_channels_last, to_canonical
-from .lenet import PARAM_SHAPES
+from common.interface import RosettaError
+from common.layouts import to_channels_last, to_canonical
+from common.lenet import PARAM_SHAPES
+
+from .loader import load_module
 
 SUFFIXES = {"pytorch": ".pt", "mxnet": ".params", "tensorflow": ".weights.h5", "jax": ".orbax"}
 FORMATS = {"pytorch": "PyTorch state_dict (torch.save)", "mxnet": "Gluon save_parameters",
@@ -25,9 +27,9 @@ EPOCH = re.compile(r"-epoch(\d+)\.")
 def checkpoint_name(spec, epoch):
     """framework-mode[-exec][-layout]-<devices>d-<processes>p-epoch<k><suffix>, e.g.
     mxnet-builtin-2d-1p-epoch30.params."""
-    level = "".join(f"-{spec[key]}" for key in ("exec", "layout") if spec.get(key, "default") != "default")
-    return (f"{spec['framework']}-{spec['mode']}{level}-{spec['devices']}d-{spec['processes']}p-epoch{epoch}"
-            f"{SUFFIXES[spec['framework']]}")
+    level = "".join(f"-{value}" for value in (spec.exec, spec.layout) if value != "default")
+    return (f"{spec.framework}-{spec.mode}{level}-{spec.devices}d-{spec.processes}p-epoch{epoch}"
+            f"{SUFFIXES[spec.framework]}")
 
 
 def framework_of(path, hint=""):
@@ -117,19 +119,19 @@ def write_weights(framework, weights, path):
 def saver(spec, rank):
     """The after-epoch hook of a run with a checkpoint_dir: rank 0 writes the weights every checkpoint_every
     epochs (if given) and after the last epoch."""
-    folder, every = spec.get("checkpoint_dir"), spec.get("checkpoint_every")
+    folder, every = spec.checkpoint_dir, spec.checkpoint_every
     if not folder or rank != 0:
         return None
 
     def save(epoch, runner):
-        if epoch == spec["epochs"] or (every and epoch % every == 0):
-            write_weights(spec["framework"], runner.weights(), os.path.join(folder, checkpoint_name(spec, epoch)))
+        if epoch == spec.epochs or (every and epoch % every == 0):
+            write_weights(spec.framework, runner.weights(), os.path.join(folder, checkpoint_name(spec, epoch)))
     return save
 
 
 def resume_point(spec):
     """(weights, epochs done) of the checkpoint a run resumes from, or (None, 0) for a fresh run."""
-    path = spec.get("resume_from")
+    path = spec.resume_from
     if not path:
         return None, 0
     return read_weights(framework_of(path), path), epoch_of(path)

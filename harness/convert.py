@@ -1,6 +1,6 @@
 """Convert a trained LeNet from one framework's native checkpoint to another's, through the canonical layout.
 
-    python -m common.convert SRC DST [--from F] [--to F] [--verify] [--dataset digits]
+    python -m harness.convert SRC DST [--from F] [--to F] [--verify] [--dataset digits]
 
 The frameworks come from the names (.pt PyTorch, .params MXNet, .weights.h5 Keras, .orbax JAX) or from --from
 and --to. The source is checked first (every parameter of this LeNet, with its shape) and the destination is
@@ -10,13 +10,13 @@ import argparse
 import os
 import sys
 
-from .interface import FRAMEWORKS, RosettaError
+from common.interface import FRAMEWORKS, RosettaError
 
 TOLERANCE = 1e-4   # float32 round-off of two frameworks' kernels on the same weights, with room to spare
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m common.convert", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.convert", description=__doc__.split("\n\n")[0])
     p.add_argument("src", help="a native checkpoint (file, or directory for Orbax)")
     p.add_argument("dst", help="where to write the other framework's checkpoint")
     p.add_argument("--from", dest="source", choices=FRAMEWORKS, help="SRC's framework (default: from its name)")
@@ -25,14 +25,14 @@ def parse_args(argv):
                    help=f"load both, compare logits on the test split (fails above {TOLERANCE:g})")
     p.add_argument("--dataset", default="digits", help="test split for --verify (default digits)")
     p.add_argument("--data-dir", help="folder with the IDX files (fashion-mnist, mnist)")
-    p.error = lambda message: p.exit(2, f"error: {message} (see python -m common.convert --help)\n")
+    p.error = lambda message: p.exit(2, f"error: {message} (see python -m harness.convert --help)\n")
     return p.parse_args(argv)
 
 
 def verify(source, src, target, dst, data):
     """(largest |logit difference|, source accuracy, destination accuracy) on the test split."""
     from .checkpoints import reason
-    from .interface import load_module
+    from .loader import load_module
     logits = []
     for framework, path in ((source, src), (target, dst)):
         checkpoint = load_module(framework, "checkpoint")
@@ -52,7 +52,7 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     from .checkpoints import FORMATS, framework_of, read_weights, write_weights
-    from .data import load_dataset
+    from common.data import load_dataset
     try:
         source = args.source or framework_of(args.src, "; give --from")
         target = args.target or framework_of(args.dst, "; give --to")

@@ -8,13 +8,26 @@ import subprocess
 import sys
 import tempfile
 
-from .interface import FRAMEWORKS, installed_version
+from common.interface import FRAMEWORKS
+
+from .loader import installed_version
 
 COLUMNS = ("framework", "mode", "exec", "layout", "devices", "processes", "epochs", "train s", "images/s",
            "test acc", "final loss", "|Δ step-1 loss|", "status")
 TIMING_COLUMNS = ("framework", "mode", "exec", "compiles", "layout", "cores", "devices", "processes",
                   "images/s (min-max)", "epoch s", "input s (share)", "first step s", "start-up s", "GFLOP/s",
                   "of peak", "scaling", "train MiB", "test acc", "status")
+
+
+def progress_bar(label):
+    """A one-line bar, redrawn in place, when stdout is a terminal; nothing in logs and pipes."""
+    if not sys.stdout.isatty():
+        return None
+
+    def show(step, steps):
+        done = int(30 * step / max(steps, 1))
+        print(f"\r  {label} [{'#' * done}{'.' * (30 - done)}] {step}/{steps}", end="", flush=True)
+    return show
 
 
 def cpu_name():
@@ -121,7 +134,7 @@ def timing_cells(r):
 
 
 def cores_cell(r):
-    """How the run's processes used the cores (common/cores.py): all threads shared by every op, or a
+    """How the run's processes used the cores (harness/cores.py): all threads shared by every op, or a
     number of cores of its own for each device."""
     threads = r.get("threads")
     if r.get("cores") == "per-device":

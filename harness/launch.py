@@ -14,9 +14,11 @@ import sys
 import tempfile
 import time
 
+from common.placement import machine_gpus, worker_env
+
 from .cores import CPUS_VARIABLE, worker_cpus
-from .interface import ROOT
-from .placement import machine_gpus, worker_env
+from .loader import ROOT
+from .spec import RunSpec
 
 POLL_SECONDS = 0.2
 # DistributedDataParallel is PyTorch's only working data parallelism on the CPU: one process per device,
@@ -26,7 +28,7 @@ PROCESS_PER_DEVICE = {("pytorch", "builtin")}
 
 def uses_engine(spec):
     """Whether the run's processes join their framework's multi-process engine."""
-    return spec.get("processes", 1) > 1 or (spec["framework"], spec.get("mode")) in PROCESS_PER_DEVICE
+    return spec.processes > 1 or (spec.framework, spec.mode) in PROCESS_PER_DEVICE
 
 
 def free_ports(n):
@@ -133,19 +135,21 @@ def last_progress(path):
     return int(step), int(steps)
 
 
-def run_workers(spec, timeout=None, processes=1, progress=None, stall_timeout=None):
-    """Run one spec in `processes` fresh `python -m common.worker` processes; return their result dicts
+def run_workers(spec, timeout=None, processes=None, progress=None, stall_timeout=None):
+    """Run one spec in `processes` fresh `python -m harness.worker` processes; return their result dicts
     in rank order, or one failed result. Never raises for a failed run: a crash, a dead worker or helper
     (MXNet's scheduler, server), a timeout, a stall (no new progress line for `stall_timeout` seconds)
     becomes status 'failed' with the reason, and every process of the run is gone when this returns or
     raises (Interrupted included). progress(step, steps), if given, is called as the first worker reports."""
-    worker_envs, helper_envs = (engine_env(spec["framework"], processes, spec.get("devices"))
+    spec = RunSpec.of(spec)
+    processes = processes or spec.processes
+    worker_envs, helper_envs = (engine_env(spec.framework, processes, spec.devices)
                                 if uses_engine(spec) else ([{}], []))
-    if spec.get("cores") == "per-device":   # each worker pinned to cores of its own (common/cores.py)
-        worker_envs = [{**env, CPUS_VARIABLE: ",".join(map(str, worker_cpus(r, spec["threads"])))}
+    if spec.cores == "per-device":   # each worker pinned to cores of its own (harness/cores.py)
+        worker_envs = [{**env, CPUS_VARIABLE: ",".join(map(str, worker_cpus(r, spec.threads)))}
                        for r, env in enumerate(worker_envs)]
     n = len(helper_envs)   # procs, logs and names: the helpers first, then the workers in rank order
-    names = [f"{spec['framework']} {name}" for name, _ in helper_envs]
+    names = [f"{spec.framework} {name}" for name, _ in helper_envs]
     names += [f"worker {r} of {processes}" if processes > 1 else "worker" for r in range(processes)]
     with tempfile.TemporaryDirectory(prefix="rosetta-") as tmp:
         procs, logs = [], []
@@ -154,7 +158,7 @@ def run_workers(spec, timeout=None, processes=1, progress=None, stall_timeout=No
             log_path = os.path.join(tmp, f"{name}.log")
             with open(log_path, "w") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "common.worker", json.dumps(spec), *args], cwd=ROOT, stdout=log,
+                    [sys.executable, "-m", "harness.worker", spec.to_json(), *args], cwd=ROOT, stdout=log,
                     stderr=subprocess.STDOUT, start_new_session=True,
                     env={**os.environ, **env, PARENT_VARIABLE: str(os.getpid())}))
             logs.append(log_path)

@@ -9,7 +9,8 @@ matplotlib.use("Agg")   # files only, no screen needed
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
-from .interface import RosettaError  # noqa: E402
+from common.interface import RosettaError  # noqa: E402
+
 from .report import replaced_atomically  # noqa: E402
 
 COLORS = {"pytorch": "tab:red", "mxnet": "tab:blue", "tensorflow": "tab:orange", "jax": "tab:green"}

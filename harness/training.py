@@ -12,9 +12,10 @@ import hashlib
 
 import numpy as np
 
-from .batches import Order
-from .interface import load_module
-from .lenet import init_weights
+from common.batches import Order
+from common.lenet import init_weights
+
+from .loader import load_module
 from .timing import Timer
 
 LOGGED_STEPS = 2000   # per-step losses kept, for the parity checks and the loss curves
@@ -123,7 +124,7 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
           progress=None, max_steps=None, weights=None, first_epoch=0, after_epoch=None):
     """Train this process's part; return its record: loss sums and sizes rather than means, so that
     processes with shards of different sizes merge exactly. max_steps stops early (for parity checks).
-    A resumed run starts from `weights` at `first_epoch` (common/checkpoints.py): the remaining epochs see
+    A resumed run starts from `weights` at `first_epoch` (harness/checkpoints.py): the remaining epochs see
     the batches the uninterrupted run would. after_epoch(epochs done, runner) runs outside the timers."""
     runner.start(init_weights(seed, init) if weights is None else weights)
     order = Order(len(data.y_train), batch_size, seed, min_size)

@@ -3,7 +3,8 @@ the spec (FLOPs) rather than typed in, scaling efficiency, and the CSV file."""
 import csv
 import statistics
 
-from .lenet import flops_per_image
+from common.lenet import flops_per_image
+
 from .report import replaced_atomically
 
 ROW_KEY = ("framework", "mode", "exec", "layout", "devices", "processes", "cores")

@@ -1,6 +1,6 @@
 """How far would each engine scale past this machine? A model, fed by measurements made here.
 
-    python -m common.scaling        # measure (about 5 minutes), fit, predict: writes docs/scaling.md
+    python -m harness.projection        # measure (about 5 minutes), fit, predict: writes docs/scaling.md
                                     # and results/scaling.json
 
 Measured here, per engine, with 2 processes on this machine: the time of one all-reduce of 4 KB (latency),
@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from .lenet import PARAM_SHAPES
+from common.lenet import PARAM_SHAPES
 
 MB = 2**20
 LENET_BYTES = 4 * sum(int(np.prod(s)) for s in PARAM_SHAPES.values())   # float32 gradients of one step
@@ -67,8 +67,8 @@ def measure_allreduce(fw, spec, rank, world, devices):
 def measure_step(fw, spec, devices):
     """Worker task 'step': one scratch training step (batch 256, one device), the compute an all-reduce
     would follow."""
-    from .interface import load_module
-    from .lenet import init_weights
+    from .loader import load_module
+    from common.lenet import init_weights
     load_module(fw.name, "execution").use("default")
     rng = np.random.default_rng(0)
     X = rng.standard_normal((spec.get("batch_size", 256), 1, 28, 28)).astype(np.float32)
@@ -106,7 +106,7 @@ def efficiency(step_seconds, n, p, alpha, bandwidth, framework=None):
 
 def measure(frameworks, sizes=SIZES, timeout=600):
     """Every input of the model, each measurement in fresh worker processes (the engine's own launch)."""
-    from .interface import RosettaError
+    from common.interface import RosettaError
     from .launch import run_workers
     threads = max(1, (os.cpu_count() or 2) // 2)
     results = {}
@@ -183,7 +183,8 @@ def markdown(results, env_line, command):
 
 
 def main(argv=None):
-    from .interface import FRAMEWORKS, RosettaError, installed_version
+    from common.interface import FRAMEWORKS, RosettaError
+    from .loader import installed_version
     from .report import environment, environment_line
     p = argparse.ArgumentParser(description="Measure the inputs of the scaling model and write docs/scaling.md")
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
@@ -206,7 +207,7 @@ def main(argv=None):
     with open(args.json, "w") as f:
         json.dump({"environment": env, "results": results}, f, indent=1)
     with open(args.out, "w") as f:
-        f.write(markdown(results, environment_line(env), "python -m common.scaling"))
+        f.write(markdown(results, environment_line(env), "python -m harness.projection"))
     print(f"wrote {args.out} and {args.json}", file=sys.stderr)
     return 0
 

@@ -1,4 +1,4 @@
-"""One process of a run: `python -m common.worker SPEC_JSON OUT_JSON` (`{rank}` in OUT_JSON becomes the
+"""One process of a run: `python -m harness.worker SPEC_JSON OUT_JSON` (`{rank}` in OUT_JSON becomes the
 process's rank).
 
 compare.py starts one worker per run (several for a multi-process engine) so that each framework gets
@@ -17,8 +17,8 @@ import traceback
 
 def set_threads(spec, local_devices):
     """Must happen before the framework is imported: OpenMP, MKL and TensorFlow read these at start-up."""
-    from common.cores import pin_from_env, thread_env
-    os.environ.update(thread_env(spec.get("threads") or os.cpu_count(), spec.get("cores", "shared"), local_devices))
+    from .cores import pin_from_env, thread_env
+    os.environ.update(thread_env(spec.threads or os.cpu_count(), spec.cores, local_devices))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's start-up chatter
     pin_from_env()
 
@@ -46,11 +46,11 @@ def progress(step, steps, loss):
 def joined(fw, spec):
     """This process within its run: (rank, world, its devices), joined to the framework's multi-process
     engine if the run has one, and leaving it however the block ends. Its devices follow common.placement."""
-    from common.interface import RosettaError, load_module
-    from common.launch import uses_engine
+    from common.interface import RosettaError
+    from .loader import load_module
+    from .launch import uses_engine
     from common.placement import local_devices, my_gpus
-    world = spec.get("processes", 1)
-    per_process = spec["devices"] // world
+    world, per_process = spec.processes, spec.per_process
     gpus = my_gpus(fw.name, fw.gpu_count(), per_process, world)   # before the engine: it binds its GPUs
     engine = load_module(fw.name, "distributed") if uses_engine(spec) else None
     rank, engine_world = engine.init_process(gpus) if engine else (0, 1)
@@ -80,50 +80,50 @@ def peak_rss():
 
 
 def scaling_inputs(fw, spec):
-    """The scaling model's inputs (common/scaling.py): one step's compute, or one all-reduce across the run."""
-    from common import scaling
+    """The scaling model's inputs (harness/projection.py): one step's compute, or one all-reduce across the run."""
+    from . import projection as scaling
     with joined(fw, spec) as (rank, world, devices):
-        if spec["task"] == "step":
+        if spec.task == "step":
             return {"step": scaling.measure_step(fw, spec, devices)}
         return {"allreduce": scaling.measure_allreduce(fw, spec, rank, world, devices), "rank": rank}
 
 
 def run(spec, started):
-    from common.interface import load_framework, load_module
-    fw = load_framework(spec["framework"])
-    if spec.get("task") == "devices":
-        return {"devices": fw.device_info(fw.get_devices(spec.get("devices")))}
-    if spec.get("task") in ("step", "allreduce"):
+    from .loader import load_framework, load_module
+    fw = load_framework(spec.framework)
+    if spec.task == "devices":
+        return {"devices": fw.device_info(fw.get_devices(spec.devices))}
+    if spec.task in ("step", "allreduce"):
         return scaling_inputs(fw, spec)
-    from common.checkpoints import resume_point, saver
+    from .checkpoints import resume_point, saver
     from common.data import load_dataset
-    from common.training import MODES, train
-    data = load_dataset(spec["dataset"], spec.get("data_dir"), spec.get("n_synthetic", 60000), spec["seed"])
+    from .training import MODES, train
+    data = load_dataset(spec.dataset, spec.data_dir, spec.n_synthetic, spec.seed)
     with joined(fw, spec) as (rank, world, devices):
-        runner = MODES[spec["mode"]](fw, devices)
-        if spec.get("task") == "feed":   # what the input pipeline hands each device (tests/test_pipelines.py)
-            from common.training import fed_rows
-            return {"fed": fed_rows(runner, data, spec["epochs"], spec["batch_size"], spec["seed"], rank, world,
-                                    spec["devices"]), "rank": rank}
-        execution = load_module(fw.name, "execution") if spec["mode"] == "scratch" else None
+        runner = MODES[spec.mode](fw, devices)
+        if spec.task == "feed":   # what the input pipeline hands each device (tests/test_pipelines.py)
+            from .training import fed_rows
+            return {"fed": fed_rows(runner, data, spec.epochs, spec.batch_size, spec.seed, rank, world,
+                                    spec.devices), "rank": rank}
+        execution = load_module(fw.name, "execution") if spec.mode == "scratch" else None
         # the built-in engines and reference loops run their own way, in their own layout
-        layout_name = execution.use_layout(spec.get("layout", "default")) if execution else runner.engine.LAYOUT
-        exec_name = execution.use(spec.get("exec", "default")) if execution else runner.engine.EXEC
+        layout_name = execution.use_layout(spec.layout) if execution else runner.engine.LAYOUT
+        exec_name = execution.use(spec.exec) if execution else runner.engine.EXEC
         compiles = execution.COMPILES[exec_name] if execution else runner.engine.COMPILES
         weights, first_epoch = resume_point(spec)   # (None, 0) unless resuming from a checkpoint
         startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step
         fresh_peak = reset_peak_rss()   # the data set's generation peak (~1.3 GiB at 60,000 images) is not training's
-        record = train(runner, data, spec["epochs"], spec["batch_size"], spec["lr"], spec["seed"],
-                       spec.get("init", "he"), rank, world, min_size=spec["devices"], progress=progress,
-                       max_steps=spec.get("max_steps"), weights=weights, first_epoch=first_epoch,
+        record = train(runner, data, spec.epochs, spec.batch_size, spec.lr, spec.seed,
+                       spec.init, rank, world, min_size=spec.devices, progress=progress,
+                       max_steps=spec.max_steps, weights=weights, first_epoch=first_epoch,
                        after_epoch=saver(spec, rank))
         # What the framework holds while it trains: the peak since the reset, less the harness's own copy of the data
         data_bytes = sum(a.nbytes for a in (data.X_train, data.y_train, data.X_test, data.y_test))
         record["train_memory_bytes"] = peak_rss() - data_bytes if fresh_peak else None
-        if spec.get("weights_out") and rank == 0:   # final weights, canonical layout, for parity checks
+        if spec.weights_out and rank == 0:   # final weights, canonical layout, for parity checks
             import numpy as np
-            np.savez(spec["weights_out"], **runner.weights())
-    record.update(spec=spec, rank=rank, world=world, fingerprint=data.fingerprint(), exec=exec_name, compiles=compiles,
+            np.savez(spec.weights_out, **runner.weights())
+    record.update(spec=spec.to_dict(), rank=rank, world=world, fingerprint=data.fingerprint(), exec=exec_name, compiles=compiles,
                   layout=layout_name,
                   startup_seconds=startup_seconds, device_names=[d["name"] for d in fw.device_info(devices)],
                   peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -134,10 +134,11 @@ def run(spec, started):
 def serve(spec):
     """MXNet's scheduler and server: importing mxnet with DMLC_ROLE set runs them until the job ends,
     and then mxnet ends the process itself (sys.exit in the import), so they write no record."""
-    from common.interface import RosettaError, load_framework
-    load_framework(spec["framework"])
+    from common.interface import RosettaError
+    from .loader import load_framework
+    load_framework(spec.framework)
     raise RosettaError(f"DMLC_ROLE={os.environ['DMLC_ROLE']} starts MXNet's scheduler or server; "
-                       f"{spec['framework']} has neither")
+                       f"{spec.framework} has neither")
 
 
 def exit_with_parent():
@@ -147,7 +148,7 @@ def exit_with_parent():
     (no PARENT_VARIABLE) may outlive their shell on purpose (nohup) and are left alone."""
     import signal
     import threading
-    from common.launch import PARENT_VARIABLE
+    from .launch import PARENT_VARIABLE
     parent = int(os.environ.get(PARENT_VARIABLE, 0))
     if not parent:
         return
@@ -163,14 +164,14 @@ def exit_with_parent():
 
 def main(spec_json, out_path):
     started = time.perf_counter()
-    spec = json.loads(spec_json)
     exit_with_parent()
-    local_devices = max(1, (spec.get("devices") or 1) // spec.get("processes", 1))
-    set_threads(spec, local_devices)
-    if spec.get("framework") == "jax":   # its own share of the run's devices (common.placement)
-        set_virtual_devices(local_devices)
     from common.interface import RosettaError, Unavailable
+    from .spec import RunSpec
     try:
+        spec = RunSpec.of(spec_json)
+        set_threads(spec, spec.per_process)
+        if spec.framework == "jax":   # its own share of the run's devices (common.placement)
+            set_virtual_devices(spec.per_process)
         role = os.environ.get("DMLC_ROLE", "worker")
         result = {"status": "ok", "error": None, **(run(spec, started) if role == "worker" else serve(spec))}
     except RosettaError as err:
@@ -178,7 +179,7 @@ def main(spec_json, out_path):
     except Exception as err:   # a crash in one framework must not take the others' results with it
         traceback.print_exc()
         result = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
-    result["cpus"] = sorted(os.sched_getaffinity(0))   # the cores it could run on (pinned: common/cores.py)
+    result["cpus"] = sorted(os.sched_getaffinity(0))   # the cores it could run on (pinned: harness/cores.py)
     if "{rank}" in out_path:   # hand-launched workers (torchrun, TF_CONFIG, DMLC_*) share one command line
         out_path = out_path.replace("{rank}", str(result.get("rank", os.environ.get("DMLC_ROLE", 0))))
     with open(out_path, "w") as f:

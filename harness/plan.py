@@ -1,0 +1,86 @@
+"""The rows a command asks for: the options' grid (modes x exec levels x layouts x devices and processes x
+cores settings x frameworks), or the benchmark's plan, as RunSpecs, each with the reason it cannot run."""
+import itertools
+import os
+
+from common.interface import RosettaError
+
+from .cores import per_device_threads
+from .launch import PROCESS_PER_DEVICE
+from .spec import RunSpec
+
+EXEC_OPTIONS = ("default", "eager", "graph", "xla")
+LAYOUT_OPTIONS = ("default", "nchw", "nhwc")   # memory layout of images and conv kernels: channels first or last
+# --benchmark: synthetic images, batch 256, 3 trials. With the cores shared (every op may use every core):
+# every execution mode on one device, the idiomatic reference loops, the default mode and the built-in engines
+# (fed by their frameworks' own input pipelines) on 2 devices. With a core per device: the default mode on
+# 1 device, 2 devices and 2 processes, and the built-in engines on 2 processes: real parallel speed-up, if any.
+# And the scratch step in channels-first memory (NCHW), against the rows above in each framework's default
+# layout (channels-last but in MXNet, whose NCHW row is then the same run twice: the noise between two rows).
+# Plan entries: (mode, exec levels, (devices, processes) shapes, cores, layouts).
+BENCHMARK_MD = os.path.join("results", "benchmark.md")
+BENCHMARK = {"dataset": "synthetic", "n_synthetic": 30000, "epochs": 1, "batch_size": 256, "repeats": 3,
+             "plan": [("scratch", ("eager", "graph", "xla"), ((1, 1),), "shared", ("default",)),
+                      ("scratch", ("default",), ((1, 1),), "shared", ("nchw",)),
+                      ("idiomatic", ("default",), ((1, 1),), "shared", ("default",)),
+                      ("scratch", ("default",), ((2, 1),), "shared", ("default",)),
+                      ("builtin", ("default",), ((2, 1),), "shared", ("default",)),
+                      ("scratch", ("default",), ((1, 1), (2, 1), (2, 2)), "per-device", ("default",)),
+                      ("builtin", ("default",), ((2, 2),), "per-device", ("default",))]}
+
+
+def grid(args):
+    """The plan entries of the command line's options (the benchmark brings its own)."""
+    return [(mode, tuple(args.exec), tuple(itertools.product(args.devices, args.processes)), cores,
+             tuple(args.layout)) for cores in args.cores for mode in args.mode]
+
+
+def check_data(args, dataset):
+    """Enough training images for one batch: fewer trains rows of zero or one step and calls them ok."""
+    if dataset["n_train"] < args.batch_size:
+        more = "raise --n-synthetic or " if args.dataset == "synthetic" else ""
+        raise RosettaError(f"the {dataset['name']} training set has {dataset['n_train']} images, fewer than one "
+                           f"batch of {args.batch_size}: {more}lower --batch-size")
+
+
+def run_specs(args):
+    """Every requested row as (spec, reason it cannot run or None)."""
+    share = per_device_threads(args.threads, max(args.devices))   # each device's cores, per-device rows
+    usable = len(os.sched_getaffinity(0))
+    seen = {}
+    for mode, levels, shapes, cores, layouts in args.plan:
+        for level, layout, (devices, processes), name in itertools.product(levels, layouts, shapes, args.frameworks):
+            world = devices if (name, mode) in PROCESS_PER_DEVICE else processes
+            threads = share * devices // world if cores == "per-device" else args.threads // world
+            spec = RunSpec(framework=name, mode=mode, exec=level, layout=layout, devices=devices, processes=world,
+                           cores=cores, threads=max(1, threads), dataset=args.dataset, data_dir=args.data_dir,
+                           n_synthetic=args.n_synthetic, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                           seed=args.seed, init=args.init, checkpoint_dir=args.checkpoint_dir,
+                           checkpoint_every=args.checkpoint_every, resume_from=args.resume_from)
+            yield spec, skip_reason(spec, share, usable, max(args.devices), args.threads, seen)
+            seen.setdefault(spec, row_label(spec))
+
+
+def skip_reason(spec, share, usable, most_devices, threads, seen):
+    """Why a planned row cannot run (a skipped row in the table), or None."""
+    if spec.devices % spec.processes:
+        return f"{spec.devices} devices cannot be shared evenly among {spec.processes} processes"
+    if spec.mode != "scratch" and spec.exec != "default":
+        return f"exec levels apply to the scratch mode; {spec.mode} runs its framework's own way"
+    if spec.mode != "scratch" and spec.layout != "default":
+        return f"layouts apply to the scratch mode; {spec.mode} runs in its framework's own layout"
+    if spec.mode == "idiomatic" and (spec.devices, spec.processes) != (1, 1):
+        return "the idiomatic reference loop is single-device, single-process"
+    if spec.cores == "per-device" and (share < 1 or share * spec.devices > usable):
+        return (f"a core per device: {most_devices} devices need {most_devices} of --threads {threads}, "
+                f"{usable} usable cores here")
+    if spec in seen:
+        return f"the same run as {seen[spec]} ({spec.framework} {spec.mode} runs one process per device)"
+    return None
+
+
+def row_label(spec):
+    layout = "" if spec.layout == "default" else f", {spec.layout}"
+    per_device = ", a core per device" if spec.cores == "per-device" else ""
+    return (f"{spec.framework} {spec.mode} ({spec.exec}{layout}), {spec.devices} device(s), "
+            f"{spec.processes} process(es){per_device}")

@@ -1,0 +1,90 @@
+"""One run, named once: every field a run has and its default. compare.py plans runs of this type, the launcher
+starts workers with it, a worker reads it back from JSON, --merge and --resume compare them. A hand-launched
+worker's JSON may give only some fields (README: "Multi-process runs by hand"); the rest take these defaults."""
+import dataclasses
+import json
+
+from common.interface import RosettaError
+
+DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
+# The fields that make a row of the table what it is (the rest say where the data and files are).
+ROW_FIELDS = ("framework", "mode", "exec", "layout", "devices", "processes", "cores", "epochs", "batch_size", "lr",
+              "seed", "init", "threads")
+
+
+def default_epochs(dataset):
+    return DEFAULT_EPOCHS.get(dataset, 10)
+
+
+def default(field):
+    """A field's default, for the command line's options (their --help shows it)."""
+    return next(f.default for f in dataclasses.fields(RunSpec) if f.name == field)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    framework: str
+    mode: str = "scratch"            # scratch | builtin | idiomatic (harness/training.py MODES)
+    exec: str = "default"            # the scratch step's exec level (each execution.py's LEVELS)
+    layout: str = "default"          # the scratch step's memory layout (each execution.py's LAYOUTS)
+    devices: int = 1                 # in all, over every process
+    processes: int = 1
+    cores: str = "shared"            # shared | per-device (harness/cores.py)
+    threads: int | None = None       # per process; None: every core
+    dataset: str = "digits"
+    data_dir: str | None = None
+    n_synthetic: int = 60000         # training images of the synthetic set
+    epochs: int | None = None        # None: DEFAULT_EPOCHS for the data set, else 10
+    batch_size: int = 256            # global, split across processes and devices
+    lr: float = 0.2
+    seed: int = 0                    # initial weights and batch order
+    init: str = "he"                 # he | recipe (common/lenet.py)
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    resume_from: str | None = None
+    task: str = "train"              # train | devices | feed (tests) | step, allreduce (harness/projection.py)
+    max_steps: int | None = None     # stop early (parity tests)
+    weights_out: str | None = None   # .npz of the final weights, rank 0 (parity tests)
+    bytes: int | None = None         # task allreduce: the buffer's size
+    repeats: int | None = None       # tasks step and allreduce: timed repeats
+
+    def __post_init__(self):
+        if self.epochs is None:
+            object.__setattr__(self, "epochs", default_epochs(self.dataset))
+
+    @property
+    def per_process(self):
+        """The devices each process owns: a run's devices are shared out evenly (common/placement.py)."""
+        return max(1, self.devices // self.processes)
+
+    def row(self):
+        """The fields a table row shows, as a dict."""
+        return {k: getattr(self, k) for k in ROW_FIELDS}
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def to_json(self):
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def of(cls, value):
+        """A RunSpec from itself, a dict or JSON text; an unknown field is one clear error, not a silent typo."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as err:
+                raise RosettaError(f"the run spec is not JSON ({err})") from None
+        if not isinstance(value, dict) or "framework" not in value:
+            raise RosettaError("a run spec is a JSON object with at least a \"framework\"")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise RosettaError(f"unknown run spec field(s) {', '.join(map(repr, unknown))}; "
+                               f"known: {', '.join(sorted(names))}")
+        return cls(**value)
