@@ -1,5 +1,6 @@
-"""Shared fixtures: each framework's implementation, skipped (with the reason) where it cannot load; a
-time limit on every test; the real processes of a run, found by a tag in their environment."""
+"""Shared fixtures: each framework's implementation, skipped (with the reason) only where the framework is not
+installed, and a failure where its folder is broken; a time limit on every test; compare.py and hand-launched
+processes as a user starts them; the real processes of a run, found by a tag in their environment."""
 import os
 import signal
 import subprocess
@@ -13,15 +14,39 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from common import FRAMEWORKS, RosettaError  # noqa: E402
+from common import FRAMEWORKS, Unavailable  # noqa: E402
 from harness.loader import load_framework  # noqa: E402
+
+# .ci/run sets this: CI installs every framework, so there a framework that is not installed fails the suite.
+REQUIRE_ALL = os.environ.get("ROSETTA_REQUIRE_ALL_FRAMEWORKS") == "1"
+
+
+def skip_not_installed(reason):
+    """The one way a test leaves a framework out: it is not installed (and never where all are required)."""
+    if REQUIRE_ALL:
+        pytest.fail(f"{reason}; ROSETTA_REQUIRE_ALL_FRAMEWORKS=1 requires every framework", pytrace=False)
+    pytest.skip(reason)
 
 
 def framework_or_skip(name):
+    """The framework's implementation. Not installed: skipped. Installed but its folder misses a file, fails to
+    import or lacks a contract function: harness.loader raises a plain RosettaError and the test fails."""
     try:
         return load_framework(name)
-    except RosettaError as err:
-        pytest.skip(str(err))
+    except Unavailable as err:
+        skip_not_installed(str(err))
+
+
+def installed_frameworks():
+    """The implementations of every installed framework (a broken one fails the caller, as above)."""
+    available = []
+    for name in FRAMEWORKS:
+        try:
+            available.append(load_framework(name))
+        except Unavailable as err:
+            if REQUIRE_ALL:
+                skip_not_installed(str(err))
+    return available
 
 
 @pytest.fixture(params=FRAMEWORKS)
@@ -50,6 +75,28 @@ def time_limit(request):
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, previous)
+
+
+def run_compare(*args, cwd=ROOT, timeout=600, env=None):
+    """compare.py as a user runs it, to the end: the finished process, output captured."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, "compare.py"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_processes(commands, timeout=300):
+    """Processes started by hand as a launcher would (torchrun, TF_CONFIG, MXNet's scheduler, server and workers):
+    `commands` is [(argv, extra environment)], helpers first. Waits for all, kills whatever is left (each leads
+    its own process group), checks that every one exited 0; returns their stderr texts."""
+    procs = [subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True) for argv, env in commands]
+    try:
+        errors = [p.communicate(timeout=timeout)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert all(p.returncode == 0 for p in procs), "\n".join((e or "")[-1500:] for e in errors)
+    return errors
 
 
 def processes_tagged(tag):

@@ -14,21 +14,18 @@ from common import FRAMEWORKS
 from harness.checkpoints import SUFFIXES, checkpoint_name, read_weights, write_weights
 from harness.convert import main as convert
 from common.interface import RosettaError
-from harness.loader import load_framework, load_module
+from harness.loader import load_module
 from harness.launch import run_workers
 from common.lenet import init_weights
-from conftest import ROOT, framework_or_skip
+from conftest import ROOT, framework_or_skip, installed_frameworks, run_compare
 
 
 @pytest.fixture(autouse=True, scope="module")
 def devices_first():
     """TensorFlow and JAX fix their number of CPU devices when they first run anything, and later test files
     in this process need several: get_devices() makes them before this file builds a model."""
-    for name in FRAMEWORKS:
-        try:
-            load_framework(name).get_devices()
-        except RosettaError:
-            pass
+    for fw in installed_frameworks():
+        fw.get_devices()
 
 
 def saved(framework, folder, weights=None, name="lenet"):
@@ -48,14 +45,7 @@ def test_a_checkpoint_holds_the_weights_exactly(fw, tmp_path):
 
 @pytest.fixture(scope="module")
 def available():
-    names = []
-    for name in FRAMEWORKS:
-        try:
-            load_framework(name)
-            names.append(name)
-        except RosettaError:
-            pass
-    return names
+    return [fw.name for fw in installed_frameworks()]
 
 
 def test_every_conversion_loads_natively_and_computes_the_same_logits(digits, tmp_path, available):
@@ -207,8 +197,8 @@ def test_a_trained_mxnet_model_converts_to_every_framework(tmp_path):
     """The migration path: train Gluon data-parallel with --checkpoint-dir, convert, --verify: the same test
     accuracy in every framework, logits within 1e-4."""
     framework_or_skip("mxnet")
-    proc = subprocess.run([sys.executable, "compare.py", "--frameworks", "mxnet", "--mode", "builtin", "--epochs", "4",
-                           "--checkpoint-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = run_compare("--frameworks", "mxnet", "--mode", "builtin", "--epochs", "4", "--checkpoint-dir", str(tmp_path),
+                       timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     env = {**os.environ, "PYTHONPATH": ROOT}   # run beside the files: relative names (Orbax wants absolute ones)
     for target in FRAMEWORKS[:1] + FRAMEWORKS[2:]:

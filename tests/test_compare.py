@@ -7,12 +7,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
-
-
-def compare(*args, cwd=ROOT, timeout=600):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "compare.py"), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+from conftest import ROOT, run_compare as compare
 
 
 def test_small_pytorch_run_writes_the_documented_json(tmp_path):
@@ -81,8 +76,7 @@ def test_missing_frameworks_show_as_skipped_not_fabricated(tmp_path):
         "def distributions(**kw):\n"
         "    return [d for d in _d(**kw) if not d.metadata['Name'].lower().startswith('mxnet')]\n"
         "m.version, m.distributions = version, distributions\n")
-    proc = subprocess.run([sys.executable, "compare.py", "--frameworks", "mxnet", "--epochs", "1"], cwd=ROOT,
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = compare("--frameworks", "mxnet", "--epochs", "1", env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "skipped: mxnet is not installed" in proc.stdout
 

@@ -1,7 +1,6 @@
 """Every mode and process count computes the in-process scratch step, and every process ends."""
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -10,7 +9,8 @@ import pytest
 
 from common import FRAMEWORKS
 from harness.launch import run_workers
-from conftest import ROOT, follow, framework_or_skip, processes_by_role, wait_for_training
+from conftest import follow, framework_or_skip, processes_by_role, run_compare, run_processes, skip_not_installed, \
+    wait_for_training
 
 CONFIGS = [("scratch", 2, 2), ("builtin", 2, 1), ("builtin", 2, 2)]   # (mode, devices, processes)
 
@@ -21,8 +21,8 @@ def one_step(framework, mode, devices, processes, tmp_path, steps=1):
             "dataset": "digits", "epochs": 1, "batch_size": 97, "lr": 0.2, "seed": 5, "threads": 1,
             "max_steps": steps, "weights_out": str(out)}
     results = run_workers(spec, timeout=240, processes=processes)
-    if results[0]["status"] == "skipped" or "not implemented" in str(results[0].get("error")):
-        pytest.skip(results[0]["error"])
+    if results[0]["status"] == "skipped":   # Unavailable: the framework is not installed
+        skip_not_installed(results[0]["error"])
     assert all(r["status"] == "ok" for r in results), results[0].get("error")
     loss = sum(r["step_loss_sums"][0] for r in results) / sum(r["step_sizes"][0] for r in results)
     assert len({r["digest"] for r in results}) == 1, "processes hold different weights"
@@ -142,15 +142,7 @@ def launch_by_hand(framework, spec, folder):
                 "DMLC_NUM_WORKER": "2", "DMLC_NODE_HOST": "127.0.0.1", "DMLC_INTERFACE": "lo"}
         commands = [(worker + [os.devnull], {**dmlc, "DMLC_ROLE": role}) for role in ("scheduler", "server")]
         commands += [(worker + [out], {**dmlc, "DMLC_ROLE": "worker"}) for _ in range(2)]
-    procs = [subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True) for cmd, env in commands]
-    try:
-        errors = [p.communicate(timeout=300)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-    assert all(p.returncode == 0 for p in procs), "\n".join(e[-1500:] for e in errors)
+    run_processes(commands)
     return sorted(str(f) for f in folder.glob("*.json"))
 
 
@@ -174,8 +166,7 @@ def hand_launched(tmp_path_factory):
 def merge(*paths):
     import json
     out = os.path.join(os.path.dirname(paths[0]), "merged.json")
-    proc = subprocess.run([sys.executable, "compare.py", "--merge", *paths, "--json", out], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_compare("--merge", *paths, "--json", out, timeout=120)
     runs = json.load(open(out))["runs"] if proc.returncode in (0, 1) else None
     return proc, runs
 

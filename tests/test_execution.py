@@ -1,11 +1,9 @@
 """Every execution level computes the same step on several devices as eagerly, run as a user runs it."""
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, framework_or_skip
+from conftest import framework_or_skip, run_compare
 
 
 def test_xla_on_two_devices_is_an_ok_row_with_the_eager_step(tmp_path):
@@ -13,9 +11,8 @@ def test_xla_on_two_devices_is_an_ok_row_with_the_eager_step(tmp_path):
     variables (it used to fail with "Trying to access resource ... located in device CPU:1")."""
     framework_or_skip("tensorflow")
     out = tmp_path / "xla.json"
-    proc = subprocess.run([sys.executable, "compare.py", "--frameworks", "tensorflow", "--exec", "eager,xla",
-                           "--devices", "2", "--epochs", "1", "--json", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = run_compare("--frameworks", "tensorflow", "--exec", "eager,xla", "--devices", "2", "--epochs", "1",
+                       "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     eager, xla = json.loads(out.read_text())["runs"]
     assert (eager["exec"], xla["exec"]) == ("eager", "tf.function+XLA")

@@ -3,7 +3,6 @@ are replaced by recorders (monkeypatch), and where the framework allows it the G
 on the CPU (MXNet's dist_device_sync kvstore)."""
 import json
 import os
-import subprocess
 import sys
 import types
 
@@ -14,7 +13,7 @@ from common.interface import RosettaError
 from harness.loader import load_module
 from harness.launch import engine_env
 from harness.training import summarize
-from conftest import ROOT, framework_or_skip
+from conftest import framework_or_skip, run_processes
 
 
 def distributed(framework):
@@ -146,19 +145,8 @@ def test_mxnet_gpu_kvstore_computes_the_dist_sync_step(mode, tmp_path):
         workers, helpers = engine_env("mxnet", 2, devices=2, gpus=[])
         out = str(tmp_path / f"{name}-{{rank}}.json")
         worker = [sys.executable, "-m", "harness.worker"] if code is None else [sys.executable, "-c", code]
-        procs = [subprocess.Popen([sys.executable, "-m", "harness.worker", json.dumps(spec), os.devnull],
-                                  cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, start_new_session=True) for _, env in helpers]
-        procs += [subprocess.Popen(worker + [json.dumps(spec), out], cwd=ROOT, env={**os.environ, **env},
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                   start_new_session=True) for env in workers]
-        try:
-            errors = [p.communicate(timeout=300)[1] for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, 9)
-        assert all(p.returncode == 0 for p in procs), "\n".join((e or "")[-1500:] for e in errors)
+        errors = run_processes([([sys.executable, "-m", "harness.worker", json.dumps(spec), os.devnull], env)
+                                for _, env in helpers] + [(worker + [json.dumps(spec), out], env) for env in workers])
         if code:
             assert all("kvstore dist_device_sync" in e for e in errors[len(helpers):])
         runs[name] = [json.load(open(out.replace("{rank}", str(r)))) for r in range(2)]

@@ -1,4 +1,5 @@
 """The name trap: our `mxnet/`, `tensorflow/` and `jax/` folders must never hide the real packages."""
+import ast
 import importlib.util
 import os
 import subprocess
@@ -7,7 +8,7 @@ import sys
 import pytest
 
 from common import FRAMEWORKS
-from conftest import ROOT, framework_or_skip
+from conftest import ROOT, framework_or_skip, skip_not_installed
 
 REAL = {"mxnet": "mxnet", "tensorflow": "tensorflow", "pytorch": "torch", "jax": "jax"}
 
@@ -28,7 +29,7 @@ def test_real_package_is_found_from_anywhere_in_the_repo(package, cwd):
     origin = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
                             check=True).stdout.strip()
     if origin == "MISSING":
-        pytest.skip(f"{package} is not installed")
+        skip_not_installed(f"{package} is not installed")
     assert origin != "None" and not origin.startswith(ROOT + os.sep + package), origin
     assert origin.endswith(os.path.join(package, "__init__.py"))
 
@@ -69,3 +70,35 @@ def test_a_framework_is_known_by_its_import_package(tmp_path):
     path = (str(tmp_path),)
     assert (installed_version("tensorflow", path=path), installed_version("pytorch", path=path),
             installed_version("mxnet", path=path)) == ("2.21.0", "2.13.0+cu126", None)
+
+
+def repo_imports(path):
+    """The repo's own top-level modules that a file imports by absolute name (relative imports stay inside its
+    folder): what a floor stands on."""
+    ours = {d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "__init__.py"))}
+    ours |= (set(FRAMEWORKS) - set(SHADOWABLE)) | {"compare", "conftest"}   # `import jax` is the real JAX
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add(node.module.split(".")[0])
+    return found & ours
+
+
+def python_files(folder):
+    return sorted(os.path.join(ROOT, folder, f) for f in os.listdir(os.path.join(ROOT, folder)) if f.endswith(".py"))
+
+
+@pytest.mark.parametrize("folder", ["common", *FRAMEWORKS, "harness"])
+def test_the_three_floors(folder):
+    """common/ (the spec) <- the framework folders <- harness/ and compare.py: no import runs back up. The
+    framework folders reach harness/ never, and each other only through harness.loader (which mounts them)."""
+    below = {"common": set(), "harness": {"common", "harness"}}.get(folder, {"common"})
+    for path in python_files(folder):
+        assert repo_imports(path) <= below, f"{os.path.relpath(path, ROOT)} imports {repo_imports(path) - below}"
+
+
+def test_compare_py_stands_on_top():
+    assert repo_imports(os.path.join(ROOT, "compare.py")) <= {"common", "harness"}
+    assert all("compare" not in repo_imports(p) for p in python_files("harness"))

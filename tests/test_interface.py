@@ -1,4 +1,6 @@
 """The contract, checked the same way for every framework that is implemented."""
+import os
+
 import numpy as np
 import pytest
 
@@ -131,3 +133,48 @@ def test_an_exec_level_a_framework_lacks_is_a_skip_not_a_failure(fw):
         with pytest.raises(Unavailable, match=r"has no 'xla' mode here \(choose from eager, graph\)"):
             execution.use("xla")
     execution.use("default")
+
+
+def broken_copy(tmp_path, monkeypatch, framework, break_it):
+    """The repo as harness.loader sees it, with one framework folder broken by `break_it(folder)`, mounted
+    afresh under its private name (restored after the test)."""
+    import shutil
+    import sys
+    from harness import loader
+    shutil.copytree(os.path.join(loader.ROOT, framework), tmp_path / framework)
+    break_it(tmp_path / framework)
+    monkeypatch.setattr(loader, "ROOT", str(tmp_path))
+    for name in [m for m in sys.modules if m == f"rosetta_{framework}" or m.startswith(f"rosetta_{framework}.")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+def rename(file, old, new):
+    def edit(folder):
+        path = folder / file
+        path.write_text(path.read_text().replace(f"def {old}(", f"def {new}("))
+    return edit
+
+
+@pytest.mark.parametrize("break_it,message", [
+    (rename("data_parallel.py", "allreduce", "all_reduce"), "does not implement allreduce"),
+    (lambda folder: os.remove(folder / "lenet.py"), "lenet.py is missing"),
+    (lambda folder: (folder / "devices.py").write_text("import no_such_module\n"), "does not import"),
+])
+def test_a_broken_translation_fails_the_suite_not_skips(fw, tmp_path, monkeypatch, break_it, message):
+    """An installed framework whose folder misses a contract function or a file, or does not import, is a broken
+    translation: a plain RosettaError (its rows fail), and the tests' loader fails instead of skipping."""
+    from common import Unavailable
+    from conftest import framework_or_skip
+    from harness.loader import load_framework
+    broken_copy(tmp_path, monkeypatch, fw.name, break_it)
+    with pytest.raises(RosettaError, match=message) as err:
+        load_framework(fw.name)
+    assert not isinstance(err.value, Unavailable)
+    try:   # the tests' own loader lets it through, so the test using it fails
+        framework_or_skip(fw.name)
+    except pytest.skip.Exception:
+        pytest.fail("a broken translation was skipped, not failed")
+    except RosettaError as raised:
+        assert message in str(raised)
+    else:
+        pytest.fail("the broken translation loaded")

@@ -1,8 +1,6 @@
 """Every memory layout computes the same step as the default one, the layout a run asks for is the one it
 gets (PyTorch: the strides of its batches and kernels), and the table names it on every row."""
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -11,7 +9,7 @@ from common.batches import Order, epoch_batches
 from common.interface import Unavailable
 from harness.loader import load_module
 from common.lenet import init_weights
-from conftest import ROOT, framework_or_skip
+from conftest import framework_or_skip, run_compare
 
 ALL_LAYOUTS = ("nchw", "nhwc")
 
@@ -103,9 +101,8 @@ def test_every_row_names_its_layout(tmp_path):
     for name in ("pytorch", "mxnet"):
         framework_or_skip(name)
     out = tmp_path / "layouts.json"
-    proc = subprocess.run([sys.executable, "compare.py", "--frameworks", "pytorch,mxnet", "--mode", "scratch,idiomatic",
-                           "--layout", "default,nchw,nhwc", "--devices", "1", "--epochs", "1", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = run_compare("--frameworks", "pytorch,mxnet", "--mode", "scratch,idiomatic", "--layout", "default,nchw,nhwc",
+                       "--devices", "1", "--epochs", "1", "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {(r["framework"], r["mode"], r["row"].split("(")[1].split(")")[0]): r
             for r in json.loads(out.read_text())["runs"]}

@@ -1,28 +1,18 @@
 """The heart of the repo: from identical weights and batches, the four frameworks compute the same
 training, step for step. Skipped frameworks (not installed) drop out; at least two must remain."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from common import FRAMEWORKS, RosettaError
-from harness.loader import load_framework
 from common.batches import epoch_batches
 from common.lenet import init_weights
-from conftest import ROOT
+from conftest import installed_frameworks, run_compare
 
 
 @pytest.fixture(scope="module")
 def frameworks():
-    available = []
-    for name in FRAMEWORKS:
-        try:
-            available.append(load_framework(name))
-        except RosettaError:
-            pass
+    available = installed_frameworks()
     if len(available) < 2:
         pytest.skip("parity needs at least two installed frameworks")
     return available
@@ -60,8 +50,7 @@ def test_the_first_five_steps_agree(frameworks, digits):
 def test_a_full_default_run_agrees_on_accuracy(frameworks, tmp_path):
     """`python compare.py` as a new user runs it: every framework ok, >= 0.95 on digits, within 1.5 points."""
     out = tmp_path / "default.json"
-    proc = subprocess.run([sys.executable, "compare.py", "--json", str(out)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    proc = run_compare("--json", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = {r["framework"]: r for r in json.loads(out.read_text())["runs"]}
     accuracies = {fw.name: runs[fw.name]["test_accuracy"] for fw in frameworks}
