@@ -16,6 +16,7 @@ from harness.convert import main as convert
 from common.interface import RosettaError
 from harness.loader import load_module
 from harness.launch import run_workers
+from harness.spec import RunSpec
 from common.lenet import init_weights
 from conftest import ROOT, framework_or_skip, installed_frameworks, run_compare
 
@@ -155,9 +156,9 @@ def test_a_write_that_fails_midway_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_names_and_suffixes(tmp_path):
-    spec = {"framework": "mxnet", "mode": "builtin", "exec": "default", "devices": 2, "processes": 1}
+    spec = RunSpec(framework="mxnet", mode="builtin", exec="default", devices=2, processes=1)
     assert checkpoint_name(spec, 30) == "mxnet-builtin-2d-1p-epoch30.params"
-    assert checkpoint_name({**spec, "framework": "jax", "mode": "scratch", "exec": "eager", "processes": 2}, 5) \
+    assert checkpoint_name(spec.replace(framework="jax", mode="scratch", exec="eager", processes=2), 5) \
         == "jax-scratch-eager-2d-2p-epoch5.orbax"
     with pytest.raises(RosettaError, match="must end in .weights.h5"):
         write_weights("tensorflow", init_weights(0), str(tmp_path / "lenet.h5"))
@@ -167,12 +168,11 @@ def run(framework, folder, **extra):
     """Two processes for PyTorch (DDP's way) and JAX (Orbax refuses host-local arrays across processes)."""
     folder.mkdir(exist_ok=True)
     processes = 2 if framework in ("pytorch", "jax") else 1
-    spec = {"framework": framework, "mode": "builtin", "devices": 2, "processes": processes,
-            "dataset": "digits", "epochs": 3, "batch_size": 256, "lr": 0.2, "seed": 2, "threads": 1,
-            "weights_out": str(folder / "final.npz"), **extra}
-    results = run_workers(spec, timeout=300, processes=spec["processes"])
+    spec = RunSpec(framework=framework, mode="builtin", devices=2, processes=processes, dataset="digits", epochs=3,
+                   batch_size=256, lr=0.2, seed=2, threads=1, weights_out=str(folder / "final.npz"), **extra)
+    results = run_workers(spec, timeout=300)
     assert all(r["status"] == "ok" for r in results), results[0].get("error")
-    trained = spec["epochs"] - results[0]["first_epoch"]   # and the input pipeline's cost, measured per epoch:
+    trained = spec.epochs - results[0]["first_epoch"]   # and the input pipeline's cost, measured per epoch:
     assert all(len(r["epoch_input_seconds"]) == trained and min(r["epoch_input_seconds"]) > 0 for r in results)
     return spec, dict(np.load(folder / "final.npz"))
 

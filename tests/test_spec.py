@@ -1,0 +1,56 @@
+"""One run spec: every field's default in one place, the command line's defaults taken from it, and a worker's
+JSON read back into the same spec (a hand-launched worker's few fields filled in the same way)."""
+import dataclasses
+import json
+
+import pytest
+
+from common import RosettaError
+from harness.spec import RunSpec
+
+
+def test_a_spec_round_trips_through_json():
+    spec = RunSpec(framework="jax", mode="builtin", devices=4, processes=2, dataset="synthetic", n_synthetic=600)
+    assert RunSpec.of(spec.to_json()) == spec and RunSpec.of(spec.to_dict()) == spec and RunSpec.of(spec) is spec
+    assert spec.per_process == 2 and spec.epochs == 10
+
+
+def test_defaults_fill_a_hand_launched_spec():
+    """The README's SPEC gives a few fields; the rest are RunSpec's defaults (digits: 30 epochs)."""
+    spec = RunSpec.of('{"framework": "pytorch", "devices": 2, "processes": 2, "dataset": "digits"}')
+    assert (spec.mode, spec.exec, spec.layout, spec.cores, spec.epochs, spec.batch_size, spec.lr, spec.seed,
+            spec.init, spec.n_synthetic, spec.threads, spec.per_process) == \
+        ("scratch", "default", "default", "shared", 30, 256, 0.2, 0, "he", 60000, None, 1)
+
+
+@pytest.mark.parametrize("bad,message", [
+    ('{"framework": "pytorch", "epoch": 3}', "unknown run spec field.*'epoch'"),
+    ('{"devices": 2}', 'at least a "framework"'),
+    ("not json", "not JSON"),
+])
+def test_a_bad_spec_is_one_clear_error(bad, message):
+    with pytest.raises(RosettaError, match=message):
+        RunSpec.of(bad)
+
+
+def test_compare_py_takes_its_defaults_from_the_spec():
+    import compare
+    args = compare.parse_args([])
+    for field in ("mode", "cores", "dataset", "n_synthetic", "batch_size", "lr", "seed", "init"):
+        default = next(f.default for f in dataclasses.fields(RunSpec) if f.name == field)
+        value = getattr(args, field)
+        assert (value[0] if isinstance(value, list) else value) == default, field
+    assert args.epochs == RunSpec(framework="pytorch").epochs == 30
+
+
+def test_the_planned_rows_are_specs_with_the_options_values():
+    import compare
+    from harness.plan import run_specs
+    args = compare.parse_args(["--frameworks", "pytorch,mxnet", "--mode", "scratch,builtin", "--devices", "1,2",
+                               "--epochs", "3", "--lr", "0.1"])
+    rows = list(run_specs(args))
+    assert len(rows) == 8 and all(isinstance(spec, RunSpec) for spec, _ in rows)
+    assert {(s.epochs, s.lr, s.batch_size) for s, _ in rows} == {(3, 0.1, 256)}
+    ddp = [s for s, _ in rows if (s.framework, s.mode) == ("pytorch", "builtin")]
+    assert [(s.devices, s.processes) for s in ddp] == [(1, 1), (2, 2)]   # DDP: one process per device
+    assert json.loads(ddp[1].to_json())["processes"] == 2
