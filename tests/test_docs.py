@@ -1,6 +1,7 @@
 """The reader's promises: the Rosetta page's links hit their code, the framework folders line up, and the
 README's commands are the ones CI runs."""
 import ast
+import glob
 import importlib.util
 import os
 import re
@@ -20,10 +21,101 @@ def load_links_tool():
 
 
 def test_rosetta_links_point_at_their_code():
+    """Every link of the README and of every docs/*.md page points where it says (python docs/links.py)."""
     links = load_links_tool()
-    for page in links.PAGES:   # the Rosetta page, the migration page
-        assert len(links.LINK.findall(open(page).read())) >= 30, page
-        assert links.problems(page) == [], f"code moved under {page}'s links: run `python docs/links.py`"
+    pages = links.pages()
+    assert set(pages) == {os.path.join(ROOT, "README.md")} | set(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+    for page in pages:
+        assert links.problems(page) == [], f"code moved under {page}'s links: run `python docs/links.py --fix`"
+    for name in ("rosetta.md", "migration.md"):
+        found = links.find_links(open(os.path.join(ROOT, "docs", name)).read())
+        assert sum(link.code is not None and ".py#L" in link.target for link in found) >= 30, name
+
+
+SAMPLE = '''"""A module whose docstring names shard_map and frobnicate."""
+import os
+from os.path import (join,
+                     shard_map, frobnicate)
+
+# shard_map and frobnicate, in a comment
+
+
+def frobnicate(x):
+    """frobnicate, in its docstring."""
+    return join(os.sep, x)
+
+
+value = frobnicate("a")   # frobnicate again, and here shard_map only in a comment
+'''
+DOCSTRING, IMPORT, CONTINUATION, COMMENT, DEF, INNER_DOCSTRING, USE = 1, 3, 4, 6, 9, 10, 14
+
+
+def sample(tmp_path, page_text, name="page.md"):
+    (tmp_path / "pkg").mkdir(exist_ok=True)
+    (tmp_path / "pkg" / "mod.py").write_text(SAMPLE)
+    page = tmp_path / "docs" / name
+    page.parent.mkdir(exist_ok=True)
+    page.write_text(page_text)
+    return str(page)
+
+
+def test_a_link_to_a_docstring_comment_or_import_line_is_flagged(tmp_path):
+    """shard_map is in the sample only in a docstring, an import continuation line and comments: a link to
+    any of those lines is broken, and the message names the page, the text and the file."""
+    links = load_links_tool()
+    lines = (DOCSTRING, IMPORT, CONTINUATION, COMMENT, USE)
+    page = sample(tmp_path, "".join(f"[`shard_map`](../pkg/mod.py#L{n})\n" for n in lines))
+    found = links.problems(page)
+    assert len(found) == len(lines), found
+    for n, problem in zip(lines, found):
+        assert problem.startswith(f"{os.path.relpath(page, ROOT)}: ../pkg/mod.py#L{n} does not hold `shard_map`")
+        assert "no line of code in" in problem and "pkg/mod.py" in problem
+    assert links.fix(page) == [] and links.main([], pages=[page]) == 1
+
+
+def test_a_name_is_linked_at_its_def_line_and_nowhere_else(tmp_path):
+    links = load_links_tool()
+    wrong = (DOCSTRING, CONTINUATION, COMMENT, INNER_DOCSTRING, USE, 7, 99)   # 7 is blank, 99 past the end
+    page = sample(tmp_path, "".join(f"[`frobnicate`](../pkg/mod.py#L{n})\n" for n in wrong + (DEF,)))
+    found = links.problems(page)
+    assert [p.split(" does not hold")[0].rsplit("#L")[1] for p in found] == [str(n) for n in wrong], found
+    assert all(f"the def/class of `frobnicate` is line {DEF}" in p for p in found)
+    assert "docstring line" in found[0] and "import line" in found[1] and "comment line" in found[2]
+
+
+def test_fix_moves_a_link_from_a_docstring_to_the_def_line_and_checking_never_writes(tmp_path):
+    links = load_links_tool()
+    text = "See [`frobnicate`](../pkg/mod.py#L{}) and [`join(os.sep, x)`](../pkg/mod.py#L{}).\n"
+    page = sample(tmp_path, text.format(DOCSTRING, DEF))
+    for argv in ([], ["--check"]):
+        assert links.main(argv, pages=[page]) == 1 and open(page).read() == text.format(DOCSTRING, DEF)
+    assert links.main(["--fix"], pages=[page]) == 0
+    assert open(page).read() == text.format(DEF, DEF + 2)   # the def line; the body's first line
+    assert links.problems(page) == [] and links.main([], pages=[page]) == 0
+
+
+def test_md_anchors_must_match_a_heading(tmp_path):
+    links = load_links_tool()
+    sample(tmp_path, "# Other\n\n## GPUs and processes\n\n## The `--cores` flag, again!\n\n## Notes\n\n## Notes\n"
+                     "\n```bash\n# Not a heading\n```\n", name="other.md")
+    good = ["other.md#gpus-and-processes", "other.md#the---cores-flag-again", "other.md#notes",
+            "other.md#notes-1", "#a-section", "other.md"]
+    bad = ["other.md#gpus-processes", "other.md#notes-2", "other.md#not-a-heading", "#missing"]
+    page = sample(tmp_path, "## A section\n\n" + "".join(f"[here]({t})\n" for t in good + bad))
+    found = links.problems(page)
+    assert len(found) == len(bad) and all(f": {t} does not hold a heading" in p for t, p in zip(bad, found)), found
+
+
+def test_a_missing_file_is_flagged_and_links_in_code_are_not_links(tmp_path):
+    links = load_links_tool()
+    page = sample(tmp_path, "[`frobnicate`](../pkg/gone.py#L9) [text](../pkg/gone.md) [t](../pkg/mod.py)\n"
+                            "[line 3](../pkg/mod.py#L3) [line 99](../pkg/mod.py#L99) [web](https://example.org/x)\n"
+                            "`[inline](nowhere.md)`\n\n```\n[fenced](nowhere.md)\n```\n")
+    found = [p.split(": ", 1)[1] for p in links.problems(page)]
+    assert len(found) == 3, found
+    assert found[0].startswith("../pkg/gone.py#L9 does not hold anything: there is no ") and found[0].endswith("pkg/gone.py")
+    assert found[1].startswith("../pkg/gone.md does not hold anything: there is no ") and found[1].endswith("pkg/gone.md")
+    assert found[2].startswith("../pkg/mod.py#L99 does not hold line 99: ") and found[2].endswith("mod.py has 14 lines")
 
 
 def top_level_functions(path):
