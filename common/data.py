@@ -12,6 +12,7 @@ from .interface import RosettaError
 from .lenet import IMAGE_SHAPE
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "synthetic")
+SYNTHETIC_SIZE = 60000   # training images of the synthetic set, as many as (Fashion-)MNIST has
 DEBIAN_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}   # apt-get install dataset-fashion-mnist
 MIRRORS = {
     "fashion-mnist": ["https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
@@ -66,7 +67,7 @@ def as_images(a):
     return np.array(a, dtype=np.float32).reshape(len(a), *IMAGE_SHAPE)
 
 
-def load_dataset(name, data_dir=None, n_synthetic=60000, seed=0):
+def load_dataset(name, data_dir=None, n_synthetic=SYNTHETIC_SIZE, seed=0):
     if name == "digits":
         return load_digits()
     if name == "synthetic":

@@ -47,7 +47,8 @@ def engine_env(framework, world, devices=None, gpus=None):
     all. Every worker is on this machine: its local rank is its rank, and it gets its share of the
     machine's GPUs (`gpus`, default machine_gpus()) by common.placement's rule."""
     gpus = machine_gpus() if gpus is None else gpus
-    place = [worker_env(framework, r, world, (devices or world) // world, gpus) for r in range(world)]
+    per_process = RunSpec(framework, devices=devices or world, processes=world).per_process
+    place = [worker_env(framework, r, world, per_process, gpus) for r in range(world)]
     ports = free_ports(world + 1)
     if framework == "pytorch":   # what `torchrun --standalone --nproc-per-node=N` sets
         base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports[0]), "WORLD_SIZE": str(world),

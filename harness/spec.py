@@ -4,6 +4,7 @@ worker's JSON may give only some fields (README: "Multi-process runs by hand"); 
 import dataclasses
 import json
 
+from common.data import SYNTHETIC_SIZE
 from common.interface import RosettaError
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
@@ -33,7 +34,7 @@ class RunSpec:
     threads: int | None = None       # per process; None: every core
     dataset: str = "digits"
     data_dir: str | None = None
-    n_synthetic: int = 60000         # training images of the synthetic set
+    n_synthetic: int = SYNTHETIC_SIZE   # training images of the synthetic set
     epochs: int | None = None        # None: DEFAULT_EPOCHS for the data set, else 10
     batch_size: int = 256            # global, split across processes and devices
     lr: float = 0.2
