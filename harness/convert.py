@@ -46,13 +46,9 @@ def verify(source, src, target, dst, data):
 
 def main(argv=None):
     args = parse_args(argv)
-    # TensorFlow's start-up chatter: with oneDNN's custom ops on, TensorFlow 2.21 writes a notice to stderr
-    # before its log level applies. Without them the error line is stderr's only line (and --verify compares
-    # against TensorFlow's plain kernels).
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-    from .checkpoints import FORMATS, framework_of, read_weights, write_weights
     from common.data import load_dataset
+
+    from .checkpoints import FORMATS, framework_of, read_weights, write_weights
     try:
         source = args.source or framework_of(args.src, "; give --from")
         target = args.target or framework_of(args.dst, "; give --to")
@@ -71,5 +67,16 @@ def main(argv=None):
     return 0
 
 
+def quiet_tensorflow(environ=os.environ):
+    """As a command only (a caller's process keeps its own settings: TensorFlow reads these lazily, so setting
+    them inside a process that already runs TensorFlow changes its kernels, e.g. NCHW pooling on the CPU)."""
+    # TensorFlow's start-up chatter: with oneDNN's custom ops on, TensorFlow 2.21 writes a notice to stderr
+    # before its log level applies. Without them the error line is stderr's only line (and --verify compares
+    # against TensorFlow's plain kernels).
+    environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
 if __name__ == "__main__":
+    quiet_tensorflow()
     sys.exit(main())

@@ -211,3 +211,14 @@ def test_a_trained_mxnet_model_converts_to_every_framework(tmp_path):
         difference, source, converted = re.search(
             r"largest \|logit difference\| (\S+); accuracy mxnet (\S+), \w+ (\S+)", proc.stdout).groups()
         assert float(difference) <= 1e-4 and source == converted and float(source) > 0.2, proc.stdout
+
+
+def test_converting_in_process_leaves_the_callers_environment(tmp_path, monkeypatch):
+    """harness.convert quiets TensorFlow only as a command: called in a process that already runs TensorFlow, a
+    TF_ENABLE_ONEDNN_OPTS=0 it set would switch that process's kernels (NCHW pooling then fails on the CPU)."""
+    framework_or_skip("pytorch")
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    before = dict(os.environ)
+    assert convert([saved("pytorch", tmp_path), str(tmp_path / "copy.pt")]) == 0
+    assert dict(os.environ) == before
