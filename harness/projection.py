@@ -53,29 +53,30 @@ def timed(fn, sync, repeats, warmup):
 
 
 def measure_allreduce(fw, spec, rank, world, devices):
-    """Worker task 'allreduce': one buffer of spec['bytes'] summed across the run's processes."""
-    x = np.ones(spec["bytes"] // 4, np.float32)
+    """Worker task 'allreduce': one buffer of spec.bytes summed across the run's processes."""
+    x = np.ones(spec.bytes // 4, np.float32)
     (tensor,) = fw.split_and_load(x, devices[:1])
     (first,) = fw.allreduce([tensor])
     (total,) = fw.to_numpy([first]).values()   # the contract's way back to numpy, for a one-tensor list
     if not np.all(total == world):
         raise RuntimeError(f"the all-reduce summed to {float(total.flat[0])}, not {world}")
-    repeats = spec.get("repeats") or (5 if spec["bytes"] >= 16 * MB else 20)
+    repeats = spec.repeats or (5 if spec.bytes >= 16 * MB else 20)
     return timed(lambda: fw.allreduce([tensor]), lambda: fw.sync(devices), repeats, warmup=2)
 
 
 def measure_step(fw, spec, devices):
     """Worker task 'step': one scratch training step (batch 256, one device), the compute an all-reduce
     would follow."""
-    from .loader import load_module
     from common.lenet import init_weights
+
+    from .loader import load_module
     load_module(fw.name, "execution").use("default")
     rng = np.random.default_rng(0)
-    X = rng.standard_normal((spec.get("batch_size", 256), 1, 28, 28)).astype(np.float32)
+    X = rng.standard_normal((spec.batch_size, 1, 28, 28)).astype(np.float32)
     y = rng.integers(0, 10, len(X))
     replicas = [fw.get_params(init_weights(0), devices[0])]
     return timed(lambda: fw.train_step(replicas, X, y, devices[:1], 0.01), lambda: fw.sync(devices),
-                 spec.get("repeats") or 20, warmup=3)
+                 spec.repeats or 20, warmup=3)
 
 
 def allreduce_seconds(n, p, alpha, bandwidth, framework=None):

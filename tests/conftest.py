@@ -99,6 +99,22 @@ def run_processes(commands, timeout=300):
     return errors
 
 
+@pytest.fixture(autouse=True)
+def fast_tier_starts_no_worker(request, monkeypatch):
+    """`python -m pytest -m "not slow"` is the fast tier: a test that starts a worker process (harness.worker,
+    torchrun) must be marked slow, or it fails here the moment it tries."""
+    if request.node.get_closest_marker("slow"):
+        return
+    start = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **options):
+        argv = [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
+        if any("harness.worker" in a or a.endswith("torchrun") for a in argv):
+            pytest.fail("this test starts worker processes: mark it @pytest.mark.slow", pytrace=False)
+        start(self, args, *rest, **options)
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+
+
 def processes_tagged(tag):
     """Live processes whose environment carries our tag (children inherit it, orphans too)."""
     found = []

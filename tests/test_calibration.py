@@ -43,6 +43,7 @@ def test_a_quiet_record_has_no_warning():
     assert calibration.warning({"quiet": True}) is None
 
 
+@pytest.mark.slow
 def test_the_benchmark_records_its_calibration_and_each_row_s_share_of_peak(tmp_path, monkeypatch):
     """A real --benchmark, shrunk to one small row: the JSON holds the matmul peak at the start and the end
     and the load record; each row's fraction of peak is its GFLOP/s over their mean; the markdown says so."""

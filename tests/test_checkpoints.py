@@ -177,6 +177,7 @@ def run(framework, folder, **extra):
     return spec, dict(np.load(folder / "final.npz"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(framework, tmp_path):
     """Built-in mode, fed by the framework's own pipeline: epochs 2 and 3 after a restart see the batches the
@@ -193,6 +194,7 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(framework, tmp_p
         np.testing.assert_array_equal(again[name], value, err_msg=name)
 
 
+@pytest.mark.slow
 def test_a_trained_mxnet_model_converts_to_every_framework(tmp_path):
     """The migration path: train Gluon data-parallel with --checkpoint-dir, convert, --verify: the same test
     accuracy in every framework, logits within 1e-4."""

@@ -10,6 +10,7 @@ import pytest
 from conftest import ROOT, run_compare as compare
 
 
+@pytest.mark.slow
 def test_small_pytorch_run_writes_the_documented_json(tmp_path):
     out = tmp_path / "r.json"
     proc = compare("--frameworks", "pytorch", "--devices", "1,2", "--epochs", "2", "--batch-size", "128",
@@ -39,6 +40,7 @@ def test_small_pytorch_run_writes_the_documented_json(tmp_path):
     assert "[#" not in proc.stdout + proc.stderr   # no progress bar in pipes and logs
 
 
+@pytest.mark.slow
 def test_progress_bar_when_stdout_is_a_terminal():
     import pty
     import re
@@ -64,6 +66,7 @@ def test_progress_bar_when_stdout_is_a_terminal():
     assert "\r\x1b[K" in shown and "| pytorch" in shown.split("\x1b[K")[-1]   # cleared, then the table
 
 
+@pytest.mark.slow
 def test_missing_frameworks_show_as_skipped_not_fabricated(tmp_path):
     """Hide mxnet from the worker with a stub distribution path: it must show as skipped, with reason."""
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
@@ -109,6 +112,7 @@ def test_corrupt_data_file_is_named_without_traceback(tmp_path):
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_list_devices():
     proc = compare("--list-devices", "--frameworks", "pytorch", "--devices", "3")
     assert proc.returncode == 0, proc.stderr

@@ -34,6 +34,7 @@ def test_each_worker_gets_cores_of_its_own():
     assert cores.per_device_threads(8, 2) == 4 and cores.per_device_threads(2, 2) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(USABLE) < 2, reason="needs 2 usable cores")
 def test_per_device_workers_are_really_pinned_and_shared_ones_are_not():
     framework_or_skip("pytorch")
@@ -77,6 +78,7 @@ def test_the_peak_memory_of_training_leaves_out_what_came_before():
     assert small.sum() > 0 and after < before - 200 * 2**20
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(USABLE) < 2, reason="a core per device for 2 devices needs 2 usable cores")
 def test_the_benchmark_reports_both_core_settings_in_every_file(tmp_path, monkeypatch):
     """A real --benchmark shrunk to PyTorch on a few steps: shared and per-device rows, the per-device rows'

@@ -13,6 +13,8 @@ import pytest
 from common import FRAMEWORKS
 from conftest import follow, framework_or_skip, log_of, processes_tagged, wait_for, wait_for_training
 
+pytestmark = pytest.mark.slow   # every test here starts real worker processes
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Every framework once, and every signal at least once (each test costs a run).
 FRAMEWORK_SIGNALS = [pytest.param(f, SIGNALS[i % len(SIGNALS)], id=f"{f}-{SIGNALS[i % len(SIGNALS)].name}")

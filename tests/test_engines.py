@@ -12,6 +12,8 @@ from harness.launch import run_workers
 from conftest import follow, framework_or_skip, processes_by_role, run_compare, run_processes, skip_not_installed, \
     wait_for_training
 
+pytestmark = pytest.mark.slow   # every test here starts real worker processes
+
 CONFIGS = [("scratch", 2, 2), ("builtin", 2, 1), ("builtin", 2, 2)]   # (mode, devices, processes)
 
 

@@ -6,6 +6,7 @@ import pytest
 from conftest import framework_or_skip, run_compare
 
 
+@pytest.mark.slow
 def test_xla_on_two_devices_is_an_ok_row_with_the_eager_step(tmp_path):
     """XLA compiles each device's part of the step: one XLA cluster cannot reach another device's
     variables (it used to fail with "Trying to access resource ... located in device CPU:1")."""

@@ -135,6 +135,7 @@ sys.exit(main(sys.argv[1], sys.argv[2]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["scratch", "builtin"])
 def test_mxnet_gpu_kvstore_computes_the_dist_sync_step(mode, tmp_path):
     framework_or_skip("mxnet")

@@ -96,6 +96,7 @@ def test_pytorch_builtin_and_idiomatic_run_the_default_layout(digits):
     assert X.stride() == images
 
 
+@pytest.mark.slow
 def test_every_row_names_its_layout(tmp_path):
     """--layout multiplies the scratch rows; other modes run in their engine's own layout, and ask for none."""
     for name in ("pytorch", "mxnet"):

@@ -46,6 +46,7 @@ def test_the_first_five_steps_agree(frameworks, digits):
         np.testing.assert_allclose(losses, ref, atol=1e-4, err_msg=fw.name)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)   # every framework's default run, on a possibly busy machine
 def test_a_full_default_run_agrees_on_accuracy(frameworks, tmp_path):
     """`python compare.py` as a new user runs it: every framework ok, >= 0.95 on digits, within 1.5 points."""

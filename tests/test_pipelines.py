@@ -29,6 +29,7 @@ def shared_order(n, devices, processes, rank):
     return order
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework,devices,processes", CONFIGS)
 def test_the_pipeline_feeds_every_device_the_shared_order(framework, devices, processes):
     framework_or_skip(framework)

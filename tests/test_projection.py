@@ -1,8 +1,8 @@
-"""The scaling model: its formulas, its fit, and one real measurement feeding it."""
+"""The projection past one machine (harness/projection.py): its formulas, its fit, and one real measurement feeding it."""
 import numpy as np
 import pytest
 
-from common import scaling
+from harness import projection as scaling
 from conftest import framework_or_skip
 
 
@@ -38,6 +38,7 @@ def test_efficiency_falls_with_gpus_and_is_perfect_with_free_communication():
     assert scaling.efficiency(0.01, 50e6, 64, 0.0, float("inf")) == 1.0
 
 
+@pytest.mark.slow
 def test_a_measured_allreduce_grows_with_size_and_feeds_the_page():
     framework_or_skip("pytorch")
     results = scaling.measure(["pytorch"], sizes=(2**12, 2**24))
