@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from common import calibration
+from harness import calibration
 
 BUSY = "import time\nwhile time.process_time() < 1.0: pass\n"   # one CPU second, however long it takes
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from common import cores
+from harness import cores
 from harness.benchmark import add_scaling
 from harness.launch import run_workers
 from conftest import framework_or_skip
