@@ -15,7 +15,7 @@ NAMES = {"eager": "eager", "graph": "jax.jit"}
 COMPILES = {"eager": "nothing", "jax.jit": "fwd+bwd, update"}   # the all-reduce between them runs op by op
 DEFAULT = "graph"
 LAYOUTS = {"nchw": "NCHW/OIHW (lax)", "nhwc": "NHWC/HWIO (lax)"}
-DEFAULT_LAYOUT = lenet.DEFAULT_LAYOUT   # what lenet.py starts in
+DEFAULT_LAYOUT = "nhwc"   # what lenet.layout starts as
 python_steps = {name: getattr(data_parallel, name).__wrapped__ for name in ("loss_and_grads", "update")}
 
 

@@ -11,9 +11,9 @@ from jax import lax
 from common.layouts import to_canonical, to_channels_last
 from common.lenet import LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
 
+# execution.py names and chooses the layouts (LAYOUTS, DEFAULT_LAYOUT).
 DIMENSIONS = {"nchw": ("NCHW", "OIHW", "NCHW"), "nhwc": ("NHWC", "HWIO", "NHWC")}   # input, kernel, output
-DEFAULT_LAYOUT = "nhwc"   # the faster one here (execution.py)
-layout = DEFAULT_LAYOUT   # the scratch step's: execution.use_layout switches it
+layout = "nhwc"   # the scratch step's: execution.DEFAULT_LAYOUT at import; execution.use_layout replaces it
 
 
 def to_layout(X):

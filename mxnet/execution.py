@@ -12,7 +12,7 @@ NAMES = {"eager": "imperative", "graph": "hybridize"}
 COMPILES = {"imperative": "nothing", "hybridize": "fwd+bwd"}   # the CachedOp runs its backward as a graph too
 DEFAULT = "graph"
 LAYOUTS = {"nchw": "NCHW (the only one)"}
-DEFAULT_LAYOUT = "nchw"
+DEFAULT_LAYOUT = "nchw"   # lenet.py has no layout to switch: NCHW is the only one
 MISSING_LAYOUTS = {"nhwc": "its CPU Convolution takes NCHW only; layout='NHWC' is for cuDNN, on a GPU"}
 
 

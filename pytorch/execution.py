@@ -15,7 +15,7 @@ NAMES = {"eager": "eager", "graph": "torch.compile"}
 COMPILES = {"eager": "nothing", "torch.compile": "fwd+bwd"}   # AOTAutograd compiles the backward too
 DEFAULT = "eager"
 LAYOUTS = {"nchw": "NCHW (contiguous)", "nhwc": "NHWC (channels_last)"}
-DEFAULT_LAYOUT = lenet.DEFAULT_LAYOUT   # what lenet.py starts in
+DEFAULT_LAYOUT = "nhwc"   # what lenet.layout starts as
 
 
 def use(level):

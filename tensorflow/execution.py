@@ -16,7 +16,7 @@ NAMES = {"eager": "eager", "graph": "tf.function", "xla": "tf.function+XLA"}
 COMPILES = {"eager": "nothing", "tf.function": "whole step", "tf.function+XLA": "whole step, fwd+bwd by XLA"}
 DEFAULT = "graph"
 LAYOUTS = {"nchw": 'NCHW (data_format="NCHW")', "nhwc": "NHWC (transposed in)"}
-DEFAULT_LAYOUT = lenet.DEFAULT_LAYOUT   # what lenet.py starts in
+DEFAULT_LAYOUT = "nhwc"   # what lenet.layout starts as
 python_step = data_parallel.step_on_shards.python_function   # the undecorated step
 python_device_part = data_parallel.loss_and_grads
 

@@ -8,8 +8,8 @@ from common.layouts import to_canonical, to_channels_last
 from common.lenet import IMAGE_SHAPE, LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
 
 
-DEFAULT_LAYOUT = "nhwc"   # the faster one here (execution.py)
-layout = DEFAULT_LAYOUT   # the scratch step's convolutions: execution.use_layout switches it
+# execution.py names and chooses the layouts (LAYOUTS, DEFAULT_LAYOUT).
+layout = "nhwc"   # the scratch step's: execution.DEFAULT_LAYOUT at import; execution.use_layout replaces it
 
 
 def to_layout(X):
