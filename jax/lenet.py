@@ -44,6 +44,8 @@ def conv(h, w, b):
 
 
 def forward(params, X):
+    """A unit of data_parallel.py's step, which execution.use puts back as written at every level (jax.jit
+    compiles loss_and_grads around it)."""
     w1, b1, w2, b2, w3, b3, w4, b4 = params
     if layout == "nchw":                   # canonical dense weights are (out, in)
         w3, w4 = w3.T, w4.T

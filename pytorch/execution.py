@@ -11,6 +11,8 @@ from common.interface import choose
 from . import data_parallel, lenet
 
 NAMES = {"eager": "eager", "graph": "torch.compile"}
+# How each level compiles the units of data_parallel.py (UNITS); a unit it does not name runs as written
+COMPILERS = {"eager": {}, "graph": {"forward": torch.compile}}
 # What each level puts in a compiled graph (the rest runs op by op): the table's "compiles" column
 COMPILES = {"eager": "nothing", "torch.compile": "fwd+bwd"}   # AOTAutograd compiles the backward too
 DEFAULT = "eager"
@@ -19,9 +21,12 @@ DEFAULT_LAYOUT = "nhwc"   # what lenet.layout starts as
 
 
 def use(level):
-    """Switch the scratch step to `level` ('default', 'eager', 'graph' or 'xla'); returns its name here."""
+    """Switch the scratch step to `level` ('default', 'eager', 'graph' or 'xla'); returns its name here. Every unit
+    of data_parallel.py (UNITS) becomes what COMPILERS[level] makes of it, or the function as written."""
     level = choose(level, NAMES, DEFAULT, "PyTorch")
-    data_parallel.forward = torch.compile(lenet.forward) if level == "graph" else lenet.forward
+    for name, written in data_parallel.UNITS.items():
+        compiler = COMPILERS[level].get(name)
+        setattr(data_parallel, name, compiler(written) if compiler else written)
     return NAMES[level]
 
 
