@@ -3,7 +3,7 @@ the function and XLA compiles it into fused kernels, once per input shape (a new
 again). jax.jit is JAX's usual way, and it is already XLA: there is no separate XLA level.
 Its layout: lax convolutions run in the layout their dimension numbers name: NCHW/OIHW, the canonical one,
 or NHWC/HWIO with the weights converted (common/layouts.py) and the batch transposed inside the step. XLA's
-CPU convolutions were ~8% faster in NHWC here (the transpose included), so it is the default."""
+CPU convolutions are faster in NHWC here (the transpose included; docs/results.md), so it is the default."""
 import jax
 
 from common.interface import choose

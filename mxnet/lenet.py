@@ -27,7 +27,7 @@ def forward(params, X, F=nd):
     widths come from the spec. A unit of data_parallel.py's step: execution.use replaces it there with
     hybridized(forward) at the graph level."""
     w1, b1, w2, b2, w3, b3, w4, b4 = params
-    relu = {"act_type": "relu"}            # Activation, not F.relu: its oneDNN kernel made steps ~3% faster
+    relu = {"act_type": "relu"}            # Activation, not F.relu: its oneDNN kernel is faster (docs/results.md)
     pool = {"kernel": (POOL, POOL), "stride": (POOL, POOL), "pool_type": "avg"}
     h = F.Convolution(to_layout(X), w1, b1, kernel=CONV1[2:], num_filter=CONV1[0])
     h = F.Pooling(F.Activation(h, **relu), **pool)

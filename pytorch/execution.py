@@ -3,7 +3,7 @@ fused kernels (a first step of seconds, then less Python overhead per step).
 Its memory layout: PyTorch picks the convolution path from the strides of the input and kernel, contiguous
 NCHW or channels-last (NHWC strides, the same NCHW shape). oneDNN runs channels-last convolutions on the
 tensors as they are, but reorders contiguous ones into its blocked layout and back around every
-convolution, forward and backward; channels-last was 1.07-1.34x faster here, so it is the default."""
+convolution, forward and backward; channels-last is faster here (docs/results.md), so it is the default."""
 import torch
 
 from common.interface import choose

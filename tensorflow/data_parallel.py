@@ -76,8 +76,8 @@ def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size):
 
 
 UNITS = {"forward": forward, "update": update, "loss_and_grads": loss_and_grads, "step_on_shards": step_on_shards}
-# At import the units are what the default level makes them: one graph for the whole step (eager TensorFlow
-# is ~2x slower here).
+# At import the units are what the default level makes them: one graph for the whole step (faster than eager
+# here: docs/results.md).
 step_on_shards = tf.function(step_on_shards, reduce_retracing=True)
 
 

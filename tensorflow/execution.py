@@ -4,7 +4,7 @@ and backward, not the whole step: one XLA cluster runs on one device and cannot 
 the others ("Trying to access resource ... located in device CPU:1 from device CPU:0").
 Its layout: NHWC is TensorFlow's usual one on the CPU; its CPU kernels (oneDNN) also run NCHW convolutions
 and pooling, forward and backward (data_format="NCHW"), with the same HWIO kernels. NHWC, the transpose of
-the input included, was ~1.3x faster here, so it is the default."""
+the input included, is faster here (docs/results.md), so it is the default."""
 import functools
 
 import tensorflow as tf
