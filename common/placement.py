@@ -22,7 +22,7 @@ HOW = (f"start each worker with its own GPUs in {HIDE}, or with {OURS[0]} and {O
        "(torchrun's LOCAL_RANK and LOCAL_WORLD_SIZE for PyTorch); see README")
 
 
-def local_layout(framework, world, environ=os.environ):
+def local_slot(framework, world, environ=os.environ):
     """(local rank, local world size) of this process on its machine, from its launcher's variables;
     (0, 1) for a single-process run; (None, None) when a launcher said nothing."""
     for rank_var, size_var in (LAUNCHER_VARS.get(framework, OURS), OURS):
@@ -45,7 +45,7 @@ def owned(visible, per_process, local_rank, local_world, hidden=False):
     mine = range(per_process)
     if visible == 0:
         return list(mine)
-    if local_rank is None:   # the layout is unknown: only "all I see is mine" is safe
+    if local_rank is None:   # the slot is unknown: only "all I see is mine" is safe
         if visible == per_process:
             return list(mine)
         raise RosettaError(f"this process sees {visible} GPU(s) and owns {per_process}, but its local rank "
@@ -62,7 +62,7 @@ def my_gpus(framework, visible, per_process, world, environ=os.environ):
     """The rule, for a worker: the indices of its own GPUs among the `visible` ones ([] on the CPU)."""
     if not visible:
         return []
-    return owned(visible, per_process, *local_layout(framework, world, environ), hidden=HIDE in environ)
+    return owned(visible, per_process, *local_slot(framework, world, environ), hidden=HIDE in environ)
 
 
 def local_devices(fw, gpus, per_process):

@@ -91,7 +91,7 @@ class Builtin(Scratch):
 
 
 class Idiomatic(Builtin):
-    """The framework's minimal single-device loop (its folder's idiomatic.py: model, optimizer, loss):
+    """The framework's minimal single-device loop (its folder's idiomatic.py: net, trainer, loss):
     the reference that shows what the from-scratch harness costs. Fed numpy batches, as the recipe is."""
 
     def __init__(self, fw, devices):

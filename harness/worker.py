@@ -112,7 +112,7 @@ def run(spec, started):
         compiles = execution.COMPILES[exec_name] if execution else runner.engine.COMPILES
         weights, first_epoch = resume_point(spec)   # (None, 0) unless resuming from a checkpoint
         startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step
-        fresh_peak = reset_peak_rss()   # the data set's generation peak (~1.3 GiB at 60,000 images) is not training's
+        fresh_peak = reset_peak_rss()   # the data set's generation peak (docs/results.md) is not training's
         record = train(runner, data, spec.epochs, spec.batch_size, spec.lr, spec.seed,
                        spec.init, rank, world, min_size=spec.devices, progress=progress,
                        max_steps=spec.max_steps, weights=weights, first_epoch=first_epoch,

@@ -6,6 +6,8 @@ The explicit form, jax.shard_map, writes the per-device step and its lax.psum by
 compiled as one program; it is here too, and computes the same step. (jax.pmap, the legacy form, is in
 maintenance mode upstream.) Across processes the mesh spans every process's devices (distributed.py joined
 them) and each process contributes its own rows of the global batch (pipeline.py)."""
+from collections import namedtuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +25,10 @@ EXEC = "jax.jit+NamedSharding"
 COMPILES = "whole step"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # the scratch forward's, whose weights lenet.held lays out
 FORMS = ("jit", "shard_map")
+# What get_model returns, in every framework's builtin.py: the network, what trains it (named as in idiomatic.py)
+# and the engine's handle on the devices the replicas live on. Here the network is its replicated parameters, what
+# trains it the compiled step, and the handle the mesh.
+Model = namedtuple("Model", "net trainer placement")
 
 
 def mesh_of(devices):
@@ -72,22 +78,22 @@ def get_model(weights, devices, form="jit"):
     replicated = NamedSharding(mesh, P())   # every device holds the whole parameter
     params = [jax.make_array_from_callback(w.shape, replicated, lambda index, w=w: w[index])
               for w in (held(name, weights[name]) for name in PARAM_NAMES)]
-    return mesh, params, compile_step(mesh, form), devices
+    return Model(params, compile_step(mesh, form), mesh)
 
 
 def train_step(model, batch, lr, batch_size):
     """The summed loss of the global batch, its gradient all-reduced by XLA, the recipe's update
     lr * sum / global batch; this process's rows' mean loss comes back. The batch is pipeline.py's: global
     arrays sharded over the mesh, padding masked."""
-    mesh, params, step, devices = model
+    net, trainer, _ = model                # the replicated parameters and the compiled step
     X, y, mask, rows = batch
-    params[:], losses = step(params, X, y, mask, jnp.float32(lr / batch_size))
+    net[:], losses = trainer(net, X, y, mask, jnp.float32(lr / batch_size))
     return sum(float(shard.data.sum()) for shard in losses.addressable_shards) / rows
 
 
 def local_params(model):
     """This process's copy of the replicated parameters."""
-    return [p.addressable_data(0) for p in model[1]]
+    return [p.addressable_data(0) for p in model.net]
 
 
 def to_numpy(model):

@@ -9,19 +9,6 @@ from . import distributed as dist
 from .lenet import forward, loss_sum
 
 
-def loss_and_grads(params, X, y):
-    """One device's summed loss and its gradient with respect to every parameter."""
-    return jax.value_and_grad(lambda p: loss_sum(forward(p, X), y))(params)
-
-
-def update(params, grads, scale):
-    return [p - scale * g for p, g in zip(params, grads)]
-
-
-# Compiled by XLA once per shard shape, on the device that holds the inputs (execution.py switches this off).
-loss_and_grads, update = jax.jit(loss_and_grads), jax.jit(update)
-
-
 def device_of(array):
     (device,) = array.devices()
     return device
@@ -51,8 +38,22 @@ def sgd(params, grads, lr, batch_size):
     params[:] = update(params, grads, lr / batch_size)
 
 
-def train_step(replicas, X, y, devices, lr, batch_size=None):
-    X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
+# The units of the step: execution.use replaces each name of UNITS (lenet.py's forward, imported above, too)
+# with its compiled form at the chosen level, or with the function as written here. JAX compiles loss_and_grads
+# and update (jax.jit: XLA, once per shard shape, on the device that holds the inputs).
+def update(params, grads, scale):
+    """The SGD update of one replica: new arrays."""
+    return [p - scale * g for p, g in zip(params, grads)]
+
+
+def loss_and_grads(params, X, y):
+    """One device's part of the step: its shard's summed loss and the gradients."""
+    return jax.value_and_grad(lambda p: loss_sum(forward(p, X), y))(params)
+
+
+def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size):
+    """The step on shards already on their devices: each device's loss and gradients, the gradients summed
+    across devices, the same update on every replica. Returns each device's summed loss."""
     losses, grads = [], []
     for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):   # dispatched asynchronously:
         loss, device_grads = loss_and_grads(params, X_shard, y_shard)   # the devices work in parallel
@@ -60,7 +61,18 @@ def train_step(replicas, X, y, devices, lr, batch_size=None):
         grads.append(device_grads)
     summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
     for params, device_grads in zip(replicas, zip(*summed)):
-        sgd(params, device_grads, lr, batch_size or len(X))
+        sgd(params, device_grads, lr, batch_size)
+    return losses
+
+
+UNITS = {"forward": forward, "update": update, "loss_and_grads": loss_and_grads, "step_on_shards": step_on_shards}
+# At import the units are what the default level makes them: jax.jit compiles loss_and_grads and update.
+loss_and_grads, update = jax.jit(loss_and_grads), jax.jit(update)
+
+
+def train_step(replicas, X, y, devices, lr, batch_size=None):
+    X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
+    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X))
     return sum(float(loss) for loss in losses) / len(X)
 
 

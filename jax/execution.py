@@ -3,7 +3,7 @@ the function and XLA compiles it into fused kernels, once per input shape (a new
 again). jax.jit is JAX's usual way, and it is already XLA: there is no separate XLA level.
 Its layout: lax convolutions run in the layout their dimension numbers name: NCHW/OIHW, the canonical one,
 or NHWC/HWIO with the weights converted (common/layouts.py) and the batch transposed inside the step. XLA's
-CPU convolutions were ~8% faster in NHWC here (the transpose included), so it is the default."""
+CPU convolutions are faster in NHWC here (the transpose included; docs/results.md), so it is the default."""
 import jax
 
 from common.interface import choose
@@ -11,19 +11,22 @@ from common.interface import choose
 from . import data_parallel, lenet
 
 NAMES = {"eager": "eager", "graph": "jax.jit"}
+# How each level compiles the units of data_parallel.py (UNITS); a unit it does not name runs as written
+COMPILERS = {"eager": {}, "graph": {"loss_and_grads": jax.jit, "update": jax.jit}}
 # What each level puts in a compiled graph (the rest runs op by op): the table's "compiles" column
 COMPILES = {"eager": "nothing", "jax.jit": "fwd+bwd, update"}   # the all-reduce between them runs op by op
 DEFAULT = "graph"
 LAYOUTS = {"nchw": "NCHW/OIHW (lax)", "nhwc": "NHWC/HWIO (lax)"}
-DEFAULT_LAYOUT = lenet.DEFAULT_LAYOUT   # what lenet.py starts in
-python_steps = {name: getattr(data_parallel, name).__wrapped__ for name in ("loss_and_grads", "update")}
+DEFAULT_LAYOUT = "nhwc"   # what lenet.layout starts as
 
 
 def use(level):
-    """Switch the scratch step to `level` ('default', 'eager', 'graph' or 'xla'); returns its name here."""
+    """Switch the scratch step to `level` ('default', 'eager', 'graph' or 'xla'); returns its name here. Every unit
+    of data_parallel.py (UNITS) becomes what COMPILERS[level] makes of it, or the function as written."""
     level = choose(level, NAMES, DEFAULT, "JAX")
-    for name, fn in python_steps.items():
-        setattr(data_parallel, name, jax.jit(fn) if level == "graph" else fn)
+    for name, written in data_parallel.UNITS.items():
+        compiler = COMPILERS[level].get(name)
+        setattr(data_parallel, name, compiler(written) if compiler else written)
     return NAMES[level]
 
 

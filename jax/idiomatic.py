@@ -1,6 +1,8 @@
 """JAX's usual training loop, as in Flax's guides: a Flax NNX module, an Optax optimizer held by
 nnx.Optimizer and an nnx.jit step on one device, no harness. The benchmark times it beside the scratch
 step to show what the from-scratch recipe costs."""
+from collections import namedtuple
+
 import jax
 import optax
 from flax import nnx
@@ -12,6 +14,9 @@ from .lenet import build_model, model_to_numpy
 EXEC = "nnx.jit"
 COMPILES = "whole step"
 LAYOUT = "NHWC (Flax)"
+# What get_model returns, in every framework's idiomatic.py: the network and what trains it, named as the recipe's
+# book (Dive into Deep Learning) names them in every framework.
+Model = namedtuple("Model", "net trainer")
 
 
 def get_model(weights, devices):
@@ -20,41 +25,41 @@ def get_model(weights, devices):
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     with jax.default_device(devices[0]):
-        model = build_model(weights)
-        optimizer = nnx.Optimizer(model, optax.inject_hyperparams(optax.sgd)(learning_rate=0.0), wrt=nnx.Param)
-    return model, optimizer
+        net = build_model(weights)
+        trainer = nnx.Optimizer(net, optax.inject_hyperparams(optax.sgd)(learning_rate=0.0), wrt=nnx.Param)
+    return Model(net, trainer)
 
 
 # One compiled step; nnx.jit carries the module's and the optimizer's state in and out of it.
 @nnx.jit
-def fit_batch(model, optimizer, X, y, lr):
-    def loss_fn(model):   # summed, not averaged: the step then divides by the global batch size
-        return optax.softmax_cross_entropy_with_integer_labels(model(X), y).sum()
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    optimizer.opt_state.hyperparams["learning_rate"].value = lr
-    optimizer.update(model, grads)
+def fit_batch(net, trainer, X, y, lr):
+    def loss_fn(net):   # summed, not averaged: the step then divides by the global batch size
+        return optax.softmax_cross_entropy_with_integer_labels(net(X), y).sum()
+    loss, grads = nnx.value_and_grad(loss_fn)(net)
+    trainer.opt_state.hyperparams["learning_rate"].value = lr
+    trainer.update(net, grads)
     return loss
 
 
 def train_step(model, X, y, devices, lr, batch_size=None):
     """A learning rate of lr / batch_size on the summed loss: the recipe's update."""
-    model, optimizer = model
+    net, trainer = model
     X, y = jax.device_put(X, devices[0]), jax.device_put(y, devices[0])   # copies, as split_and_load
-    return float(fit_batch(model, optimizer, X, y, lr / (batch_size or len(X)))) / len(X)
+    return float(fit_batch(net, trainer, X, y, lr / (batch_size or len(X)))) / len(X)
 
 
 def to_numpy(model):
-    return model_to_numpy(model[0])
+    return model_to_numpy(model.net)
 
 
 @nnx.jit
-def predict(model, X):
-    return model(X).argmax(1)
+def predict(net, X):
+    return net(X).argmax(1)
 
 
 def evaluate(model, X, y, batch_size=1000):
-    model = model[0]
+    net = model.net
     correct = 0
     for i in range(0, len(X), batch_size):
-        correct += (jax.device_get(predict(model, X[i:i + batch_size])) == y[i:i + batch_size]).sum()
+        correct += (jax.device_get(predict(net, X[i:i + batch_size])) == y[i:i + batch_size]).sum()
     return float(correct) / len(X)

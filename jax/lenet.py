@@ -11,9 +11,9 @@ from jax import lax
 from common.layouts import to_canonical, to_channels_last
 from common.lenet import LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
 
+# execution.py names and chooses the layouts (LAYOUTS, DEFAULT_LAYOUT).
 DIMENSIONS = {"nchw": ("NCHW", "OIHW", "NCHW"), "nhwc": ("NHWC", "HWIO", "NHWC")}   # input, kernel, output
-DEFAULT_LAYOUT = "nhwc"   # the faster one here (execution.py)
-layout = DEFAULT_LAYOUT   # the scratch step's: execution.use_layout switches it
+layout = "nhwc"   # the scratch step's: execution.DEFAULT_LAYOUT at import; execution.use_layout replaces it
 
 
 def to_layout(X):
@@ -44,6 +44,8 @@ def conv(h, w, b):
 
 
 def forward(params, X):
+    """A unit of data_parallel.py's step, which execution.use puts back as written at every level (jax.jit
+    compiles loss_and_grads around it)."""
     w1, b1, w2, b2, w3, b3, w4, b4 = params
     if layout == "nchw":                   # canonical dense weights are (out, in)
         w3, w4 = w3.T, w4.T

@@ -30,7 +30,7 @@ def global_batch(mesh, devices, X, y, global_size):
 
 
 def make_loader(data, order, rank, world, model, devices):
-    return data, order, rank, world, model[0], devices
+    return data, order, rank, world, model.placement, devices
 
 
 def batches(loader, epoch):

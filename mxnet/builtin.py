@@ -1,6 +1,8 @@
 """MXNet's own data parallelism: gluon.Trainer over a kvstore. In one process the `device` kvstore
 sums the gradients of the Parameters' copies on every context; across processes the `dist_sync`
 kvstore that distributed.py created also sums them over all workers (through the server)."""
+from collections import namedtuple
+
 from mxnet import autograd, gluon, nd
 
 from . import distributed as dist
@@ -10,6 +12,9 @@ from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
 EXEC = "hybridize"
 COMPILES = "fwd+bwd"
 LAYOUT = "NCHW (Gluon)"
+# What get_model returns, in every framework's builtin.py: the network, what trains it (named as in idiomatic.py)
+# and the engine's handle on the devices the replicas live on (here the contexts).
+Model = namedtuple("Model", "net trainer placement")
 
 
 def get_model(weights, devices):
@@ -25,14 +30,14 @@ def get_model(weights, devices):
         trainer._init_kvstore()            # broadcast the weights now, not in the first step: there, on the
         trainer._init_params()             # CPU, the weights' pull can overtake the gradients' pushpull and
         nd.waitall()                       # come back holding the summed gradients (MXNet 1.9.1)
-    return net, trainer
+    return Model(net, trainer, devices)
 
 
 def train_step(model, batch, lr, batch_size):
     """The Trainer sums the contexts' (and processes') gradients of their summed losses; step(global
     batch) then makes its update lr * sum / global batch, the recipe's, even when shards differ in size.
     The batch is one shard per context, from pipeline.py's DataLoader and split_and_load."""
-    net, trainer = model
+    net, trainer, _ = model
     X_shards, y_shards = batch
     with autograd.record():                # queued asynchronously: the contexts work in parallel
         losses = [loss_sum(net(X_shard), y_shard) for X_shard, y_shard in zip(X_shards, y_shards)]
@@ -48,8 +53,8 @@ def params(net):
 
 
 def to_numpy(model):
-    return params_to_numpy(params(model[0]))
+    return params_to_numpy(params(model.net))
 
 
 def evaluate(model, X, y):
-    return evaluate_params(params(model[0]), X, y)
+    return evaluate_params(params(model.net), X, y)

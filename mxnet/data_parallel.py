@@ -5,7 +5,7 @@ from mxnet import autograd, nd
 from common.sharding import shard_bounds
 
 from . import distributed as dist
-from .lenet import forward, loss_sum
+from .lenet import forward, hybridized, loss_sum
 
 
 def split_and_load(array, devices):
@@ -29,23 +29,50 @@ def allreduce(tensors, key=0):
 
 
 def sgd(params, grads, lr, batch_size):
+    """The recipe's update, lr / batch_size times the summed gradient, made in place (update)."""
+    update(params, grads, lr / batch_size)
+
+
+# The units of the step: execution.use replaces each name of UNITS (lenet.py's forward, imported above, too)
+# with its compiled form at the chosen level, or with the function as written here. MXNet compiles the
+# forward (hybridize, which traces a block: lenet.hybridized; the cached graph runs the backward too).
+def update(params, grads, scale):
+    """The SGD update of one replica, in place."""
     for p, g in zip(params, grads):
-        p -= lr / batch_size * g   # in place: NDArray's -= writes into p
+        p -= scale * g                     # in place: NDArray's -= writes into p
+
+
+def loss_and_grads(params, X, y):
+    """One context's part of the step: its shard's summed loss and the gradients."""
+    with autograd.record():
+        loss = loss_sum(forward(params, X), y)
+    loss.backward()
+    return loss, [p.grad for p in params]
+
+
+def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size):
+    """The step on shards already on their contexts: each context's loss and gradients, the gradients summed
+    across contexts, the same update on every replica. Returns each context's summed loss."""
+    losses, grads = [], []
+    for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):   # queued asynchronously:
+        loss, device_grads = loss_and_grads(params, X_shard, y_shard)   # the contexts work in parallel
+        losses.append(loss)
+        grads.append(device_grads)
+    for key, per_device in enumerate(zip(*grads)):   # one parameter's gradient on every context
+        allreduce(list(per_device), key)
+    for params, device_grads in zip(replicas, grads):
+        sgd(params, device_grads, lr, batch_size)
+    return losses
+
+
+UNITS = {"forward": forward, "update": update, "loss_and_grads": loss_and_grads, "step_on_shards": step_on_shards}
+# At import the units are what the default level makes them: hybridize compiles the forward.
+forward = hybridized(forward)
 
 
 def train_step(replicas, X, y, devices, lr, batch_size=None):
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
-    losses = []
-    with autograd.record():                # queued asynchronously: the contexts work in parallel
-        for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):
-            losses.append(loss_sum(forward(params, X_shard), y_shard))
-    for loss in losses:
-        loss.backward()
-    grads = [[p.grad for p in params] for params in replicas]
-    for key, per_device in enumerate(zip(*grads)):   # one parameter's gradient on every context
-        allreduce(list(per_device), key)
-    for params, device_grads in zip(replicas, grads):
-        sgd(params, device_grads, lr, batch_size or len(X))
+    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X))
     return sum(loss.asscalar() for loss in losses) / len(X)
 
 

@@ -1,6 +1,8 @@
 """MXNet's minimal training loop, as in the Gluon tutorials: a hybridized HybridSequential, a
 gluon.Trainer with SGD and SoftmaxCrossEntropyLoss on one context, no harness. The benchmark times
 it beside the scratch step to show what the from-scratch recipe costs."""
+from collections import namedtuple
+
 from mxnet import autograd, gluon, nd
 
 from common.interface import Unavailable
@@ -10,6 +12,9 @@ from .lenet import build_model, to_numpy as params_to_numpy
 EXEC = "hybridize"
 COMPILES = "fwd+bwd"
 LAYOUT = "NCHW (Gluon)"
+# What get_model returns, in every framework's idiomatic.py: the network and what trains it, named as the recipe's
+# book (Dive into Deep Learning) names them in every framework.
+Model = namedtuple("Model", "net trainer")
 
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()   # one loss per example
 
@@ -20,7 +25,7 @@ def get_model(weights, devices):
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     net = build_model(weights)
     net.collect_params().reset_ctx(devices[0])
-    return net, gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0})
+    return Model(net, gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0}))
 
 
 def train_step(model, X, y, devices, lr, batch_size=None):
@@ -38,11 +43,11 @@ def train_step(model, X, y, devices, lr, batch_size=None):
 
 
 def to_numpy(model):
-    return params_to_numpy([p.data() for p in model[0].collect_params().values()])
+    return params_to_numpy([p.data() for p in model.net.collect_params().values()])
 
 
 def evaluate(model, X, y, batch_size=1000):
-    net = model[0]
+    net = model.net
     correct = 0
     for i in range(0, len(X), batch_size):
         X_batch = nd.array(X[i:i + batch_size], ctx=net.collect_params().list_ctx()[0])

@@ -21,28 +21,40 @@ def get_params(weights, device):
     return params
 
 
-class LeNet(gluon.HybridBlock):
-    """The forward pass with the parameters as inputs, so a replica stays a plain list of NDArrays.
-    A traced graph has no shapes to read: kernel sizes and widths come from the spec."""
-    def hybrid_forward(self, F, X, w1, b1, w2, b2, w3, b3, w4, b4):
-        relu = {"act_type": "relu"}        # Activation, not F.relu: its oneDNN kernel made steps ~3% faster
-        pool = {"kernel": (POOL, POOL), "stride": (POOL, POOL), "pool_type": "avg"}
-        h = F.Convolution(X, w1, b1, kernel=CONV1[2:], num_filter=CONV1[0])
-        h = F.Pooling(F.Activation(h, **relu), **pool)
-        h = F.Convolution(h, w2, b2, kernel=CONV2[2:], num_filter=CONV2[0])
-        h = F.Pooling(F.Activation(h, **relu), **pool)
-        h = F.Activation(F.FullyConnected(h, w3, b3, num_hidden=FC1[0]), **relu)   # flattens in C, H, W order
-        return F.FullyConnected(h, w4, b4, num_hidden=NUM_CLASSES)
+def forward(params, X, F=nd):
+    """F is where the ops come from: mx.nd runs them one by one, mx.sym builds a graph of them, which is how
+    hybridize traces this function (hybridized, below). A traced graph has no shapes to read: kernel sizes and
+    widths come from the spec. A unit of data_parallel.py's step: execution.use replaces it there with
+    hybridized(forward) at the graph level."""
+    w1, b1, w2, b2, w3, b3, w4, b4 = params
+    relu = {"act_type": "relu"}            # Activation, not F.relu: its oneDNN kernel is faster (docs/results.md)
+    pool = {"kernel": (POOL, POOL), "stride": (POOL, POOL), "pool_type": "avg"}
+    h = F.Convolution(to_layout(X), w1, b1, kernel=CONV1[2:], num_filter=CONV1[0])
+    h = F.Pooling(F.Activation(h, **relu), **pool)
+    h = F.Convolution(h, w2, b2, kernel=CONV2[2:], num_filter=CONV2[0])
+    h = F.Pooling(F.Activation(h, **relu), **pool)
+    h = F.Activation(F.FullyConnected(h, w3, b3, num_hidden=FC1[0]), **relu)   # flattens in C, H, W order
+    return F.FullyConnected(h, w4, b4, num_hidden=NUM_CLASSES)
 
 
-# hybridize: MXNet compiles the graph once, as torch.compile / tf.function would; static_alloc and
-# static_shape also reuse its memory from step to step, as an idiomatic Gluon loop does.
-lenet = LeNet()
-lenet.hybridize(static_alloc=True, static_shape=True)
+class Traced(gluon.HybridBlock):
+    """hybridize compiles a block, not a function: this block holds no weights and runs `function`(params, X, F)
+    with the block's F, so hybridize traces the function itself. The parameters are inputs, so a replica stays
+    a plain list of NDArrays."""
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def hybrid_forward(self, F, params, X):
+        return self.function(params, X, F)
 
 
-def forward(params, X):
-    return lenet(to_layout(X), *params)
+def hybridized(function):
+    """`function` compiled by hybridize: traced once into a cached graph, as torch.compile or tf.function would;
+    static_alloc and static_shape also reuse its memory from step to step, as an idiomatic Gluon loop does."""
+    block = Traced(function)
+    block.hybridize(static_alloc=True, static_shape=True)
+    return block
 
 
 cross_entropy = gluon.loss.SoftmaxCrossEntropyLoss()   # one loss per example

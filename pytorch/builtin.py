@@ -1,6 +1,8 @@
 """PyTorch's own data parallelism: DistributedDataParallel, one process per device. PyTorch has no
 working in-process data parallelism on the CPU (nn.DataParallel silently does nothing there), so the
 built-in mode always runs processes, even for a run that asks for one."""
+from collections import namedtuple
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -14,6 +16,9 @@ from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
 EXEC = "eager"
 COMPILES = "nothing"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, pipeline.py's batches
+# What get_model returns, in every framework's builtin.py: the network, what trains it (named as in idiomatic.py)
+# and the engine's handle on the devices the replicas live on (here the process's one device).
+Model = namedtuple("Model", "net trainer placement")
 
 
 def get_model(weights, devices):
@@ -21,29 +26,29 @@ def get_model(weights, devices):
         raise RosettaError("DistributedDataParallel runs one process per device: start it through compare.py "
                            "or torchrun (README)")
     device = devices[0]
-    ddp = DistributedDataParallel(build_model(weights).to(device),
+    net = DistributedDataParallel(build_model(weights).to(device),
                                   device_ids=[device.index] if device.type == "cuda" else None)
-    return ddp, torch.optim.SGD(ddp.parameters(), lr=0.0)
+    return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), device)
 
 
 def train_step(model, batch, lr, batch_size):
     """DDP averages gradients over processes; scaling each summed loss by world / global batch makes that
     average the recipe's sum / global batch, exactly, even when the shards differ in size. The batch is
     this process's part, on its device, from pipeline.py's DataLoader."""
-    ddp, optimizer = model
+    net, trainer, _ = model
     X, y = batch
-    loss = loss_sum(ddp(X), y)
-    optimizer.zero_grad()
+    loss = loss_sum(net(X), y)
+    trainer.zero_grad()
     (loss * dist.get_world_size() / batch_size).backward()
-    for group in optimizer.param_groups:
+    for group in trainer.param_groups:
         group["lr"] = lr
-    optimizer.step()
+    trainer.step()
     return loss.item() / len(X)
 
 
 def to_numpy(model):
-    return params_to_numpy(list(model[0].module.parameters()))
+    return params_to_numpy(list(model.net.module.parameters()))   # the module DistributedDataParallel wraps
 
 
 def evaluate(model, X, y):
-    return evaluate_params(list(model[0].module.parameters()), X, y)
+    return evaluate_params(list(model.net.module.parameters()), X, y)

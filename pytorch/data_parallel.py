@@ -29,22 +29,48 @@ def allreduce(tensors):
 
 
 def sgd(params, grads, lr, batch_size):
+    """The recipe's update, lr / batch_size times the summed gradient, made in place (update)."""
+    update(params, grads, lr / batch_size)
+
+
+# The units of the step: execution.use replaces each name of UNITS (lenet.py's forward, imported above, too)
+# with its compiled form at the chosen level, or with the function as written here. PyTorch compiles the
+# forward (torch.compile; AOTAutograd compiles its backward).
+def update(params, grads, scale):
+    """The SGD update of one replica, in place."""
     with torch.no_grad():
         for p, g in zip(params, grads):
-            p.sub_(g, alpha=lr / batch_size)
+            p.sub_(g, alpha=scale)
+
+
+def loss_and_grads(params, X, y):
+    """One device's part of the step: its shard's summed loss and the gradients."""
+    loss = loss_sum(forward(params, X), y)
+    return loss.detach(), torch.autograd.grad(loss, params)
+
+
+def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size):
+    """The step on shards already on their devices: each device's loss and gradients, the gradients summed
+    across devices, the same update on every replica. Returns each device's summed loss."""
+    losses, grads = [], []
+    for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):
+        loss, device_grads = loss_and_grads(params, X_shard, y_shard)
+        losses.append(loss)
+        grads.append(device_grads)
+    for per_device in zip(*grads):         # one parameter's gradient on every device
+        allreduce(list(per_device))
+    for params, device_grads in zip(replicas, grads):
+        sgd(params, device_grads, lr, batch_size)
+    return losses
+
+
+UNITS = {"forward": forward, "update": update, "loss_and_grads": loss_and_grads, "step_on_shards": step_on_shards}
+# At import the units are what the default level makes them: eager, every one as written.
 
 
 def train_step(replicas, X, y, devices, lr, batch_size=None):
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
-    losses, grads = [], []
-    for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):
-        loss = loss_sum(forward(params, X_shard), y_shard)
-        grads.append(torch.autograd.grad(loss, params))
-        losses.append(loss.detach())
-    for per_device in zip(*grads):         # one parameter's gradient on every device
-        allreduce(list(per_device))
-    for params, device_grads in zip(replicas, grads):
-        sgd(params, device_grads, lr, batch_size or len(X))
+    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X))
     return sum(loss.item() for loss in losses) / len(X)
 
 

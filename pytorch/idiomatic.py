@@ -1,6 +1,8 @@
 """PyTorch's minimal training loop, as in its tutorials: an nn.Module, torch.optim.SGD and
 F.cross_entropy on one device, no harness. The benchmark times it beside the scratch step to show
 what the from-scratch recipe costs."""
+from collections import namedtuple
+
 import torch
 import torch.nn.functional as F
 
@@ -12,39 +14,42 @@ from .lenet import build_model, to_layout, to_numpy as params_to_numpy
 EXEC = "eager"
 COMPILES = "nothing"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, to_layout's batches
+# What get_model returns, in every framework's idiomatic.py: the network and what trains it, named as the recipe's
+# book (Dive into Deep Learning) names them in every framework.
+Model = namedtuple("Model", "net trainer")
 
 
 def get_model(weights, devices):
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
-    model = build_model(weights).to(devices[0])
-    return model, torch.optim.SGD(model.parameters(), lr=0.0)
+    net = build_model(weights).to(devices[0])
+    return Model(net, torch.optim.SGD(net.parameters(), lr=0.0))
 
 
 def train_step(model, X, y, devices, lr, batch_size=None):
     """The tutorial's step, with the loss summed rather than averaged and a learning rate of
     lr / batch_size: the recipe's update, whatever part of the batch is here."""
-    model, optimizer = model
+    net, trainer = model
     X, y = to_layout(torch.tensor(X, device=devices[0])), torch.tensor(y, device=devices[0])   # as split_and_load
-    loss = F.cross_entropy(model(X), y, reduction="sum")
-    optimizer.zero_grad()
+    loss = F.cross_entropy(net(X), y, reduction="sum")
+    trainer.zero_grad()
     loss.backward()
-    for group in optimizer.param_groups:
+    for group in trainer.param_groups:
         group["lr"] = lr / (batch_size or len(X))
-    optimizer.step()
+    trainer.step()
     return loss.item() / len(X)
 
 
 def to_numpy(model):
-    return params_to_numpy(list(model[0].parameters()))
+    return params_to_numpy(list(model.net.parameters()))
 
 
 def evaluate(model, X, y, batch_size=1000):
-    model = model[0]
-    device = next(model.parameters()).device
+    net = model.net
+    device = next(net.parameters()).device
     correct = 0
     with torch.no_grad():
         for i in range(0, len(X), batch_size):
-            logits = model(to_layout(torch.from_numpy(X[i:i + batch_size]).to(device)))
+            logits = net(to_layout(torch.from_numpy(X[i:i + batch_size]).to(device)))
             correct += (logits.argmax(1).cpu().numpy() == y[i:i + batch_size]).sum()
     return float(correct) / len(X)

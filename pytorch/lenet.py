@@ -12,11 +12,10 @@ from common.lenet import LAYERS, PARAM_NAMES, POOL
 
 
 # PyTorch picks its convolution path from the strides of the input and the kernel, so the memory layout is
-# set wherever they are made. execution.py names, measures and chooses the layouts; builtin.py and
-# idiomatic.py run the default (nobody switches it in their processes).
+# set wherever they are made. execution.py names and chooses the layouts (LAYOUTS, DEFAULT_LAYOUT); builtin.py
+# and idiomatic.py run the default (nobody switches it in their processes).
 MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
-DEFAULT_LAYOUT = "nhwc"   # the faster one here (execution.py)
-layout = DEFAULT_LAYOUT   # the scratch step's: execution.use_layout switches it
+layout = "nhwc"   # the scratch step's: execution.DEFAULT_LAYOUT at import; execution.use_layout replaces it
 
 
 def to_layout(t):
@@ -31,6 +30,8 @@ def get_params(weights, device):
 
 
 def forward(params, X):
+    """A unit of data_parallel.py's step: execution.use replaces it there with torch.compile(forward) at the
+    graph level."""
     w1, b1, w2, b2, w3, b3, w4, b4 = params
     h = F.avg_pool2d(F.relu(F.conv2d(X, w1, b1)), POOL)
     h = F.avg_pool2d(F.relu(F.conv2d(h, w2, b2)), POOL)

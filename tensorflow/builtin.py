@@ -3,17 +3,23 @@ devices; across processes the MultiWorkerMirroredStrategy that distributed.py jo
 under strategy.scope(), so its variables are mirrored (one copy per replica, updated together); strategy.run
 runs the step on every replica with its shard of pipeline.py's distributed dataset, and the Keras optimizer
 sums the replicas' gradients (all processes' too) before it applies the same update to every copy."""
+from collections import namedtuple
+
 import tensorflow as tf
 
 from common.interface import RosettaError
 
 from . import distributed as dist
+from . import idiomatic
 from .idiomatic import evaluate as evaluate_keras, loss_fn, to_numpy as keras_to_numpy
 from .lenet import build_model
 
 EXEC = "tf.function"
 COMPILES = "whole step"
 LAYOUT = "NHWC (Keras)"
+# What get_model returns, in every framework's builtin.py: the network, what trains it (named as in idiomatic.py)
+# and the engine's handle on the devices the replicas live on (here the strategy).
+Model = namedtuple("Model", "net trainer placement")
 
 
 def get_model(weights, devices):
@@ -31,20 +37,20 @@ def get_model(weights, devices):
         raise RosettaError(f"MultiWorkerMirroredStrategy runs {replicas} replica(s) per process here, "
                            f"not {len(devices)}: use as many processes as devices")
     with strategy.scope():   # everything that makes variables: the model and the optimizer's state
-        model = build_model(weights)
-        optimizer = tf.keras.optimizers.SGD(learning_rate=0.0)
-        optimizer.build(model.trainable_variables)
-    return strategy, model, optimizer
+        net = build_model(weights)
+        trainer = tf.keras.optimizers.SGD(learning_rate=0.0)
+        trainer.build(net.trainable_variables)
+    return Model(net, trainer, strategy)
 
 
 # One graph for the whole step, traced per model; reduce_retracing: shard shapes become None after one change.
 @tf.function(reduce_retracing=True)
-def step_on_replicas(strategy, model, optimizer, X, y):
+def step_on_replicas(strategy, net, trainer, X, y):
     def replica_step(X, y):
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(X, training=True))   # summed over the replica's shard
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))   # all-reduce (sum), then SGD
+            loss = loss_fn(y, net(X, training=True))   # summed over the replica's shard
+        grads = tape.gradient(loss, net.trainable_variables)
+        trainer.apply_gradients(zip(grads, net.trainable_variables))   # all-reduce (sum), then SGD
         return loss, tf.shape(y)[0]
     return strategy.run(replica_step, args=(X, y))
 
@@ -53,16 +59,16 @@ def train_step(model, batch, lr, batch_size):
     """A learning rate of lr / global batch on the summed gradients makes the update the recipe's, computed
     in float32 like the scratch sgd, even when the shards differ in size. Returns the mean loss of this
     process's rows."""
-    strategy, model, optimizer = model
-    optimizer.learning_rate = tf.constant(lr, tf.float32) / batch_size
+    net, trainer, strategy = model
+    trainer.learning_rate = tf.constant(lr, tf.float32) / batch_size
     losses, sizes = (strategy.experimental_local_results(v)
-                     for v in step_on_replicas(strategy, model, optimizer, *batch))
+                     for v in step_on_replicas(strategy, net, trainer, *batch))
     return sum(float(loss) for loss in losses) / sum(int(n) for n in sizes)
 
 
 def to_numpy(model):
-    return keras_to_numpy(model[1:])   # (model, optimizer): what idiomatic.py holds
+    return keras_to_numpy(idiomatic.Model(model.net, model.trainer))   # what idiomatic.py holds
 
 
 def evaluate(model, X, y):
-    return evaluate_keras(model[1:], X, y)
+    return evaluate_keras(idiomatic.Model(model.net, model.trainer), X, y)

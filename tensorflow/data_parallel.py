@@ -36,33 +36,49 @@ def allreduce(tensors):
 
 
 def sgd(params, grads, lr, batch_size):
+    """The recipe's update, lr / batch_size times the summed gradient, made in place (update)."""
+    update(params, grads, lr / batch_size)
+
+
+# The units of the step: execution.use replaces each name of UNITS (lenet.py's forward, imported above, too)
+# with its compiled form at the chosen level, or with the function as written here. TensorFlow compiles the
+# whole step (tf.function), and XLA each device's part of it (jit_compile=True).
+def update(params, grads, scale):
+    """The SGD update of one replica, in place: each tf.Variable is assigned on its own device."""
     for p, g in zip(params, grads):
         with tf.device(p.device):
-            p.assign_sub(g * (lr / batch_size))
+            p.assign_sub(g * scale)
 
 
 def loss_and_grads(params, X, y):
-    """One device's part of the step: its shard's summed loss and the gradients. The unit XLA compiles
-    (execution.py): an XLA cluster runs on one device, so it cannot hold the whole multi-device step."""
+    """One device's part of the step: its shard's summed loss and the gradients. The unit XLA compiles: an XLA
+    cluster runs on one device, so it cannot hold the whole multi-device step."""
     with tf.GradientTape() as tape:
         loss = loss_sum(forward(params, X), y)
     return loss, tape.gradient(loss, params)
 
 
-# One graph for the whole step (eager TensorFlow is ~2x slower here). It is traced per device list and
-# number of replicas; reduce_retracing turns the shard shapes into None after the first new shape.
-@tf.function(reduce_retracing=True)
 def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size):
+    """The step on shards already on their devices: each device's loss and gradients, the gradients summed
+    across devices, the same update on every replica. Returns each device's summed loss. As one graph (the
+    default level), it is traced per device list and number of replicas; reduce_retracing turns the shard
+    shapes into None after the first new shape."""
     losses, grads = [], []
     for params, d, X_shard, y_shard in zip(replicas, devices, X_shards, y_shards):
         with tf.device(d):
             loss, device_grads = loss_and_grads(params, X_shard, y_shard)
-        grads.append(device_grads)
         losses.append(loss)
+        grads.append(device_grads)
     summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
     for params, device_grads in zip(replicas, zip(*summed)):
         sgd(params, device_grads, lr, batch_size)
     return losses
+
+
+UNITS = {"forward": forward, "update": update, "loss_and_grads": loss_and_grads, "step_on_shards": step_on_shards}
+# At import the units are what the default level makes them: one graph for the whole step (faster than eager
+# here: docs/results.md).
+step_on_shards = tf.function(step_on_shards, reduce_retracing=True)
 
 
 def train_step(replicas, X, y, devices, lr, batch_size=None):

@@ -29,7 +29,7 @@ STRATEGY = None   # the process's MultiWorkerMirroredStrategy, once init_process
 
 def backend(gpus):
     """NCCL between GPUs (TensorFlow's GPU all-reduce); RING on the CPU, where there is no NCCL (and RING
-    was faster than AUTO here)."""
+    was faster than AUTO here: docs/results.md)."""
     implementation = tf.distribute.experimental.CommunicationImplementation
     return implementation.NCCL if gpus else implementation.RING
 

@@ -4,7 +4,9 @@ and backward, not the whole step: one XLA cluster runs on one device and cannot 
 the others ("Trying to access resource ... located in device CPU:1 from device CPU:0").
 Its layout: NHWC is TensorFlow's usual one on the CPU; its CPU kernels (oneDNN) also run NCHW convolutions
 and pooling, forward and backward (data_format="NCHW"), with the same HWIO kernels. NHWC, the transpose of
-the input included, was ~1.3x faster here, so it is the default."""
+the input included, is faster here (docs/results.md), so it is the default."""
+import functools
+
 import tensorflow as tf
 
 from common.interface import choose
@@ -12,22 +14,24 @@ from common.interface import choose
 from . import data_parallel, lenet
 
 NAMES = {"eager": "eager", "graph": "tf.function", "xla": "tf.function+XLA"}
+# How each level compiles the units of data_parallel.py (UNITS); a unit it does not name runs as written
+graph = functools.partial(tf.function, reduce_retracing=True)
+COMPILERS = {"eager": {}, "graph": {"step_on_shards": graph},
+             "xla": {"step_on_shards": graph, "loss_and_grads": functools.partial(graph, jit_compile=True)}}
 # What each level puts in a compiled graph (the rest runs op by op): the table's "compiles" column
 COMPILES = {"eager": "nothing", "tf.function": "whole step", "tf.function+XLA": "whole step, fwd+bwd by XLA"}
 DEFAULT = "graph"
 LAYOUTS = {"nchw": 'NCHW (data_format="NCHW")', "nhwc": "NHWC (transposed in)"}
-DEFAULT_LAYOUT = lenet.DEFAULT_LAYOUT   # what lenet.py starts in
-python_step = data_parallel.step_on_shards.python_function   # the undecorated step
-python_device_part = data_parallel.loss_and_grads
+DEFAULT_LAYOUT = "nhwc"   # what lenet.layout starts as
 
 
 def use(level):
-    """Switch the scratch step to `level` ('default', 'eager', 'graph' or 'xla'); returns its name here."""
+    """Switch the scratch step to `level` ('default', 'eager', 'graph' or 'xla'); returns its name here. Every unit
+    of data_parallel.py (UNITS) becomes what COMPILERS[level] makes of it, or the function as written."""
     level = choose(level, NAMES, DEFAULT, "TensorFlow")
-    data_parallel.step_on_shards = (python_step if level == "eager" else
-                                    tf.function(python_step, reduce_retracing=True))
-    data_parallel.loss_and_grads = (tf.function(python_device_part, reduce_retracing=True, jit_compile=True)
-                                    if level == "xla" else python_device_part)
+    for name, written in data_parallel.UNITS.items():
+        compiler = COMPILERS[level].get(name)
+        setattr(data_parallel, name, compiler(written) if compiler else written)
     return NAMES[level]
 
 

@@ -8,8 +8,8 @@ from common.layouts import to_canonical, to_channels_last
 from common.lenet import IMAGE_SHAPE, LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
 
 
-DEFAULT_LAYOUT = "nhwc"   # the faster one here (execution.py)
-layout = DEFAULT_LAYOUT   # the scratch step's convolutions: execution.use_layout switches it
+# execution.py names and chooses the layouts (LAYOUTS, DEFAULT_LAYOUT).
+layout = "nhwc"   # the scratch step's: execution.DEFAULT_LAYOUT at import; execution.use_layout replaces it
 
 
 def to_layout(X):
@@ -31,7 +31,9 @@ def conv_relu_pool(h, w, b):
 
 
 def forward(params, X):
-    """X is a canonical NCHW batch, like every framework's; to_layout makes it the convolutions' layout."""
+    """X is a canonical NCHW batch, like every framework's; to_layout makes it the convolutions' layout. A unit
+    of data_parallel.py's step, which execution.use puts back as written at every level (tf.function compiles
+    the step around it)."""
     w1, b1, w2, b2, w3, b3, w4, b4 = params
     h = conv_relu_pool(conv_relu_pool(to_layout(X), w1, b1), w2, b2)
     if layout == "nchw":

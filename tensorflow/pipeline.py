@@ -22,7 +22,7 @@ def make_loader(data, order, rank, world, model, devices):
     """The training set as two tensors in host memory, made once; each epoch's dataset gathers from them."""
     with tf.device("/device:CPU:0"):
         X, y = tf.constant(data.X_train), tf.constant(data.y_train)
-    return model[0], order, X, y
+    return model.placement, order, X, y
 
 
 def dataset(X, y, rows):

@@ -1,9 +1,36 @@
-"""Every execution level computes the same step on several devices as eagerly, run as a user runs it."""
+"""Every execution level computes the same step on several devices as eagerly, run as a user runs it; every
+execution.py swaps the same units of its data_parallel.py, and an imported data_parallel.py already runs the
+default level."""
+import importlib.util
 import json
+import os
 
 import pytest
 
-from conftest import framework_or_skip, run_compare
+from conftest import ROOT, framework_or_skip, run_compare
+from harness.loader import load_module
+
+UNITS = ("forward", "update", "loss_and_grads", "step_on_shards")
+
+
+def test_every_framework_swaps_the_same_units(fw):
+    data_parallel, execution = load_module(fw.name, "data_parallel"), load_module(fw.name, "execution")
+    assert tuple(data_parallel.UNITS) == UNITS
+    assert set(execution.COMPILERS) == set(execution.NAMES)
+    assert all(set(compilers) <= set(UNITS) for compilers in execution.COMPILERS.values())
+
+
+def test_data_parallel_starts_at_the_default_level(fw):
+    """The units a fresh data_parallel.py compiles at import are the ones execution.use('default') compiles."""
+    data_parallel, execution = load_module(fw.name, "data_parallel"), load_module(fw.name, "execution")
+    spec = importlib.util.spec_from_file_location(f"rosetta_{fw.name}.fresh_data_parallel",
+                                                  os.path.join(ROOT, fw.name, "data_parallel.py"))
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    execution.use("default")
+    compiled = {name for name, written in data_parallel.UNITS.items() if getattr(data_parallel, name) is not written}
+    assert {name for name, written in fresh.UNITS.items() if getattr(fresh, name) is not written} == compiled
+    assert compiled == set(execution.COMPILERS[execution.DEFAULT])
 
 
 @pytest.mark.slow

@@ -24,13 +24,13 @@ def test_both_builtin_forms_compute_the_scratch_step(jax_fw, digits, form, n_dev
     ref_loss = jax_fw.train_step(replicas, X, y, devices, 0.2)
     model = builtin.get_model(init_weights(1), devices, form)
     for _ in range(2):   # twice: the second step starts from the first one's replicated update
-        loss = builtin.train_step(model, pipeline.global_batch(model[0], devices, X, y, batch_size), 0.2, batch_size)
+        loss = builtin.train_step(model, pipeline.global_batch(model.placement, devices, X, y, batch_size), 0.2, batch_size)
         if _ == 0:
             assert loss == pytest.approx(ref_loss, abs=1e-5)
             weights, ref = builtin.to_numpy(model), jax_fw.to_numpy(replicas[0])
             for name in ref:
                 np.testing.assert_allclose(weights[name], ref[name], atol=1e-5, err_msg=name)
-    for p in model[1]:   # every device holds the same, updated parameters
+    for p in model.net:   # every device holds the same, updated parameters
         shards = [np.asarray(s.data) for s in p.addressable_shards]
         assert len(shards) == n_devices and all(np.array_equal(s, shards[0]) for s in shards)
 

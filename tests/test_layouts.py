@@ -1,6 +1,8 @@
 """Every memory layout computes the same step as the default one, the layout a run asks for is the one it
 gets (PyTorch: the strides of its batches and kernels), and the table names it on every row."""
+import importlib.util
 import json
+import os
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ from common.batches import Order, epoch_batches
 from common.interface import Unavailable
 from harness.loader import load_module
 from common.lenet import init_weights
-from conftest import framework_or_skip, run_compare
+from conftest import ROOT, framework_or_skip, run_compare
 
 ALL_LAYOUTS = ("nchw", "nhwc")
 
@@ -44,6 +46,18 @@ def test_every_layout_computes_the_default_step(fw, execution, digits, n_devices
             for name, value in ref_replicas[0].items():
                 assert replica[name].flags.c_contiguous, (fw.name, layout, name)
                 assert np.max(np.abs(replica[name] - value)) <= 1e-5, (fw.name, layout, name)
+
+
+def test_lenet_starts_in_the_default_layout(fw):
+    """execution.py's DEFAULT_LAYOUT is what lenet.py's `layout` holds at import: the layout builtin.py and
+    idiomatic.py run, and the scratch step's until use_layout. Read from a fresh copy of lenet.py (other tests
+    switch the loaded one's); MXNet's lenet.py has no `layout`, NCHW being its only one."""
+    execution = load_module(fw.name, "execution")
+    path = os.path.join(ROOT, fw.name, "lenet.py")
+    spec = importlib.util.spec_from_file_location(f"rosetta_{fw.name}.fresh_lenet", path)
+    lenet = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lenet)
+    assert getattr(lenet, "layout", execution.DEFAULT_LAYOUT) == execution.DEFAULT_LAYOUT
 
 
 def test_a_layout_a_framework_lacks_is_a_skip_with_its_reason(fw, execution):
@@ -89,8 +103,8 @@ def test_pytorch_builtin_and_idiomatic_run_the_default_layout(digits):
     images, conv1, conv2 = STRIDES[execution.DEFAULT_LAYOUT]
     for engine in (load_module("pytorch", "builtin"), load_module("pytorch", "idiomatic")):
         assert engine.LAYOUT == execution.LAYOUTS[execution.DEFAULT_LAYOUT]
-    model, _ = load_module("pytorch", "idiomatic").get_model(init_weights(0), fw.get_devices(1))
-    assert (model.conv1.weight.stride(), model.conv2.weight.stride()) == (conv1, conv2)
+    net, _ = load_module("pytorch", "idiomatic").get_model(init_weights(0), fw.get_devices(1))
+    assert (net.conv1.weight.stride(), net.conv2.weight.stride()) == (conv1, conv2)
     loader = pipeline.make_loader(digits, Order(len(digits.y_train), 256, 0), 0, 1, None, fw.get_devices(1))
     X, _ = next(iter(pipeline.batches(loader, 0)))
     assert X.stride() == images

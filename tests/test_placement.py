@@ -28,7 +28,7 @@ def owned_gpus(framework, env, machine, per_process, world):
     return [seen[i] for i in my_gpus(framework, len(seen), per_process, world, environ=env)]
 
 
-def layout_env(framework, local_rank, local_world):
+def slot_env(framework, local_rank, local_world):
     """A hand launch that names the local slot the framework's way (torchrun's variables for PyTorch)."""
     return dict(zip(LAUNCHER_VARS.get(framework, OURS), (str(local_rank), str(local_world))))
 
@@ -38,7 +38,7 @@ def layout_env(framework, local_rank, local_world):
 def test_each_rank_owns_its_own_gpus_by_local_rank(framework, machines, gpus, local_world, expected):
     world = machines * local_world
     per_process = len(expected[0])
-    got = [owned_gpus(framework, layout_env(framework, rank % local_world, local_world),
+    got = [owned_gpus(framework, slot_env(framework, rank % local_world, local_world),
                       [str(i) for i in range(gpus)], per_process, world) for rank in range(world)]
     assert got == expected
 
@@ -101,7 +101,7 @@ def test_too_few_gpus_hides_nothing_and_the_worker_says_why():
 def test_several_processes_on_one_gpu_are_refused():
     """torchrun --nproc-per-node=2 on a 1-GPU machine: not both on GPU 0."""
     with pytest.raises(RosettaError, match="2 processes x 1 GPU"):
-        owned_gpus("pytorch", layout_env("pytorch", 1, 2), ["0"], 1, 2)
+        owned_gpus("pytorch", slot_env("pytorch", 1, 2), ["0"], 1, 2)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -118,7 +118,7 @@ def test_an_unknown_slot_on_a_shared_machine_is_an_error_not_a_guess(framework):
 @pytest.mark.parametrize("local_rank,local_world,per_process", [(0, 1, 2), (1, 2, 1), (3, 4, 2)])
 def test_cpu_virtual_devices_are_each_process_own(framework, local_rank, local_world, per_process):
     """No GPU: every process makes its own virtual devices and owns its first per_process."""
-    env = layout_env(framework, local_rank, local_world)
+    env = slot_env(framework, local_rank, local_world)
     assert my_gpus(framework, 0, per_process, local_world, environ=env) == []
     assert local_devices(FakeFramework(0), [], per_process) == [f"cpu:{i}" for i in range(per_process)]
 
