@@ -2,6 +2,8 @@
 gets (PyTorch: the strides of its batches and kernels), and the table names it on every row."""
 import importlib.util
 import json
+import subprocess
+import sys
 import os
 
 import numpy as np
@@ -68,6 +70,19 @@ def test_a_layout_a_framework_lacks_is_a_skip_with_its_reason(fw, execution):
     if fw.name == "mxnet":
         with pytest.raises(Unavailable, match="takes NCHW only"):
             execution.use_layout("nhwc")
+    if fw.name == "tensorflow":   # NCHW pooling needs oneDNN on the CPU: on where TensorFlow turns it on
+        assert ("nchw" in execution.LAYOUTS) == (execution.onednn_enabled() or fw.gpu_count() > 0)
+
+
+@pytest.mark.slow
+def test_tensorflow_runs_nchw_with_onednn_on():
+    """Where TensorFlow leaves oneDNN off by default (an AMD EPYC), NCHW is a skipped layout; TF_ENABLE_ONEDNN_OPTS=1
+    makes it a layout again, and it computes the default step (the test above, in a process with oneDNN on)."""
+    framework_or_skip("tensorflow")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "tensorflow and (every_layout_computes or lacks)"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1"}, timeout=280)
+    assert proc.returncode == 0 and "3 passed" in proc.stdout, proc.stdout[-3000:]
 
 
 # element strides of a (N, 1, 28, 28) batch, a conv1 (20, 1, 3, 3) and a conv2 (50, 20, 5, 5) kernel
