@@ -1,6 +1,8 @@
 """The contract every framework folder implements: its files, the functions they define, and the errors
 they raise. The machinery that loads a folder is harness/loader.py; nothing here imports a framework."""
 
+import collections
+
 FRAMEWORKS = ("pytorch", "mxnet", "tensorflow", "jax")
 
 # The files of a framework folder, in reading order, and what each one must define.
@@ -48,3 +50,9 @@ def choose(option, names, default, framework, what="mode", reasons=None):
         why = (reasons or {}).get(option, f"choose from {', '.join(names)}")
         raise Unavailable(f"{framework} has no {option!r} {what} here ({why})")
     return option
+
+
+# What get_model returns in every builtin.py and idiomatic.py: the network and what trains it (named as Dive into
+# Deep Learning names them in every framework) and, for a built-in engine, its handle on the devices the replicas
+# live on (a device, the contexts, the strategy, the mesh); None for the single-device loop.
+Model = collections.namedtuple("Model", "net trainer placement", defaults=(None,))

@@ -6,7 +6,6 @@ The explicit form, jax.shard_map, writes the per-device step and its lax.psum by
 compiled as one program; it is here too, and computes the same step. (jax.pmap, the legacy form, is in
 maintenance mode upstream.) Across processes the mesh spans every process's devices (distributed.py joined
 them) and each process contributes its own rows of the global batch (pipeline.py)."""
-from collections import namedtuple
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +14,7 @@ from jax import lax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from common.interface import Model
 from common.lenet import PARAM_NAMES
 
 from .data_parallel import evaluate as evaluate_params
@@ -25,10 +25,6 @@ EXEC = "jax.jit+NamedSharding"
 COMPILES = "whole step"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # the scratch forward's, whose weights lenet.held lays out
 FORMS = ("jit", "shard_map")
-# What get_model returns, in every framework's builtin.py: the network, what trains it (named as in idiomatic.py)
-# and the engine's handle on the devices the replicas live on. Here the network is its replicated parameters, what
-# trains it the compiled step, and the handle the mesh.
-Model = namedtuple("Model", "net trainer placement")
 
 
 def mesh_of(devices):

@@ -1,22 +1,18 @@
 """JAX's usual training loop, as in Flax's guides: a Flax NNX module, an Optax optimizer held by
 nnx.Optimizer and an nnx.jit step on one device, no harness. The benchmark times it beside the scratch
 step to show what the from-scratch recipe costs."""
-from collections import namedtuple
 
 import jax
 import optax
 from flax import nnx
 
-from common.interface import Unavailable
+from common.interface import Model, Unavailable
 
 from .lenet import build_model, model_to_numpy
 
 EXEC = "nnx.jit"
 COMPILES = "whole step"
 LAYOUT = "NHWC (Flax)"
-# What get_model returns, in every framework's idiomatic.py: the network and what trains it, named as the recipe's
-# book (Dive into Deep Learning) names them in every framework.
-Model = namedtuple("Model", "net trainer")
 
 
 def get_model(weights, devices):
@@ -43,7 +39,7 @@ def fit_batch(net, trainer, X, y, lr):
 
 def train_step(model, X, y, devices, lr, batch_size=None):
     """A learning rate of lr / batch_size on the summed loss: the recipe's update."""
-    net, trainer = model
+    net, trainer, _ = model
     X, y = jax.device_put(X, devices[0]), jax.device_put(y, devices[0])   # copies, as split_and_load
     return float(fit_batch(net, trainer, X, y, lr / (batch_size or len(X)))) / len(X)
 

@@ -1,9 +1,10 @@
 """MXNet's own data parallelism: gluon.Trainer over a kvstore. In one process the `device` kvstore
 sums the gradients of the Parameters' copies on every context; across processes the `dist_sync`
 kvstore that distributed.py created also sums them over all workers (through the server)."""
-from collections import namedtuple
 
 from mxnet import autograd, gluon, nd
+
+from common.interface import Model
 
 from . import distributed as dist
 from .data_parallel import evaluate as evaluate_params
@@ -12,9 +13,6 @@ from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
 EXEC = "hybridize"
 COMPILES = "fwd+bwd"
 LAYOUT = "NCHW (Gluon)"
-# What get_model returns, in every framework's builtin.py: the network, what trains it (named as in idiomatic.py)
-# and the engine's handle on the devices the replicas live on (here the contexts).
-Model = namedtuple("Model", "net trainer placement")
 
 
 def get_model(weights, devices):

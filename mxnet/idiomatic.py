@@ -1,20 +1,16 @@
 """MXNet's minimal training loop, as in the Gluon tutorials: a hybridized HybridSequential, a
 gluon.Trainer with SGD and SoftmaxCrossEntropyLoss on one context, no harness. The benchmark times
 it beside the scratch step to show what the from-scratch recipe costs."""
-from collections import namedtuple
 
 from mxnet import autograd, gluon, nd
 
-from common.interface import Unavailable
+from common.interface import Model, Unavailable
 
 from .lenet import build_model, to_numpy as params_to_numpy
 
 EXEC = "hybridize"
 COMPILES = "fwd+bwd"
 LAYOUT = "NCHW (Gluon)"
-# What get_model returns, in every framework's idiomatic.py: the network and what trains it, named as the recipe's
-# book (Dive into Deep Learning) names them in every framework.
-Model = namedtuple("Model", "net trainer")
 
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()   # one loss per example
 
@@ -31,7 +27,7 @@ def get_model(weights, devices):
 def train_step(model, X, y, devices, lr, batch_size=None):
     """backward() of the per-example losses sums their gradients; trainer.step(batch_size) divides
     the sum by the batch size: the recipe's update."""
-    net, trainer = model
+    net, trainer, _ = model
     X = nd.array(X, ctx=devices[0], dtype=X.dtype)   # copies, as split_and_load
     y = nd.array(y, ctx=devices[0], dtype=y.dtype)
     with autograd.record():

@@ -1,13 +1,12 @@
 """PyTorch's own data parallelism: DistributedDataParallel, one process per device. PyTorch has no
 working in-process data parallelism on the CPU (nn.DataParallel silently does nothing there), so the
 built-in mode always runs processes, even for a run that asks for one."""
-from collections import namedtuple
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from common.interface import RosettaError
+from common.interface import Model, RosettaError
 
 from .data_parallel import evaluate as evaluate_params
 from .execution import DEFAULT_LAYOUT, LAYOUTS
@@ -16,9 +15,6 @@ from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
 EXEC = "eager"
 COMPILES = "nothing"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, pipeline.py's batches
-# What get_model returns, in every framework's builtin.py: the network, what trains it (named as in idiomatic.py)
-# and the engine's handle on the devices the replicas live on (here the process's one device).
-Model = namedtuple("Model", "net trainer placement")
 
 
 def get_model(weights, devices):

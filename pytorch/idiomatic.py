@@ -1,12 +1,11 @@
 """PyTorch's minimal training loop, as in its tutorials: an nn.Module, torch.optim.SGD and
 F.cross_entropy on one device, no harness. The benchmark times it beside the scratch step to show
 what the from-scratch recipe costs."""
-from collections import namedtuple
 
 import torch
 import torch.nn.functional as F
 
-from common.interface import Unavailable
+from common.interface import Model, Unavailable
 
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .lenet import build_model, to_layout, to_numpy as params_to_numpy
@@ -14,9 +13,6 @@ from .lenet import build_model, to_layout, to_numpy as params_to_numpy
 EXEC = "eager"
 COMPILES = "nothing"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, to_layout's batches
-# What get_model returns, in every framework's idiomatic.py: the network and what trains it, named as the recipe's
-# book (Dive into Deep Learning) names them in every framework.
-Model = namedtuple("Model", "net trainer")
 
 
 def get_model(weights, devices):
@@ -29,7 +25,7 @@ def get_model(weights, devices):
 def train_step(model, X, y, devices, lr, batch_size=None):
     """The tutorial's step, with the loss summed rather than averaged and a learning rate of
     lr / batch_size: the recipe's update, whatever part of the batch is here."""
-    net, trainer = model
+    net, trainer, _ = model
     X, y = to_layout(torch.tensor(X, device=devices[0])), torch.tensor(y, device=devices[0])   # as split_and_load
     loss = F.cross_entropy(net(X), y, reduction="sum")
     trainer.zero_grad()

@@ -3,23 +3,18 @@ devices; across processes the MultiWorkerMirroredStrategy that distributed.py jo
 under strategy.scope(), so its variables are mirrored (one copy per replica, updated together); strategy.run
 runs the step on every replica with its shard of pipeline.py's distributed dataset, and the Keras optimizer
 sums the replicas' gradients (all processes' too) before it applies the same update to every copy."""
-from collections import namedtuple
 
 import tensorflow as tf
 
-from common.interface import RosettaError
+from common.interface import Model, RosettaError
 
 from . import distributed as dist
-from . import idiomatic
 from .idiomatic import evaluate as evaluate_keras, loss_fn, to_numpy as keras_to_numpy
 from .lenet import build_model
 
 EXEC = "tf.function"
 COMPILES = "whole step"
 LAYOUT = "NHWC (Keras)"
-# What get_model returns, in every framework's builtin.py: the network, what trains it (named as in idiomatic.py)
-# and the engine's handle on the devices the replicas live on (here the strategy).
-Model = namedtuple("Model", "net trainer placement")
 
 
 def get_model(weights, devices):
@@ -67,8 +62,8 @@ def train_step(model, batch, lr, batch_size):
 
 
 def to_numpy(model):
-    return keras_to_numpy(idiomatic.Model(model.net, model.trainer))   # what idiomatic.py holds
+    return keras_to_numpy(model)   # the Keras model, as idiomatic.py holds it
 
 
 def evaluate(model, X, y):
-    return evaluate_keras(idiomatic.Model(model.net, model.trainer), X, y)
+    return evaluate_keras(model, X, y)

@@ -1,20 +1,16 @@
 """TensorFlow's minimal training loop, the guide's "custom training loop": a keras.Sequential,
 keras.optimizers.SGD and a tf.function step with GradientTape on one device, no harness. The
 benchmark times it beside the scratch step to show what the from-scratch recipe costs."""
-from collections import namedtuple
 
 import tensorflow as tf
 
-from common.interface import Unavailable
+from common.interface import Model, Unavailable
 
 from .lenet import build_model, to_numpy as params_to_numpy
 
 EXEC = "tf.function"
 COMPILES = "whole step"
 LAYOUT = "NHWC (Keras)"
-# What get_model returns, in every framework's idiomatic.py: the network and what trains it, named as the recipe's
-# book (Dive into Deep Learning) names them in every framework.
-Model = namedtuple("Model", "net trainer")
 
 # Summed, not averaged: the step then divides by the global batch size, as the recipe does.
 loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
@@ -42,7 +38,7 @@ def fit_batch(net, trainer, X, y):
 
 def train_step(model, X, y, devices, lr, batch_size=None):
     """A learning rate of lr / batch_size on the summed loss: the recipe's update."""
-    net, trainer = model
+    net, trainer, _ = model
     trainer.learning_rate = tf.constant(lr, tf.float32) / (batch_size or len(X))
     with tf.device(devices[0]):   # copies, as split_and_load
         X, y = tf.convert_to_tensor(X), tf.convert_to_tensor(y)
