@@ -26,6 +26,30 @@ def test_digits_split_is_fixed_stratified_and_normalised(digits):
     assert digits.fingerprint() == "5436588296f1b099"   # pixels too (pinned scipy/scikit-learn)
 
 
+def test_digits_are_made_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
+    """The cached copy is exactly what make_digits makes; one that is damaged or altered is made again."""
+    monkeypatch.setenv("ROSETTA_CACHE", str(tmp_path))
+    made = []
+    monkeypatch.setattr(data_module, "make_digits", lambda real=data_module.make_digits: made.append(1) or real())
+    first = load_dataset("digits")
+    (cached,) = (tmp_path / "digits").iterdir()
+    assert load_dataset("digits").fingerprint() == first.fingerprint() == "5436588296f1b099" and len(made) == 1
+    with np.load(cached) as f:   # altered: a pixel changed, the old fingerprint kept
+        arrays = dict(f)
+    arrays["X_train"][0, 0, 0, 0] += 1
+    np.savez(cached, **arrays)
+    assert load_dataset("digits").fingerprint() == "5436588296f1b099" and len(made) == 2
+    cached.write_bytes(cached.read_bytes()[:1000])   # truncated
+    assert load_dataset("digits").fingerprint() == "5436588296f1b099" and len(made) == 3
+    assert [p.name for p in (tmp_path / "digits").iterdir()] == [cached.name]   # no temporary left
+
+
+def test_digits_load_where_the_cache_cannot_be_written(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("ROSETTA_CACHE", str(tmp_path / "file"))
+    assert load_dataset("digits").fingerprint() == "5436588296f1b099"
+
+
 def make_idx_dir(tmp_path, n_train=30, n_test=10, gz=True):
     rng = np.random.default_rng(0)
     ext = ".gz" if gz else ""
