@@ -15,10 +15,10 @@ import time
 import traceback
 
 
-def set_threads(spec, local_devices):
+def set_threads(spec):
     """Must happen before the framework is imported: OpenMP, MKL and TensorFlow read these at start-up."""
     from .cores import pin_from_env, thread_env
-    os.environ.update(thread_env(spec.threads or os.cpu_count(), spec.cores, local_devices))
+    os.environ.update(thread_env(spec.threads or os.cpu_count(), spec.cores, spec.per_process))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's start-up chatter
     pin_from_env()
 
@@ -169,7 +169,7 @@ def main(spec_json, out_path):
     from .spec import RunSpec
     try:
         spec = RunSpec.of(spec_json)
-        set_threads(spec, spec.per_process)
+        set_threads(spec)
         if spec.framework == "jax":   # its own share of the run's devices (common.placement)
             set_virtual_devices(spec.per_process)
         role = os.environ.get("DMLC_ROLE", "worker")
