@@ -72,6 +72,7 @@ def engine_env(framework, world, devices=None, gpus=None):
 # The signals that end a run: Ctrl-C, `kill`/`timeout`/CI job limits/batch schedulers, a closed terminal.
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PARENT_VARIABLE = "ROSETTA_PARENT_PID"   # set for the workers compare.py starts; they watch that process
+LOGS_VARIABLE = "ROSETTA_LOG_DIR"   # the run's log folder: removed by a worker whose compare.py died (SIGKILL)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -161,7 +162,7 @@ def run_workers(spec, timeout=None, processes=None, progress=None, stall_timeout
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "harness.worker", spec.to_json(), *args], cwd=ROOT, stdout=log,
                     stderr=subprocess.STDOUT, start_new_session=True,
-                    env={**os.environ, **env, PARENT_VARIABLE: str(os.getpid())}))
+                    env={**os.environ, **env, PARENT_VARIABLE: str(os.getpid()), LOGS_VARIABLE: tmp}))
             logs.append(log_path)
 
         def log_tail(i):

@@ -144,11 +144,13 @@ def serve(spec):
 def exit_with_parent():
     """Started by compare.py, end when it is gone, even SIGKILLed (which no handler can catch): with
     this process's whole group, so nothing trains on for nobody. A thread, so that it also watches
-    MXNet's scheduler and server, which never return from `import mxnet`. Hand-launched workers
-    (no PARENT_VARIABLE) may outlive their shell on purpose (nohup) and are left alone."""
+    MXNet's scheduler and server, which never return from `import mxnet`. The run's log folder goes too:
+    compare.py, which would have removed it, cannot. Hand-launched workers (no PARENT_VARIABLE) may outlive
+    their shell on purpose (nohup) and are left alone."""
+    import shutil
     import signal
     import threading
-    from .launch import PARENT_VARIABLE
+    from .launch import LOGS_VARIABLE, PARENT_VARIABLE
     parent = int(os.environ.get(PARENT_VARIABLE, 0))
     if not parent:
         return
@@ -156,6 +158,8 @@ def exit_with_parent():
     def watch():
         while os.getppid() == parent:
             time.sleep(PARENT_POLL_SECONDS)
+        if os.environ.get(LOGS_VARIABLE):   # every process of the run tries; the first one removes it
+            shutil.rmtree(os.environ[LOGS_VARIABLE], ignore_errors=True)
         if os.getpgrp() == os.getpid():   # compare.py starts each worker as the leader of its own group
             os.killpg(0, signal.SIGKILL)
         os._exit(1)
