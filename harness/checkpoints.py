@@ -5,6 +5,7 @@ of a training run: saving every N epochs and resuming from a saved epoch.
 
 A checkpoint holds the weights only: plain SGD without momentum has no optimizer state, and the learning rate
 is constant, so the weights and the epoch (in the file name) are all a resumed run needs."""
+import contextlib
 import glob
 import os
 import re
@@ -103,7 +104,9 @@ def write_weights(framework, weights, path):
     if not name.endswith(suffix) or name == suffix:
         raise RosettaError(f"{path}: a {framework} checkpoint's name must end in {suffix}")
     os.makedirs(folder, exist_ok=True)
-    temporary = os.path.join(folder, f".{name[:-len(suffix)]}.partial-{os.getpid()}{suffix}")
+    partial = f".{name[:-len(suffix)]}.partial-"
+    remove_orphans(folder, partial)
+    temporary = os.path.join(folder, f"{partial}{os.getpid()}{suffix}")
     try:
         load_module(framework, "checkpoint").save(weights, temporary)
         if os.path.isdir(path):   # an earlier Orbax directory: os.replace cannot replace a full one
@@ -114,6 +117,26 @@ def write_weights(framework, weights, path):
     finally:   # after a failure: the temporary, and anything the framework made beside it (Orbax's own)
         for leftover in glob.glob(glob.escape(temporary) + "*"):
             shutil.rmtree(leftover) if os.path.isdir(leftover) else os.remove(leftover)
+
+
+def remove_orphans(folder, partial):
+    """The temporaries (`partial` + a pid + anything) that a writer killed mid-save (SIGKILL: no `finally`) left in
+    `folder`: those whose process is gone. A live writer's temporary is left alone."""
+    for leftover in glob.glob(os.path.join(glob.escape(folder), glob.escape(partial) + "*")):
+        pid = re.match(r"\d+", os.path.basename(leftover)[len(partial):])
+        if pid and not alive(int(pid.group())):
+            with contextlib.suppress(FileNotFoundError):   # another writer's sweep may get there first
+                shutil.rmtree(leftover) if os.path.isdir(leftover) else os.remove(leftover)
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # someone else's process
+        return True
+    return True
 
 
 def saver(spec, rank):

@@ -224,3 +224,20 @@ def test_converting_in_process_leaves_the_callers_environment(tmp_path, monkeypa
     before = dict(os.environ)
     assert convert([saved("pytorch", tmp_path), str(tmp_path / "copy.pt")]) == 0
     assert dict(os.environ) == before
+
+
+def test_the_temporary_of_a_writer_killed_mid_save_is_removed_by_the_next_write(tmp_path):
+    """SIGKILL skips write_weights' own clean-up: the next write into that folder removes what the dead writer left
+    (its temporary file, and anything the framework made beside it), never a live writer's temporary."""
+    framework_or_skip("pytorch")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f".lenet.partial-{dead.pid}.pt").write_bytes(b"half a file")
+    (tmp_path / f".lenet.partial-{dead.pid}.pt.tmp-dir").mkdir()
+    live = tmp_path / f".lenet.partial-{os.getppid()}.pt"
+    live.write_bytes(b"being written")
+    other = tmp_path / f".other.partial-{dead.pid}.pt"   # another checkpoint's: its own next write sweeps it
+    other.write_bytes(b"half")
+    saved("pytorch", tmp_path)
+    assert sorted(os.listdir(tmp_path)) == sorted(["lenet.pt", live.name, other.name])
+
