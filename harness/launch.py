@@ -137,14 +137,14 @@ def last_progress(path):
     return int(step), int(steps)
 
 
-def run_workers(spec, timeout=None, processes=None, progress=None, stall_timeout=None):
-    """Run one spec in `processes` fresh `python -m harness.worker` processes; return their result dicts
+def run_workers(spec, timeout=None, progress=None, stall_timeout=None):
+    """Run one spec in its `processes` fresh `python -m harness.worker` processes; return their result dicts
     in rank order, or one failed result. Never raises for a failed run: a crash, a dead worker or helper
     (MXNet's scheduler, server), a timeout, a stall (no new progress line for `stall_timeout` seconds)
     becomes status 'failed' with the reason, and every process of the run is gone when this returns or
     raises (Interrupted included). progress(step, steps), if given, is called as the first worker reports."""
     spec = RunSpec.of(spec)
-    processes = processes or spec.processes
+    processes = spec.processes
     worker_envs, helper_envs = (engine_env(spec.framework, processes, spec.devices)
                                 if uses_engine(spec) else ([{}], []))
     if spec.cores == "per-device":   # each worker pinned to cores of its own (harness/cores.py)

@@ -122,7 +122,7 @@ def measure(frameworks, sizes=SIZES, timeout=600):
             print(f"{name}: all-reduce of {n / MB:.2f} MB across 2 processes ...", file=sys.stderr, flush=True)
             spec = {"task": "allreduce", "framework": name, "devices": 2, "processes": 2, "bytes": int(n),
                     "threads": threads}
-            records = run_workers(spec, timeout, 2)
+            records = run_workers(spec, timeout)
             if records[0]["status"] != "ok":
                 raise RosettaError(f"{name}: the all-reduce of {n} bytes {records[0]['status']}: {records[0]['error']}")
             points.append({"bytes": int(n), **records[0]["allreduce"]})

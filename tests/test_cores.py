@@ -39,7 +39,7 @@ def test_each_worker_gets_cores_of_its_own():
 def test_per_device_workers_are_really_pinned_and_shared_ones_are_not():
     framework_or_skip("pytorch")
     spec = {"task": "devices", "framework": "pytorch", "devices": 2, "processes": 2, "threads": 1, "cores": "per-device"}
-    results = run_workers(spec, timeout=120, processes=2)
+    results = run_workers(spec, timeout=120)
     assert [r["cpus"] for r in results] == [USABLE[:1], USABLE[1:2]]
     (alone,) = run_workers({**spec, "devices": 1, "processes": 1, "cores": "shared"}, timeout=120)
     assert alone["cpus"] == USABLE

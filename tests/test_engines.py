@@ -22,7 +22,7 @@ def one_step(framework, mode, devices, processes, tmp_path, steps=1):
     spec = {"framework": framework, "mode": mode, "devices": devices, "processes": processes,
             "dataset": "digits", "epochs": 1, "batch_size": 97, "lr": 0.2, "seed": 5, "threads": 1,
             "max_steps": steps, "weights_out": str(out)}
-    results = run_workers(spec, timeout=240, processes=processes)
+    results = run_workers(spec, timeout=240)
     if results[0]["status"] == "skipped":   # Unavailable: the framework is not installed
         skip_not_installed(results[0]["error"])
     assert all(r["status"] == "ok" for r in results), results[0].get("error")
@@ -104,7 +104,7 @@ def in_background(fn):
 
 def test_a_dead_worker_stops_the_run_within_seconds(tag):
     framework_or_skip("pytorch")
-    thread, result = in_background(lambda: run_workers(long_spec(), timeout=120, processes=2))
+    thread, result = in_background(lambda: run_workers(long_spec(), timeout=120))
     workers = wait_for_training(tag, 2)
     os.kill(workers[-1], signal.SIGKILL)
     start = time.monotonic()
@@ -116,7 +116,7 @@ def test_a_dead_worker_stops_the_run_within_seconds(tag):
 def test_a_timeout_ends_every_process(tag):
     framework_or_skip("pytorch")
     start = time.monotonic()
-    (result,) = run_workers(long_spec(), timeout=8, processes=2)
+    (result,) = run_workers(long_spec(), timeout=8)
     assert result["status"] == "failed" and "timed out after 8 s" in result["error"]
     assert time.monotonic() - start < 20
 

@@ -35,7 +35,7 @@ def test_the_pipeline_feeds_every_device_the_shared_order(framework, devices, pr
     framework_or_skip(framework)
     spec = {"task": "feed", "framework": framework, "mode": "builtin", "devices": devices, "processes": processes,
             "dataset": "digits", "epochs": EPOCHS, "batch_size": BATCH, "seed": SEED, "threads": 1}
-    results = run_workers(spec, timeout=240, processes=processes)
+    results = run_workers(spec, timeout=240)
     assert all(r["status"] == "ok" for r in results), results[0].get("error")
     n = len(load_dataset("digits").y_train)
     assert sorted(r["rank"] for r in results) == list(range(processes))
