@@ -19,6 +19,7 @@ import sys
 from common.data import DATASETS, load_dataset
 from common.interface import FRAMEWORKS, RosettaError
 from common.lenet import INITS
+from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, REFERENCE_BATCH, SCHEDULES
 from harness.benchmark import add_scaling
 from harness.calibration import LoadRecord, matmul_peak, warning
 from harness.checkpoints import check_resume
@@ -58,7 +59,20 @@ def parse_args(argv):
     p.add_argument("--n-synthetic", type=int, default=default("n_synthetic"), help="training images of the synthetic set")
     p.add_argument("--epochs", type=int, help="default 30 for digits, 10 otherwise")
     p.add_argument("--batch-size", type=int, default=default("batch_size"), help="global batch, split across devices")
-    p.add_argument("--lr", type=float, default=default("lr"), help="SGD learning rate")
+    p.add_argument("--lr", type=float, help="the base learning rate; default by --optimizer: "
+                   + ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items()))
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=default("optimizer"),
+                   help="the update, PyTorch's conventions in every framework (common/optim.py)")
+    p.add_argument("--momentum", type=float, default=default("momentum"), help="momentum and nesterov's")
+    p.add_argument("--weight-decay", type=float, default=default("weight_decay"),
+                   help="L2 added to the gradient; decoupled (w -= lr * wd * w) for adamw")
+    p.add_argument("--lr-schedule", choices=SCHEDULES, default=default("lr_schedule"),
+                   help="per step: constant, step (x0.1 at 1/2 and 3/4 of the steps after warm-up), cosine (to 0)")
+    p.add_argument("--warmup-epochs", type=float, default=default("warmup_epochs"),
+                   help="linear warm-up, per step, from lr / warm-up steps to lr")
+    p.add_argument("--clip-norm", type=float, help="clip the all-reduced mean gradient to this global norm")
+    p.add_argument("--lr-scaling", choices=LR_SCALINGS, default=default("lr_scaling"),
+                   help=f"linear: lr times global batch / {REFERENCE_BATCH} (the linear scaling rule)")
     p.add_argument("--seed", type=int, default=default("seed"), help="initial weights and batch order")
     p.add_argument("--init", choices=INITS, default=default("init"), help="he, or the recipe's normal(0, 0.01)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="threads per run: all cores")
@@ -100,9 +114,13 @@ def parse_args(argv):
     for name in ("epochs", "batch_size", "threads", "n_synthetic", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("lr", "timeout", "stall_timeout"):
-        if getattr(args, name) <= 0:
+    for name in ("lr", "timeout", "stall_timeout", "clip_norm"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
+    if not 0 <= args.momentum < 1 or args.weight_decay < 0:
+        p.error("--momentum must be in [0, 1) and --weight-decay >= 0")
+    if not 0 <= args.warmup_epochs <= args.epochs:
+        p.error(f"--warmup-epochs must be between 0 and --epochs {args.epochs}")
     if args.resume and (args.merge or args.list_devices or not args.json):
         p.error("--resume continues a training run: it needs the --json PATH of that run "
                 "(not --merge or --list-devices)")

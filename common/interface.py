@@ -6,7 +6,7 @@ import collections
 FRAMEWORKS = ("pytorch", "mxnet", "tensorflow", "jax")
 
 # The files of a framework folder, in reading order, and what each one must define.
-FILES = ("devices", "lenet", "data_parallel")
+FILES = ("devices", "lenet", "optimizer", "data_parallel")
 
 CONTRACT = {
     # devices.py: what the framework calls a device.
@@ -22,14 +22,22 @@ CONTRACT = {
     "get_params": "get_params(weights, device) -> replica: the canonical numpy weights, on one device.",
     "forward": "forward(replica, X) -> logits for a batch X already on the replica's device.",
     "to_numpy": "to_numpy(replica) -> dict of float32 numpy arrays in canonical (PyTorch) layout.",
+    # optimizer.py: common/optim.py's canonical update by hand, its state kept per replica (identical on every one).
+    "init_state": "init_state(replica, optimizer) -> one replica's state for a common.optim.Optimizer: its step "
+                  "count and a zero buffer per slot and parameter, on the replica's device, in its layout.",
+    "state_to_numpy": "state_to_numpy(state) -> common.optim.init_state's form: {'step': int, "
+                      "'<slot>.<param name>': float32 array in canonical layout}.",
+    "state_from_numpy": "state_from_numpy(arrays, replica, optimizer) -> a state as init_state makes it, holding "
+                        "the canonical `arrays` (state_to_numpy's form), on the replica's device.",
     # data_parallel.py: the multi-device recipe.
     "split_and_load": "split_and_load(array, devices) -> list of len(devices) contiguous shards along axis 0, "
                       "sizes differing by at most one (common.sharding), shard i on devices[i].",
     "allreduce": "allreduce(tensors) -> the same list, every tensor now holding the element-wise sum.",
-    "train_step": "train_step(replicas, X, y, devices, lr, batch_size=None) -> float: one synchronous SGD step "
-                  "on a numpy batch (summed loss per shard, gradients summed across devices, update divided by "
-                  "batch_size, the global batch size: len(X) unless processes share the batch), returning the "
-                  "mean loss over X.",
+    "train_step": "train_step(replicas, X, y, devices, lr, batch_size=None, states=None) -> float: one "
+                  "synchronous SGD step on a numpy batch (summed loss per shard, gradients summed across devices, "
+                  "update divided by batch_size, the global batch size: len(X) unless processes share the batch), "
+                  "returning the mean loss over X. With states (init_state's, one per replica), common/optim.py's "
+                  "update at rate lr (this step's) instead, on the all-reduced mean gradient; the states advance.",
     "evaluate": "evaluate(replica, X, y) -> float: accuracy of one replica on numpy data.",
 }
 

@@ -55,6 +55,9 @@ def run_specs(args):
             spec = RunSpec(framework=name, mode=mode, exec=level, layout=layout, devices=devices, processes=world,
                            cores=cores, threads=max(1, threads), dataset=args.dataset, data_dir=args.data_dir,
                            n_synthetic=args.n_synthetic, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                           optimizer=args.optimizer, momentum=args.momentum, weight_decay=args.weight_decay,
+                           lr_schedule=args.lr_schedule, warmup_epochs=args.warmup_epochs, clip_norm=args.clip_norm,
+                           lr_scaling=args.lr_scaling,
                            seed=args.seed, init=args.init, checkpoint_dir=args.checkpoint_dir,
                            checkpoint_every=args.checkpoint_every, resume_from=args.resume_from)
             yield spec, skip_reason(spec, share, usable, max(args.devices), args.threads, seen)

@@ -6,11 +6,13 @@ import json
 
 from common.data import SYNTHETIC_SIZE
 from common.interface import RosettaError
+from common.optim import DEFAULT_LR, Optimizer, scaled_lr
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 # The fields that make a row of the table what it is (the rest say where the data and files are).
 ROW_FIELDS = ("framework", "mode", "exec", "layout", "devices", "processes", "cores", "epochs", "batch_size", "lr",
-              "seed", "init", "threads")
+              "seed", "init", "threads", "optimizer", "momentum", "weight_decay", "lr_schedule", "warmup_epochs",
+              "clip_norm", "lr_scaling")
 
 
 def default_epochs(dataset):
@@ -37,7 +39,14 @@ class RunSpec:
     n_synthetic: int = SYNTHETIC_SIZE   # training images of the synthetic set
     epochs: int | None = None        # None: DEFAULT_EPOCHS for the data set, else 10
     batch_size: int = 256            # global, split across processes and devices
-    lr: float = 0.2
+    lr: float | None = None          # the base rate; None: common.optim.DEFAULT_LR for the optimizer (0.2 for sgd)
+    optimizer: str = "sgd"           # sgd | momentum | nesterov | adam | adamw (common/optim.py)
+    momentum: float = 0.9            # momentum and nesterov
+    weight_decay: float = 0.0        # L2 in the gradient; decoupled for adamw
+    lr_schedule: str = "constant"    # constant | step | cosine, per step
+    warmup_epochs: float = 0.0       # linear warm-up, per step, before the schedule
+    clip_norm: float | None = None   # clip the all-reduced mean gradient to this global norm
+    lr_scaling: str = "none"         # none | linear: lr * global batch / common.optim.REFERENCE_BATCH
     seed: int = 0                    # initial weights and batch order
     init: str = "he"                 # he | recipe (common/lenet.py)
     checkpoint_dir: str | None = None
@@ -52,6 +61,17 @@ class RunSpec:
     def __post_init__(self):
         if self.epochs is None:
             object.__setattr__(self, "epochs", default_epochs(self.dataset))
+        if self.lr is None:
+            object.__setattr__(self, "lr", DEFAULT_LR.get(self.optimizer, DEFAULT_LR["sgd"]))
+
+    def canonical_optimizer(self, steps_per_epoch):
+        """The update this run computes (common/optim.py), its schedule as long as the run."""
+        try:
+            return Optimizer(self.optimizer, scaled_lr(self.lr, self.batch_size, self.lr_scaling), self.momentum,
+                             self.weight_decay, self.lr_schedule, round(self.warmup_epochs * steps_per_epoch),
+                             self.epochs * steps_per_epoch, self.clip_norm)
+        except ValueError as err:
+            raise RosettaError(str(err)) from None
 
     @property
     def per_process(self):

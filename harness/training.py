@@ -14,6 +14,7 @@ import numpy as np
 
 from common.batches import Order
 from common.lenet import init_weights
+from common.optim import Optimizer
 
 from .loader import load_module
 from .timing import Timer
@@ -27,8 +28,10 @@ class Scratch:
     def __init__(self, fw, devices):
         self.fw, self.devices = fw, devices
 
-    def start(self, weights):
+    def start(self, weights, optimizer):
+        """The replicas and, for a stateful optimizer, each one's state (the recipe's sgd has none)."""
         self.replicas = [self.fw.get_params(weights, d) for d in self.devices]
+        self.states = None if optimizer.is_recipe else [self.fw.init_state(r, optimizer) for r in self.replicas]
 
     def feed(self, data, order, rank, world):
         self.data, self.order, self.rank, self.world = data, order, rank, world
@@ -41,7 +44,9 @@ class Scratch:
 
     def step(self, batch, lr, batch_size):
         X, y = batch
-        return self.fw.train_step(self.replicas, X, y, self.devices, lr, batch_size)
+        if self.states is None:
+            return self.fw.train_step(self.replicas, X, y, self.devices, lr, batch_size)
+        return self.fw.train_step(self.replicas, X, y, self.devices, lr, batch_size, self.states)
 
     def weights(self):
         return self.fw.to_numpy(self.replicas[0])
@@ -68,8 +73,9 @@ class Builtin(Scratch):
         self.engine = load_module(fw.name, "builtin")
         self.pipeline = load_module(fw.name, "pipeline")
 
-    def start(self, weights):
-        self.model = self.engine.get_model(weights, self.devices)
+    def start(self, weights, optimizer):
+        """The engine's model and its trainer, the framework's own optimizer and schedule computing `optimizer`."""
+        self.model = self.engine.get_model(weights, self.devices, optimizer)
 
     def feed(self, data, order, rank, world):
         self.loader = self.pipeline.make_loader(data, order, rank, world, self.model, self.devices)
@@ -121,18 +127,22 @@ def digest(weights):
 
 
 def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world=1, min_size=1,
-          progress=None, max_steps=None, weights=None, first_epoch=0, after_epoch=None):
+          progress=None, max_steps=None, weights=None, first_epoch=0, after_epoch=None, optimizer=None):
     """Train this process's part; return its record: loss sums and sizes rather than means, so that
     processes with shards of different sizes merge exactly. max_steps stops early (for parity checks).
+    `optimizer` (common/optim.py) is the update and its schedule, each step's rate passed to the step; None: the
+    recipe's plain SGD at rate lr.
     A resumed run starts from `weights` at `first_epoch` (harness/checkpoints.py): the remaining epochs see
     the batches the uninterrupted run would. after_epoch(epochs done, runner) runs outside the timers."""
-    runner.start(init_weights(seed, init) if weights is None else weights)
+    optimizer = optimizer or Optimizer(lr=lr)
+    runner.start(init_weights(seed, init) if weights is None else weights, optimizer)
     order = Order(len(data.y_train), batch_size, seed, min_size)
     runner.feed(data, order, rank, world)
     record = {"epoch_loss_sums": [], "epoch_sizes": [], "epoch_seconds": [], "epoch_input_seconds": [],
               "step_loss_sums": [], "step_sizes": [], "first_step_seconds": None, "first_step_images": 0,
               "images": 0, "first_epoch": first_epoch}
     steps = 0
+    done_before = first_epoch * steps_per_epoch(len(data.y_train), batch_size, min_size)   # the schedule's position
     total_steps = (epochs - first_epoch) * steps_per_epoch(len(data.y_train), batch_size, min_size)
     if max_steps is not None:
         total_steps = min(total_steps, max_steps)
@@ -151,7 +161,7 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
                 waited += wait.seconds
                 first = steps == 0   # one-off costs: tracing, allocation, caches
                 with Timer(runner.sync if first else lambda: None) as t:
-                    loss = runner.step(batch, lr, global_size)
+                    loss = runner.step(batch, optimizer.learning_rate(done_before + steps), global_size)
                 if first:
                     record["first_step_seconds"], record["first_step_images"] = t.seconds, global_size
                 steps += 1
@@ -179,7 +189,7 @@ def fed_rows(runner, data, epochs, batch_size, seed=0, rank=0, world=1, min_size
     `epochs` epochs (labels replaced by row numbers, so the batches say which rows they hold): the tests
     compare them with the shared order."""
     data = dataclasses.replace(data, y_train=np.arange(len(data.y_train)))
-    runner.start(init_weights(seed))
+    runner.start(init_weights(seed), Optimizer())
     runner.feed(data, Order(len(data.y_train), batch_size, seed, min_size), rank, world)
     return [[[y.tolist() for _, y in runner.pipeline.per_device(batch)] for batch in runner.batches(epoch)]
             for epoch in range(epochs)]

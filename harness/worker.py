@@ -97,7 +97,7 @@ def run(spec, started):
         return scaling_inputs(fw, spec)
     from .checkpoints import resume_point, saver
     from common.data import load_dataset
-    from .training import MODES, train
+    from .training import MODES, steps_per_epoch, train
     data = load_dataset(spec.dataset, spec.data_dir, spec.n_synthetic, spec.seed)
     with joined(fw, spec) as (rank, world, devices):
         runner = MODES[spec.mode](fw, devices)
@@ -116,7 +116,8 @@ def run(spec, started):
         record = train(runner, data, spec.epochs, spec.batch_size, spec.lr, spec.seed,
                        spec.init, rank, world, min_size=spec.devices, progress=progress,
                        max_steps=spec.max_steps, weights=weights, first_epoch=first_epoch,
-                       after_epoch=saver(spec, rank))
+                       after_epoch=saver(spec, rank), optimizer=spec.canonical_optimizer(
+                           steps_per_epoch(len(data.y_train), spec.batch_size, spec.devices)))
         # What the framework holds while it trains: the peak since the reset, less the harness's own copy of the data
         data_bytes = sum(a.nbytes for a in (data.X_train, data.y_train, data.X_test, data.y_test))
         record["train_memory_bytes"] = peak_rss() - data_bytes if fresh_peak else None

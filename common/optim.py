@@ -1,0 +1,146 @@
+"""The optimizer, written once: the canonical update every framework and mode must compute, step for step.
+
+PyTorch's conventions, the ones docs/migration.md's conventions table measures the others against:
+- the gradient is the global batch's mean (the all-reduced sum / global batch), then
+- clipped by its global norm over all parameters (torch.nn.utils.clip_grad_norm_: times clip / (norm + 1e-6)
+  when that is below 1), on every replica after the all-reduce, never on a replica's own shard, then
+- weight decay: L2 added to the gradient (g + wd * w) for sgd, momentum, nesterov and adam; decoupled for adamw
+  (w *= 1 - lr * wd, before the update), on every parameter, biases too (torch.optim's default), then
+- the update at this step's rate, the learning rate outside the momentum buffer:
+    sgd       w -= lr * g
+    momentum  v = mu * v + g (v = g on the first step);  w -= lr * v
+    nesterov  v as momentum;                            w -= lr * (g + mu * v)
+    adam(w)   m = b1 * m + (1 - b1) * g;  s = b2 * s + (1 - b2) * g**2;  t = steps so far + 1
+              w -= lr * (m / (1 - b1**t)) / (sqrt(s / (1 - b2**t)) + eps)    eps outside the square root
+- the rate per step (0-based: the first update is step 0): a linear warm-up over `warmup_steps`, lr * (step + 1) /
+  warmup_steps (torch's LinearLR from 1 / warmup_steps), then the schedule over the remaining D = total - warmup:
+    constant  lr
+    step      lr, times 0.1 after D // 2 of them, times 0.01 after 3 * D // 4 (torch's MultiStepLR)
+    cosine    lr * (1 + cos(pi * k / D)) / 2 at its k-th step (torch's CosineAnnealingLR, eta_min 0)
+
+The recipe's plain SGD (constant rate, no decay, no clipping) is `is_recipe`: the frameworks keep running the
+recipe's own `sgd` for it, so the default table does not change by a bit.
+"""
+import dataclasses
+import math
+
+import numpy as np
+
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
+SCHEDULES = ("constant", "step", "cosine")
+LR_SCALINGS = ("none", "linear")
+# The usual starting rate of each (--lr's default): the recipe's 0.2; momentum 0.9 multiplies the step by ~10.
+DEFAULT_LR = {"sgd": 0.2, "momentum": 0.02, "nesterov": 0.02, "adam": 1e-3, "adamw": 1e-3}
+REFERENCE_BATCH = 256     # --lr-scaling linear: lr * global batch / this (Goyal et al. 2017)
+CLIP_EPS = 1e-6           # torch.nn.utils.clip_grad_norm_'s
+STEP_FACTOR = 0.1         # the step schedule's decay, at each of its two milestones
+
+
+def scaled_lr(lr, batch_size, scaling="none", reference=REFERENCE_BATCH):
+    """The linear scaling rule: the base rate grows with the global batch (more devices at a fixed per-device
+    batch), usually with a warm-up."""
+    if scaling not in LR_SCALINGS:
+        raise ValueError(f"unknown lr scaling {scaling!r}; choose from {LR_SCALINGS}")
+    return lr * batch_size / reference if scaling == "linear" else lr
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+    """Everything the update needs, the run's length included (the schedule ends with it). Frozen and hashable:
+    compiled steps may take it as a static argument."""
+    name: str = "sgd"
+    lr: float = 0.2                # the base rate (after --lr-scaling)
+    momentum: float = 0.9          # momentum and nesterov
+    weight_decay: float = 0.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 1           # the run's steps: the schedule's length
+    clip_norm: float | None = None
+    betas: tuple = (0.9, 0.999)    # adam, adamw
+    eps: float = 1e-8              # adam, adamw
+
+    def __post_init__(self):
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.name!r}; choose from {OPTIMIZERS}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown lr schedule {self.schedule!r}; choose from {SCHEDULES}")
+        if not 0 <= self.warmup_steps <= self.total_steps:
+            raise ValueError(f"{self.warmup_steps} warm-up steps for a run of {self.total_steps}")
+
+    @property
+    def is_recipe(self):
+        """The recipe's plain SGD: no state, one rate."""
+        return (self.name == "sgd" and self.schedule == "constant" and not self.warmup_steps
+                and not self.weight_decay and self.clip_norm is None)
+
+    @property
+    def decoupled(self):
+        """Weight decay applied to the weights (adamw), not added to the gradient."""
+        return self.name == "adamw"
+
+    @property
+    def slots(self):
+        """The state each parameter carries, by torch.optim's names."""
+        return {"sgd": (), "momentum": ("momentum_buffer",), "nesterov": ("momentum_buffer",),
+                "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq")}[self.name]
+
+    @property
+    def decay_steps(self):
+        return self.total_steps - self.warmup_steps
+
+    @property
+    def milestones(self):
+        """The step schedule's two decays, in steps from the start of the run."""
+        return (self.warmup_steps + self.decay_steps // 2, self.warmup_steps + 3 * self.decay_steps // 4)
+
+    def learning_rate(self, step):
+        """The rate of the update numbered `step` (0-based)."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.schedule == "cosine":
+            return self.lr * (1 + math.cos(math.pi * (step - self.warmup_steps) / self.decay_steps)) / 2
+        if self.schedule == "step":
+            return self.lr * STEP_FACTOR ** sum(step >= m for m in self.milestones)
+        return self.lr
+
+    def clip_coefficient(self, grads):
+        """What the gradients are multiplied by: clip / (global norm + 1e-6), at most 1 (1 without clipping)."""
+        if self.clip_norm is None:
+            return 1.0
+        norm = math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values()))
+        return min(1.0, self.clip_norm / (norm + CLIP_EPS))
+
+
+def init_state(optimizer, weights):
+    """The state before the first step: the step count, and a zero array per slot and parameter."""
+    return {"step": 0, **{f"{slot}.{name}": np.zeros_like(w) for slot in optimizer.slots for name, w in weights.items()}}
+
+
+def step(optimizer, weights, grads, state):
+    """One canonical update of canonical numpy weights by the global batch's mean gradient; returns the new weights
+    and state (float32 like the frameworks; the step count decides the rate and Adam's bias corrections)."""
+    o, t = optimizer, state["step"]
+    lr = np.float32(o.learning_rate(t))
+    coef = np.float32(o.clip_coefficient(grads))
+    new_weights, new_state = {}, {"step": t + 1}
+    for name, w in weights.items():
+        g = grads[name] * coef
+        if o.weight_decay and not o.decoupled:
+            g = g + np.float32(o.weight_decay) * w
+        if o.name == "sgd":
+            w = w - lr * g
+        elif o.name in ("momentum", "nesterov"):
+            v = g if t == 0 else np.float32(o.momentum) * state[f"momentum_buffer.{name}"] + g
+            w = w - lr * (g + np.float32(o.momentum) * v if o.name == "nesterov" else v)
+            new_state[f"momentum_buffer.{name}"] = v
+        else:
+            if o.decoupled:
+                w = w * (1 - lr * np.float32(o.weight_decay))
+            b1, b2 = o.betas
+            m = np.float32(b1) * state[f"exp_avg.{name}"] + np.float32(1 - b1) * g
+            s = np.float32(b2) * state[f"exp_avg_sq.{name}"] + np.float32(1 - b2) * g * g
+            denom = np.sqrt(s / np.float32(1 - b2 ** (t + 1))) + np.float32(o.eps)
+            w = w - lr / np.float32(1 - b1 ** (t + 1)) * m / denom
+            new_state[f"exp_avg.{name}"], new_state[f"exp_avg_sq.{name}"] = m, s
+        new_weights[name] = w.astype(np.float32)
+    return new_weights, new_state

@@ -1,0 +1,172 @@
+"""Stateful optimizers, proven equal to the spec (common/optim.py) in every framework and mode.
+
+The spec's trajectory: canonical numpy weights, each step's gradient computed by the framework's own scratch
+`loss_and_grads` on the global batch at the spec's weights (so the only difference left is the update's
+arithmetic), the update made by common.optim.step. Every framework's mode runs the same batches through the
+harness's own loop (harness.training.train) under a cosine schedule with a warm-up, which changes the rate every
+step, weight decay, and a clipping norm that clips some steps and not others.
+"""
+import numpy as np
+import pytest
+
+from common import optim
+from common.batches import Order
+from common.interface import FRAMEWORKS
+from common.lenet import init_weights
+from conftest import framework_or_skip
+from harness.loader import load_module
+from harness.training import MODES, steps_per_epoch, train
+
+BATCH, EPOCHS, SEED = 128, 2, 0   # digits: 12 steps an epoch, the last one short (a batch of 29)
+WARMUP = 5
+CLIP = 3.5                        # the mean gradient's norm on digits is ~2-7 in these runs: some steps clip
+DECAY = {"sgd": 5e-4, "momentum": 5e-4, "nesterov": 5e-4, "adam": 5e-4, "adamw": 5e-2}
+# Why these tolerances: float32 weights of size ~0.1-1; the frameworks and the spec round the same update in a
+# different order (fused multiply-adds, sqrt then divide, a summed gradient scaled once or per shard): ~1e-7
+# relative a step, which 24 steps of training amplify to ~1e-5. Adam divides by sqrt(v): a gradient entry near
+# zero makes its update ~lr whatever its size, so it amplifies rounding more (lr 1e-3: a wrong convention moves
+# weights by ~1e-3, 30x more).
+TOLERANCE = {"sgd": 1e-4, "momentum": 1e-4, "nesterov": 1e-4, "adam": 3e-5, "adamw": 3e-5}
+
+
+def canonical(name, total_steps, clip_norm=CLIP):
+    return optim.Optimizer(name, optim.DEFAULT_LR[name], 0.9, DECAY[name], "cosine", WARMUP, total_steps, clip_norm)
+
+
+def total_steps(data, n_devices):
+    return EPOCHS * steps_per_epoch(len(data.y_train), BATCH, n_devices)
+
+
+def spec_run(fw, data, optimizer, n_devices):
+    """The spec's weights after the run, and the clipping coefficients of its steps."""
+    dp = load_module(fw.name, "data_parallel")
+    (device,) = fw.get_devices(1)
+    weights, state, coefficients = init_weights(SEED), optim.init_state(optimizer, init_weights(SEED)), []
+    order = Order(len(data.y_train), BATCH, SEED, n_devices)
+    for epoch in range(EPOCHS):
+        for rows, size in order.parts(epoch, 0, 1):
+            replica = fw.get_params(weights, device)
+            (X,), (y,) = dp.split_and_load(data.X_train[rows], [device]), dp.split_and_load(data.y_train[rows], [device])
+            _, grads = dp.loss_and_grads(replica, X, y)
+            mean = {k: g / np.float32(size) for k, g in fw.to_numpy(grads).items()}
+            coefficients.append(optimizer.clip_coefficient(mean))
+            weights, state = optim.step(optimizer, weights, mean, state)
+    return weights, state, coefficients
+
+
+def mode_run(fw, data, optimizer, mode, n_devices):
+    runner = MODES[mode](fw, fw.get_devices(n_devices))
+    train(runner, data, EPOCHS, BATCH, optimizer.lr, SEED, min_size=n_devices, optimizer=optimizer)
+    return runner
+
+
+def assert_close(got, want, tolerance, what):
+    for name, value in want.items():
+        error = float(np.max(np.abs(got[name] - value)))
+        assert error <= tolerance, f"{what}: {name} differs from the spec by {error:.2e} > {tolerance:.0e}"
+
+
+# ---- the spec itself (numpy only) ----
+
+def test_the_schedule_warms_up_then_follows_cosine_and_step():
+    o = optim.Optimizer("sgd", 1.0, schedule="cosine", warmup_steps=4, total_steps=24)
+    assert [o.learning_rate(t) for t in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert o.learning_rate(4) == 1.0 and o.learning_rate(14) == pytest.approx(0.5)
+    assert 0 < o.learning_rate(23) < 0.01
+    s = optim.Optimizer("sgd", 1.0, schedule="step", warmup_steps=4, total_steps=24)
+    assert s.milestones == (14, 19)
+    assert [s.learning_rate(t) for t in (13, 14, 18, 19, 23)] == pytest.approx([1, 0.1, 0.1, 0.01, 0.01])
+    assert optim.scaled_lr(0.1, 1024, "linear") == pytest.approx(0.4) and optim.scaled_lr(0.1, 1024) == 0.1
+
+
+def test_the_recipe_is_only_plain_constant_sgd():
+    assert optim.Optimizer().is_recipe
+    for change in ({"name": "momentum"}, {"schedule": "cosine"}, {"weight_decay": 1e-4}, {"clip_norm": 1.0},
+                   {"warmup_steps": 1}):
+        assert not optim.Optimizer(**change).is_recipe, change
+
+
+def random_problem(seed=1):
+    rng = np.random.default_rng(seed)
+    w = {"a": rng.normal(size=(3, 4)).astype(np.float32), "b": rng.normal(size=5).astype(np.float32)}
+    grads = [{k: rng.normal(size=v.shape).astype(np.float32) for k, v in w.items()} for _ in range(6)]
+    return w, grads
+
+
+def run_spec(o, w, grads):
+    state = optim.init_state(o, w)
+    for g in grads:
+        w, state = optim.step(o, w, g, state)
+    return w, state
+
+
+def test_momentum_keeps_the_rate_outside_the_buffer():
+    """PyTorch's v = mu v + g; w -= lr v, written out by hand; Keras/MXNet's rate inside the buffer differs once the
+    rate changes."""
+    w0, grads = random_problem()
+    o = optim.Optimizer("momentum", 0.1, momentum=0.9, schedule="cosine", warmup_steps=2, total_steps=6)
+    w, state = run_spec(o, w0, grads)
+    want, v, inside = dict(w0), {k: 0 * x for k, x in w0.items()}, {k: 0 * x for k, x in w0.items()}
+    w_inside = dict(w0)
+    for t, g in enumerate(grads):
+        lr = o.learning_rate(t)
+        for k in w0:
+            v[k] = 0.9 * v[k] + g[k]
+            want[k] = want[k] - lr * v[k]
+            inside[k] = 0.9 * inside[k] - lr * g[k]
+            w_inside[k] = w_inside[k] + inside[k]
+    for k in w0:
+        np.testing.assert_allclose(w[k], want[k], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(state[f"momentum_buffer.{k}"], v[k], rtol=1e-5, atol=1e-6)
+        assert np.max(np.abs(w_inside[k] - want[k])) > 1e-2   # the convention matters under a schedule
+
+
+def test_nesterov_adam_adamw_and_clipping_by_hand():
+    w0, grads = random_problem()
+    g = grads[0]
+    norm = np.sqrt(sum(float(np.sum(x.astype(np.float64) ** 2)) for x in g.values()))
+    clipped = optim.Optimizer("sgd", 0.1, clip_norm=norm / 2)
+    w, _ = optim.step(clipped, w0, g, optim.init_state(clipped, w0))
+    for k in w0:   # the whole gradient scaled by clip / (norm + 1e-6): its global norm, not each tensor's
+        np.testing.assert_allclose(w[k], w0[k] - 0.1 * g[k] * (norm / 2) / (norm + 1e-6), rtol=1e-6)
+    nesterov = optim.Optimizer("nesterov", 0.1, momentum=0.9)
+    w, _ = run_spec(nesterov, w0, grads[:2])
+    for k in w0:   # v1 = g0, v2 = 0.9 g0 + g1; w -= lr (g + 0.9 v)
+        step1, step2 = grads[0][k] + 0.9 * grads[0][k], grads[1][k] + 0.9 * (0.9 * grads[0][k] + grads[1][k])
+        np.testing.assert_allclose(w[k], w0[k] - 0.1 * step1 - 0.1 * step2, rtol=1e-5, atol=1e-6)
+    adam = optim.Optimizer("adam", 0.01)
+    w, _ = optim.step(adam, w0, g, optim.init_state(adam, w0))
+    for k in w0:   # the first bias-corrected step is lr * g / (|g| + eps): about lr * sign(g)
+        np.testing.assert_allclose(w[k], w0[k] - 0.01 * g[k] / (np.abs(g[k]) + 1e-8), rtol=1e-5)
+    coupled, decoupled = (optim.Optimizer(name, 0.01, weight_decay=0.1) for name in ("adam", "adamw"))
+    w_coupled, _ = run_spec(coupled, w0, grads)
+    w_decoupled, _ = run_spec(decoupled, w0, grads)
+    wd_step = optim.step(decoupled, w0, {k: 0 * x for k, x in w0.items()}, optim.init_state(decoupled, w0))[0]
+    for k in w0:   # a zero gradient: adamw only shrinks the weights by lr * wd; adam's L2 would move them by ~lr
+        np.testing.assert_allclose(wd_step[k], w0[k] * (1 - 0.01 * 0.1), rtol=1e-6)
+        assert np.max(np.abs(w_coupled[k] - w_decoupled[k])) > 1e-3
+
+
+# ---- every framework and mode against the spec ----
+
+IN_PROCESS = [("scratch", 1), ("scratch", 2), ("idiomatic", 1), ("builtin", 2)]   # PyTorch's builtin: processes
+
+
+@pytest.mark.parametrize("name", optim.OPTIMIZERS)
+@pytest.mark.parametrize("mode,n_devices", IN_PROCESS, ids=[f"{m}-{n}d" for m, n in IN_PROCESS])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_every_mode_computes_the_spec(framework, mode, n_devices, name, digits):
+    fw = framework_or_skip(framework)
+    if (framework, mode) == ("pytorch", "builtin"):
+        pytest.skip("PyTorch's built-in engine runs processes: test_engines_compute_the_spec")
+    optimizer = canonical(name, total_steps(digits, n_devices))
+    want, want_state, coefficients = spec_run(fw, digits, optimizer, n_devices)
+    assert 0 < sum(c < 1 for c in coefficients) < len(coefficients), coefficients   # clipping on some steps only
+    runner = mode_run(fw, digits, optimizer, mode, n_devices)
+    assert_close(runner.weights(), want, TOLERANCE[name], f"{framework} {mode} {n_devices}d {name}")
+    if mode == "scratch":   # every replica keeps the same state, the spec's
+        for state in runner.states:
+            got = fw.state_to_numpy(state)
+            assert got["step"] == want_state["step"]
+            assert_close({k: v for k, v in got.items() if k != "step"},
+                         {k: v for k, v in want_state.items() if k != "step"}, TOLERANCE[name] * 10, "state")
