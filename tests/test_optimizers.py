@@ -170,3 +170,32 @@ def test_every_mode_computes_the_spec(framework, mode, n_devices, name, digits):
             assert got["step"] == want_state["step"]
             assert_close({k: v for k, v in got.items() if k != "step"},
                          {k: v for k, v in want_state.items() if k != "step"}, TOLERANCE[name] * 10, "state")
+
+
+# ---- the multi-process engines (real worker processes: slow tier) ----
+
+ENGINES = [("builtin", "momentum"), ("builtin", "adamw"), ("scratch", "adam")]   # 2 devices, 2 processes
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode,name", ENGINES, ids=[f"{m}-{n}" for m, n in ENGINES])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_engines_compute_the_spec(framework, mode, name, digits, tmp_path):
+    """DDP, MultiWorkerMirroredStrategy, the dist_sync kvstore and jax.distributed, and the scratch step across
+    processes, with the options a user gives compare.py: the same weights as the spec."""
+    from harness.launch import run_workers
+    fw = framework_or_skip(framework)
+    per_epoch = steps_per_epoch(len(digits.y_train), BATCH, 2)
+    optimizer = canonical(name, EPOCHS * per_epoch)
+    out = tmp_path / "weights.npz"
+    spec = {"framework": framework, "mode": mode, "devices": 2, "processes": 2, "dataset": "digits",
+            "epochs": EPOCHS, "batch_size": BATCH, "seed": SEED, "threads": 1, "weights_out": str(out),
+            "optimizer": name, "lr": optimizer.lr, "momentum": optimizer.momentum,
+            "weight_decay": optimizer.weight_decay, "lr_schedule": optimizer.schedule,
+            "warmup_epochs": WARMUP / per_epoch, "clip_norm": optimizer.clip_norm}
+    results = run_workers(spec, timeout=400)
+    assert all(r["status"] == "ok" for r in results), results[0].get("error")
+    assert len({r["digest"] for r in results}) == 1, "processes hold different weights"
+    want, _, _ = spec_run(fw, digits, optimizer, 2)
+    assert_close(dict(np.load(out)), want, TOLERANCE[name], f"{framework} {mode} 2 processes {name}")
