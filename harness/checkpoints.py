@@ -3,8 +3,14 @@ checkpoint.py): file names, telling a file's framework from its name, checking t
 (every parameter, with its shape) before anything is read into a model, writing atomically, and the two hooks
 of a training run: saving every N epochs and resuming from a saved epoch.
 
-A checkpoint holds the weights only: plain SGD without momentum has no optimizer state, and the learning rate
-is constant, so the weights and the epoch (in the file name) are all a resumed run needs."""
+A checkpoint is the weights file; a run with a stateful optimizer or a schedule (anything but the recipe's plain
+SGD) also writes its optimizer's state beside it, in the framework's native way (its checkpoint.py's
+STATE_SUFFIX, save_state, read_state): the momentum buffer or Adam's moments and the step count, which is the
+schedule's position. The state is written first: a weights file whose state is missing was cut short.
+A checkpoint.py's state functions:
+    save_state(state, optimizer, path)   canonical state (common.optim.init_state's form) -> the native file, written
+                                         by the framework's own optimizer object configured for `optimizer`
+    read_state(path) -> {"step": int, "<slot>.<param name>": array in the file's layout}"""
 import contextlib
 import glob
 import os
@@ -15,7 +21,8 @@ import numpy as np
 
 from common.interface import RosettaError
 from common.layouts import to_channels_last, to_canonical
-from common.lenet import PARAM_SHAPES
+from common.lenet import PARAM_NAMES, PARAM_SHAPES
+from common.optim import OPTIMIZERS, Optimizer
 
 from .loader import load_module
 
@@ -95,12 +102,17 @@ def read_weights(framework, path):
 
 
 def write_weights(framework, weights, path):
-    """Write `path` completely or not at all: the framework writes a temporary file (or directory) beside it,
-    which replaces `path` only once written. The name must end in the framework's suffix (Keras insists on
+    """Write `path` completely or not at all. The name must end in the framework's suffix (Keras insists on
     .weights.h5; the others, so that the file's framework can be told from its name later)."""
+    checkpoint = load_module(framework, "checkpoint")
+    write_atomically(framework, path, SUFFIXES[framework], lambda temporary: checkpoint.save(weights, temporary))
+
+
+def write_atomically(framework, path, suffix, write):
+    """The framework writes a temporary file (or directory) beside `path`, which replaces `path` only once
+    written."""
     path = os.path.abspath(path.rstrip("/"))
     folder, name = os.path.split(path)
-    suffix = SUFFIXES[framework]
     if not name.endswith(suffix) or name == suffix:
         raise RosettaError(f"{path}: a {framework} checkpoint's name must end in {suffix}")
     os.makedirs(folder, exist_ok=True)
@@ -108,7 +120,7 @@ def write_weights(framework, weights, path):
     remove_orphans(folder, partial)
     temporary = os.path.join(folder, f"{partial}{os.getpid()}{suffix}")
     try:
-        load_module(framework, "checkpoint").save(weights, temporary)
+        write(temporary)
         if os.path.isdir(path):   # an earlier Orbax directory: os.replace cannot replace a full one
             if not os.path.isdir(temporary):
                 raise RosettaError(f"{path} is a directory, not a {framework} checkpoint file")
@@ -139,25 +151,92 @@ def alive(pid):
     return True
 
 
-def saver(spec, rank):
-    """The after-epoch hook of a run with a checkpoint_dir: rank 0 writes the weights every checkpoint_every
-    epochs (if given) and after the last epoch."""
+def state_path(framework, path):
+    """Where the optimizer state of the weights file `path` is: the same name with the state's suffix (.states
+    beside a .params file, as Gluon's save_states names it)."""
+    path = path.rstrip("/")
+    return path[:-len(SUFFIXES[framework])] + load_module(framework, "checkpoint").STATE_SUFFIX
+
+
+def write_state(framework, state, optimizer, path):
+    """Write the optimizer state of the weights file `path`, completely or not at all."""
+    checkpoint = load_module(framework, "checkpoint")
+    write_atomically(framework, state_path(framework, path), checkpoint.STATE_SUFFIX,
+                     lambda temporary: checkpoint.save_state(state, optimizer, temporary))
+
+
+def has_state(framework, path):
+    return os.path.exists(state_path(framework, path))
+
+
+def read_state(framework, path, optimizer=None):
+    """The canonical optimizer state saved beside the weights file `path`, after checking it: one line naming the
+    file and what is wrong otherwise. With `optimizer`, the state must be one that optimizer keeps."""
+    checkpoint, file = load_module(framework, "checkpoint"), state_path(framework, path)
+    if not os.path.exists(file):
+        needs = f": {optimizer.name} needs one" if optimizer else ""
+        raise RosettaError(f"{path}: no optimizer state beside it ({os.path.basename(file)}){needs}; it was saved by "
+                           "a run of the recipe's plain SGD, or without its state")
+    try:
+        arrays = checkpoint.read_state(file)
+    except Exception as err:
+        raise RosettaError(f"{file}: not a readable {framework} optimizer state, or truncated ({reason(err)})")
+    step = arrays.pop("step", None)
+    if not isinstance(step, int) or step < 0:
+        raise RosettaError(f"{file}: no step count in the optimizer state")
+    slots = sorted({key.split(".", 1)[0] for key in arrays})
+    known = {tuple(sorted(Optimizer(name).slots)): name for name in OPTIMIZERS}
+    if tuple(slots) not in known:
+        raise RosettaError(f"{file}: an optimizer state with {', '.join(slots)} is none of {', '.join(OPTIMIZERS)}'s")
+    if optimizer and tuple(slots) != tuple(sorted(optimizer.slots)):
+        holds = ", ".join(slots) or "no buffers"
+        raise RosettaError(f"{file}: holds {known[tuple(slots)]}-style state ({holds}); {optimizer.name} keeps "
+                           f"{', '.join(optimizer.slots) or 'no buffers'}")
+    state = {"step": step}
+    for slot in slots:
+        for name in PARAM_NAMES:
+            key, shape = f"{slot}.{name}", native_shape(framework, name)
+            if key not in arrays or arrays[key].shape != shape:
+                found = f"is {arrays[key].shape}" if key in arrays else "is missing"
+                raise RosettaError(f"{file}: {key} {found}; this LeNet needs {shape}")
+            array = arrays.pop(key).astype(np.float32)
+            state[key] = np.ascontiguousarray(to_canonical(name, array) if checkpoint.CHANNELS_LAST else array)
+    if arrays:
+        raise RosettaError(f"{file}: unexpected entry {sorted(arrays)[0]!r} in the optimizer state")
+    return state
+
+
+def saver(spec, rank, optimizer):
+    """The after-epoch hook of a run with a checkpoint_dir: rank 0 writes the weights (and the optimizer's state,
+    first, unless it is the recipe's stateless SGD) every checkpoint_every epochs (if given) and after the last."""
     folder, every = spec.checkpoint_dir, spec.checkpoint_every
     if not folder or rank != 0:
         return None
 
     def save(epoch, runner):
         if epoch == spec.epochs or (every and epoch % every == 0):
-            write_weights(spec.framework, runner.weights(), os.path.join(folder, checkpoint_name(spec, epoch)))
+            path = os.path.join(folder, checkpoint_name(spec, epoch))
+            if not optimizer.is_recipe:
+                write_state(spec.framework, runner.optimizer_state(), optimizer, path)
+            write_weights(spec.framework, runner.weights(), path)
     return save
 
 
-def resume_point(spec):
-    """(weights, epochs done) of the checkpoint a run resumes from, or (None, 0) for a fresh run."""
+def resume_point(spec, optimizer, steps_per_epoch):
+    """(weights, optimizer state or None, epochs done) of the checkpoint a run resumes from, or (None, None, 0)
+    for a fresh run. A stateful optimizer needs the state saved with the weights, at the epoch's step count."""
     path = spec.resume_from
     if not path:
-        return None, 0
-    return read_weights(framework_of(path), path), epoch_of(path)
+        return None, None, 0
+    framework, epoch = framework_of(path), epoch_of(path)
+    weights = read_weights(framework, path)
+    if optimizer.is_recipe:
+        return weights, None, epoch
+    state = read_state(framework, path, optimizer)
+    if state["step"] != epoch * steps_per_epoch:
+        raise RosettaError(f"{path}: its optimizer state has done {state['step']} steps, not the {epoch} epochs x "
+                           f"{steps_per_epoch} steps of this run: another batch size or data set")
+    return weights, state, epoch
 
 
 def check_resume(path, frameworks, epochs):

@@ -1,16 +1,23 @@
 """Convert a trained LeNet from one framework's native checkpoint to another's, through the canonical layout.
 
-    python -m harness.convert SRC DST [--from F] [--to F] [--verify] [--dataset digits]
+    python -m harness.convert SRC DST [--from F] [--to F] [--optimizer NAME] [--verify] [--dataset digits]
 
 The frameworks come from the names (.pt PyTorch, .params MXNet, .weights.h5 Keras, .orbax JAX) or from --from
 and --to. The source is checked first (every parameter of this LeNet, with its shape) and the destination is
-written completely or not at all. --verify loads both files with their frameworks' own calls into their
-idiomatic models, and prints the largest logit difference and both accuracies on the test split."""
+written completely or not at all. The optimizer state saved beside SRC (a run with momentum, Adam or a schedule
+writes one) goes with it: its buffers through the same layout changes as their weights, its step count as it is,
+written in the target framework's native way; which optimizer wrote it is told from its buffers (momentum or
+adam), or said with --optimizer (nesterov, adamw), which also requires a state. --verify loads both files with
+their frameworks' own calls into their idiomatic models, and prints the largest logit difference and both
+accuracies on the test split (and checks that the converted state reads back identical)."""
 import argparse
 import os
 import sys
 
+import numpy as np
+
 from common.interface import FRAMEWORKS, RosettaError
+from common.optim import OPTIMIZERS, Optimizer
 
 TOLERANCE = 1e-4   # float32 round-off of two frameworks' kernels on the same weights, with room to spare
 
@@ -21,6 +28,9 @@ def parse_args(argv):
     p.add_argument("dst", help="where to write the other framework's checkpoint")
     p.add_argument("--from", dest="source", choices=FRAMEWORKS, help="SRC's framework (default: from its name)")
     p.add_argument("--to", dest="target", choices=FRAMEWORKS, help="DST's framework (default: from its name)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS,
+                   help="the optimizer whose state SRC has beside it (default: told from its buffers); SRC must "
+                        "have one")
     p.add_argument("--verify", action="store_true",
                    help=f"load both, compare logits on the test split (fails above {TOLERANCE:g})")
     p.add_argument("--dataset", default="digits", help="test split for --verify (default digits)")
@@ -48,13 +58,24 @@ def main(argv=None):
     args = parse_args(argv)
     from common.data import load_dataset
 
-    from .checkpoints import FORMATS, framework_of, read_weights, write_weights
+    from .checkpoints import FORMATS, framework_of, has_state, read_state, read_weights, write_state, write_weights
     try:
         source = args.source or framework_of(args.src, "; give --from")
         target = args.target or framework_of(args.dst, "; give --to")
         data = load_dataset(args.dataset, args.data_dir) if args.verify else None   # bad data: fail before writing
-        write_weights(target, read_weights(source, args.src), args.dst)
-        print(f"wrote {args.dst} ({FORMATS[target]}) from {args.src} ({FORMATS[source]})")
+        weights = read_weights(source, args.src)
+        optimizer = Optimizer(args.optimizer) if args.optimizer else None
+        state = read_state(source, args.src, optimizer) if optimizer or has_state(source, args.src) else None
+        if state is not None:   # read and checked before anything is written
+            optimizer = optimizer or Optimizer(optimizer_of(state))
+            write_state(target, state, optimizer, args.dst)
+        write_weights(target, weights, args.dst)
+        print(f"wrote {args.dst} ({FORMATS[target]}) from {args.src} ({FORMATS[source]})"
+              + (f", with {optimizer.name}'s state after {state['step']} steps" if state is not None else ""))
+        if state is not None and args.verify:
+            again = read_state(target, args.dst, optimizer)
+            if any(not np.array_equal(again[k], state[k]) for k in state):
+                raise RosettaError(f"{args.dst}: its optimizer state does not read back as {args.src}'s")
         if args.verify:
             difference, src_accuracy, dst_accuracy = verify(source, args.src, target, args.dst, data)
             print(f"verify on {data.name} test ({len(data.y_test)} images): largest |logit difference| "
@@ -65,6 +86,13 @@ def main(argv=None):
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def optimizer_of(state):
+    """The optimizer a canonical state is from, by its buffers: momentum and nesterov keep the same one, adam and
+    adamw the same two (--optimizer tells them apart)."""
+    slots = {key.split(".", 1)[0] for key in state if key != "step"}
+    return next(name for name in OPTIMIZERS if set(Optimizer(name).slots) == slots)
 
 
 def quiet_tensorflow(environ=os.environ):

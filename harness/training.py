@@ -28,10 +28,13 @@ class Scratch:
     def __init__(self, fw, devices):
         self.fw, self.devices = fw, devices
 
-    def start(self, weights, optimizer):
-        """The replicas and, for a stateful optimizer, each one's state (the recipe's sgd has none)."""
+    def start(self, weights, optimizer, state=None):
+        """The replicas and, for a stateful optimizer, each one's state (the recipe's sgd has none): zero, or the
+        canonical `state` of a checkpoint."""
         self.replicas = [self.fw.get_params(weights, d) for d in self.devices]
-        self.states = None if optimizer.is_recipe else [self.fw.init_state(r, optimizer) for r in self.replicas]
+        self.states = None if optimizer.is_recipe else [
+            self.fw.init_state(r, optimizer) if state is None else self.fw.state_from_numpy(state, r, optimizer)
+            for r in self.replicas]
 
     def feed(self, data, order, rank, world):
         self.data, self.order, self.rank, self.world = data, order, rank, world
@@ -51,6 +54,10 @@ class Scratch:
     def weights(self):
         return self.fw.to_numpy(self.replicas[0])
 
+    def optimizer_state(self):
+        """The first replica's optimizer state, canonical (common.optim.init_state's form)."""
+        return self.fw.state_to_numpy(self.states[0])
+
     def evaluate(self, X, y):
         return self.fw.evaluate(self.replicas[0], X, y)
 
@@ -66,16 +73,20 @@ class Scratch:
 
 class Builtin(Scratch):
     """The framework's own data-parallel engine (its folder's builtin.py), fed by the framework's own input
-    pipeline (its pipeline.py: DataLoader, tf.data, Gluon DataLoader, a global jax.Array)."""
+    pipeline (its pipeline.py: DataLoader, tf.data, Gluon DataLoader, a global jax.Array). An engine (builtin.py,
+    idiomatic.py) defines get_model(weights, devices, optimizer=None, state=None) -> common.interface.Model,
+    train_step(model, batch, lr, batch_size) -> mean loss, to_numpy(model), optimizer_state(model) (canonical)
+    and evaluate(model, X, y); with a stateful optimizer its own schedule sets the rate, and lr is the spec's."""
 
     def __init__(self, fw, devices):
         super().__init__(fw, devices)
         self.engine = load_module(fw.name, "builtin")
         self.pipeline = load_module(fw.name, "pipeline")
 
-    def start(self, weights, optimizer):
-        """The engine's model and its trainer, the framework's own optimizer and schedule computing `optimizer`."""
-        self.model = self.engine.get_model(weights, self.devices, optimizer)
+    def start(self, weights, optimizer, state=None):
+        """The engine's model and its trainer: the framework's own optimizer and schedule computing `optimizer`,
+        from the canonical `state` of a checkpoint if given."""
+        self.model = self.engine.get_model(weights, self.devices, optimizer, state)
 
     def feed(self, data, order, rank, world):
         self.loader = self.pipeline.make_loader(data, order, rank, world, self.model, self.devices)
@@ -88,6 +99,9 @@ class Builtin(Scratch):
 
     def weights(self):
         return self.engine.to_numpy(self.model)
+
+    def optimizer_state(self):
+        return self.engine.optimizer_state(self.model)
 
     def evaluate(self, X, y):
         return self.engine.evaluate(self.model, X, y)
@@ -127,15 +141,15 @@ def digest(weights):
 
 
 def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world=1, min_size=1,
-          progress=None, max_steps=None, weights=None, first_epoch=0, after_epoch=None, optimizer=None):
+          progress=None, max_steps=None, weights=None, first_epoch=0, after_epoch=None, optimizer=None, state=None):
     """Train this process's part; return its record: loss sums and sizes rather than means, so that
     processes with shards of different sizes merge exactly. max_steps stops early (for parity checks).
     `optimizer` (common/optim.py) is the update and its schedule, each step's rate passed to the step; None: the
-    recipe's plain SGD at rate lr.
+    recipe's plain SGD at rate lr. A resumed run's `state` is its optimizer's, canonical.
     A resumed run starts from `weights` at `first_epoch` (harness/checkpoints.py): the remaining epochs see
     the batches the uninterrupted run would. after_epoch(epochs done, runner) runs outside the timers."""
     optimizer = optimizer or Optimizer(lr=lr)
-    runner.start(init_weights(seed, init) if weights is None else weights, optimizer)
+    runner.start(init_weights(seed, init) if weights is None else weights, optimizer, state)
     order = Order(len(data.y_train), batch_size, seed, min_size)
     runner.feed(data, order, rank, world)
     record = {"epoch_loss_sums": [], "epoch_sizes": [], "epoch_seconds": [], "epoch_input_seconds": [],

@@ -110,14 +110,15 @@ def run(spec, started):
         layout_name = execution.use_layout(spec.layout) if execution else runner.engine.LAYOUT
         exec_name = execution.use(spec.exec) if execution else runner.engine.EXEC
         compiles = execution.COMPILES[exec_name] if execution else runner.engine.COMPILES
-        weights, first_epoch = resume_point(spec)   # (None, 0) unless resuming from a checkpoint
+        per_epoch = steps_per_epoch(len(data.y_train), spec.batch_size, spec.devices)
+        optimizer = spec.canonical_optimizer(per_epoch)
+        weights, state, first_epoch = resume_point(spec, optimizer, per_epoch)   # None, None, 0: a fresh run
         startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step
         fresh_peak = reset_peak_rss()   # the data set's generation peak (docs/results.md) is not training's
         record = train(runner, data, spec.epochs, spec.batch_size, spec.lr, spec.seed,
                        spec.init, rank, world, min_size=spec.devices, progress=progress,
                        max_steps=spec.max_steps, weights=weights, first_epoch=first_epoch,
-                       after_epoch=saver(spec, rank), optimizer=spec.canonical_optimizer(
-                           steps_per_epoch(len(data.y_train), spec.batch_size, spec.devices)))
+                       after_epoch=saver(spec, rank, optimizer), optimizer=optimizer, state=state)
         # What the framework holds while it trains: the peak since the reset, less the harness's own copy of the data
         data_bytes = sum(a.nbytes for a in (data.X_train, data.y_train, data.X_test, data.y_test))
         record["train_memory_bytes"] = peak_rss() - data_bytes if fresh_peak else None

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from common import FRAMEWORKS
-from harness.checkpoints import SUFFIXES, checkpoint_name, read_weights, write_weights
+from common import optim
+from harness.checkpoints import SUFFIXES, checkpoint_name, read_state, read_weights, state_path, write_state, \
+    write_weights
 from harness.convert import main as convert
 from common.interface import RosettaError
 from harness.loader import load_module
@@ -44,6 +46,32 @@ def test_a_checkpoint_holds_the_weights_exactly(fw, tmp_path):
     assert os.listdir(tmp_path) == [os.path.basename(path)]   # no temporary file left beside it
 
 
+def a_state(name, seed=4, step=7):
+    """A canonical optimizer state with distinct random buffers (a layout slip cannot go unseen)."""
+    rng = np.random.default_rng(seed)
+    state = {"step": step}
+    for key, value in optim.init_state(optim.Optimizer(name), init_weights()).items():
+        if key != "step":
+            state[key] = rng.normal(size=value.shape).astype(np.float32)
+    return state
+
+
+def saved_with_state(framework, folder, name, state=None, file="lenet"):
+    path = saved(framework, folder, name=file)
+    write_state(framework, a_state(name) if state is None else state, optim.Optimizer(name), path)
+    return path
+
+
+@pytest.mark.parametrize("name", ["momentum", "adamw", "sgd"])
+def test_an_optimizer_state_is_saved_natively_and_read_back_exactly(fw, name, tmp_path):
+    path = saved_with_state(fw.name, tmp_path, name)
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in (path, state_path(fw.name, path)))
+    state = read_state(fw.name, path, optim.Optimizer(name))
+    want = a_state(name)
+    assert sorted(state) == sorted(want) and state["step"] == want["step"]
+    assert all(np.array_equal(state[k], want[k]) for k in want if k != "step")
+
+
 @pytest.fixture(scope="module")
 def available():
     return [fw.name for fw in installed_frameworks()]
@@ -64,6 +92,42 @@ def test_every_conversion_loads_natively_and_computes_the_same_logits(digits, tm
             logits = checkpoint.logits(checkpoint.load(dst), digits.X_test)
             reference = logits if reference is None else reference
             np.testing.assert_allclose(logits, reference, atol=1e-4, err_msg=f"{source} -> {target}")
+
+
+def test_every_conversion_carries_the_optimizer_state(tmp_path, available, capsys):
+    """Adam's moments and step count, from each framework's native file to each other's, exactly."""
+    want = a_state("adam")
+    for source in available:
+        src = saved_with_state(source, tmp_path / source, "adam", want)
+        for target in available:
+            dst = str(tmp_path / source / f"to-{target}{SUFFIXES[target]}")
+            assert convert([src, dst, "--optimizer", "adamw"]) == 0
+            assert "with adamw's state after 7 steps" in capsys.readouterr().out
+            got = read_state(target, dst, optim.Optimizer("adamw"))
+            assert all(np.array_equal(got[k], want[k]) for k in want), (source, target)
+
+
+def test_a_bad_optimizer_state_gets_one_line_and_no_output(tmp_path, available, capsys):
+    """No state where one is asked for, another optimizer's state, a buffer of the wrong shape, a truncated file:
+    one error line naming the file and the problem, nothing written."""
+    source, target = available[0], available[-1]
+    plain = saved(source, tmp_path / "plain")
+    momentum = saved_with_state(source, tmp_path / "momentum", "momentum")
+    wrong = a_state("adam")
+    wrong["exp_avg.conv1.weight"] = np.zeros((20, 1, 5, 5), np.float32)
+    cases = [([plain, "--optimizer", "adam"], "no optimizer state beside it"),
+             ([momentum, "--optimizer", "adam"], "holds momentum-style state"),
+             ([saved_with_state(source, tmp_path / "wrong", "adam", wrong)], "exp_avg.conv1.weight is")]
+    truncated = saved_with_state(source, tmp_path / "truncated", "adam")
+    truncate(state_path(source, truncated))
+    cases.append(([truncated], "not a readable"))
+    for args, says in cases:
+        out = tmp_path / "out"
+        capsys.readouterr()
+        assert convert([args[0], str(out / f"converted{SUFFIXES[target]}"), *args[1:]]) != 0
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], (args, lines)
+        assert not out.exists() or os.listdir(out) == [], args
 
 
 def truncate(path):
@@ -164,12 +228,17 @@ def test_names_and_suffixes(tmp_path):
         write_weights("tensorflow", init_weights(0), str(tmp_path / "lenet.h5"))
 
 
-def run(framework, folder, **extra):
-    """Two processes for PyTorch (DDP's way) and JAX (Orbax refuses host-local arrays across processes)."""
+# Every optimizer option at once: a warm-up, a schedule that changes the rate every step, decay, clipping
+TRAINING = {"lr_schedule": "cosine", "warmup_epochs": 1, "weight_decay": 5e-4, "clip_norm": 3.5}
+
+
+def run(framework, folder, mode="builtin", **extra):
+    """Two processes for PyTorch's built-in engine (DDP's way) and JAX (Orbax refuses host-local arrays across
+    processes)."""
     folder.mkdir(exist_ok=True)
-    processes = 2 if framework in ("pytorch", "jax") else 1
-    spec = RunSpec(framework=framework, mode="builtin", devices=2, processes=processes, dataset="digits", epochs=3,
-                   batch_size=256, lr=0.2, seed=2, threads=1, weights_out=str(folder / "final.npz"), **extra)
+    processes = 2 if framework == "jax" or (framework, mode) == ("pytorch", "builtin") else 1
+    spec = RunSpec(framework=framework, mode=mode, devices=2, processes=processes, dataset="digits", epochs=3,
+                   batch_size=256, seed=2, threads=1, weights_out=str(folder / "final.npz"), **extra)
     results = run_workers(spec, timeout=300)
     assert all(r["status"] == "ok" for r in results), results[0].get("error")
     trained = spec.epochs - results[0]["first_epoch"]   # and the input pipeline's cost, measured per epoch:
@@ -177,21 +246,48 @@ def run(framework, folder, **extra):
     return spec, dict(np.load(folder / "final.npz"))
 
 
+RESUMED = [("builtin", "sgd", {}), ("builtin", "momentum", TRAINING), ("scratch", "adam", TRAINING)]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("mode,optimizer,options", RESUMED, ids=[f"{m}-{o}" for m, o, _ in RESUMED])
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(framework, tmp_path):
-    """Built-in mode, fed by the framework's own pipeline: epochs 2 and 3 after a restart see the batches the
-    uninterrupted run saw, and end with its weights (bit for bit here)."""
+def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(framework, mode, optimizer, options, tmp_path):
+    """Epochs 2 and 3 after a restart see the batches the uninterrupted run saw (the built-in mode's from the
+    framework's own pipeline), start from the saved optimizer state at the saved step of the schedule, and end
+    with the uninterrupted run's weights, bit for bit."""
     framework_or_skip(framework)
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    spec, weights = run(framework, whole, checkpoint_dir=str(whole), checkpoint_every=1)
+    extra = {"optimizer": optimizer, **options}
+    spec, weights = run(framework, whole, mode, checkpoint_dir=str(whole), checkpoint_every=1, **extra)
     names = sorted(f for f in os.listdir(whole) if f != "final.npz")
-    assert names == sorted(checkpoint_name(spec, k) for k in (1, 2, 3))
+    files = [checkpoint_name(spec, k) for k in (1, 2, 3)]
+    assert names == sorted(files + ([state_path(framework, f) for f in files] if optimizer != "sgd" else []))
     last = read_weights(framework, str(whole / checkpoint_name(spec, 3)))
     assert all(np.array_equal(last[k], weights[k]) for k in weights)   # the file holds what was trained
-    _, again = run(framework, resumed, resume_from=str(whole / checkpoint_name(spec, 1)))
+    _, again = run(framework, resumed, mode, resume_from=str(whole / checkpoint_name(spec, 1)), **extra)
     for name, value in weights.items():
         np.testing.assert_array_equal(again[name], value, err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_run_stopped_in_mxnet_goes_on_in_every_framework(tmp_path, available):
+    """The migration path with an optimizer: Gluon trains an epoch with momentum, the checkpoint and its state are
+    converted, and PyTorch, TensorFlow and JAX (scratch mode) train epochs 2 and 3 from it: their weights end
+    where the run continued in MXNet ends, within the optimizer parity tolerance (tests/test_optimizers.py)."""
+    framework_or_skip("mxnet")
+    extra = {"optimizer": "momentum", **TRAINING}
+    spec, weights = run("mxnet", tmp_path / "mxnet", "scratch", checkpoint_dir=str(tmp_path / "mxnet"),
+                        checkpoint_every=1, **extra)
+    src = str(tmp_path / "mxnet" / checkpoint_name(spec, 1))
+    for target in FRAMEWORKS[:1] + FRAMEWORKS[2:]:
+        framework_or_skip(target)
+        dst = str(tmp_path / target / f"converted-epoch1{SUFFIXES[target]}")
+        assert convert([src, dst]) == 0
+        _, continued = run(target, tmp_path / target, "scratch", resume_from=dst, **extra)
+        for name, value in weights.items():
+            np.testing.assert_allclose(continued[name], value, atol=1e-4, err_msg=f"{target} {name}")
 
 
 @pytest.mark.slow
