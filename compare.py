@@ -19,7 +19,7 @@ import sys
 from common.data import DATASETS, load_dataset
 from common.interface import FRAMEWORKS, RosettaError
 from common.lenet import INITS
-from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, REFERENCE_BATCH, SCHEDULES
+from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, SCHEDULES
 from harness.benchmark import add_scaling
 from harness.calibration import LoadRecord, matmul_peak, warning
 from harness.checkpoints import check_resume
@@ -29,7 +29,8 @@ from harness.launch import raise_on_signals, run_workers
 from harness.merge import merge_files, merge_records
 from harness.outputs import check_outputs, output_paths, write_files, write_results
 from harness.plan import BENCHMARK, EXEC_OPTIONS, LAYOUT_OPTIONS, check_data, grid, row_label, run_specs
-from harness.report import add_parity, environment, environment_line, format_scaling, format_table, progress_bar
+from harness.report import add_parity, environment, environment_line, format_scaling, format_table, optimizer_line, \
+    progress_bar
 from harness.resume import check_same_data, kept_trials, previous_run
 from harness.spec import default, default_epochs
 from harness.training import MODES
@@ -59,6 +60,8 @@ def parse_args(argv):
     p.add_argument("--n-synthetic", type=int, default=default("n_synthetic"), help="training images of the synthetic set")
     p.add_argument("--epochs", type=int, help="default 30 for digits, 10 otherwise")
     p.add_argument("--batch-size", type=int, default=default("batch_size"), help="global batch, split across devices")
+    p.add_argument("--per-device-batch", type=int, metavar="N",
+                   help="instead of --batch-size: each row's global batch is N x its devices (weak scaling)")
     p.add_argument("--lr", type=float, help="the base learning rate; default by --optimizer: "
                    + ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items()))
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=default("optimizer"),
@@ -72,7 +75,9 @@ def parse_args(argv):
                    help="linear warm-up, per step, from lr / warm-up steps to lr")
     p.add_argument("--clip-norm", type=float, help="clip the all-reduced mean gradient to this global norm")
     p.add_argument("--lr-scaling", choices=LR_SCALINGS, default=default("lr_scaling"),
-                   help=f"linear: lr times global batch / {REFERENCE_BATCH} (the linear scaling rule)")
+                   help="linear: lr times global batch / --reference-batch (the linear scaling rule)")
+    p.add_argument("--reference-batch", type=int, default=default("reference_batch"),
+                   help="the global batch --lr is meant for, with --lr-scaling linear")
     p.add_argument("--seed", type=int, default=default("seed"), help="initial weights and batch order")
     p.add_argument("--init", choices=INITS, default=default("init"), help="he, or the recipe's normal(0, 0.01)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="threads per run: all cores")
@@ -111,7 +116,11 @@ def parse_args(argv):
             setattr(args, ext, getattr(args, ext) or os.path.join("results", f"benchmark.{'png' if ext == 'plot' else ext}"))
     if args.epochs is None:
         args.epochs = default_epochs(args.dataset)
-    for name in ("epochs", "batch_size", "threads", "n_synthetic", "repeats"):
+    if args.per_device_batch is not None:
+        if args.per_device_batch < 1:
+            p.error("--per-device-batch must be >= 1")
+        args.batch_size = args.per_device_batch * max(args.devices)   # the largest row's, for the checks below
+    for name in ("epochs", "batch_size", "threads", "n_synthetic", "repeats", "reference_batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     for name in ("lr", "timeout", "stall_timeout", "clip_norm"):
@@ -222,6 +231,8 @@ def merge(args):
 
 def report(args, env, dataset, runs):
     """The table on stdout and the plot; exit status 1 if a run failed."""
+    if getattr(args, "optimizer", None) and optimizer_line(args):
+        print(optimizer_line(args))
     print(format_table(runs, timing=args.repeats > 1 or args.benchmark))
     if args.benchmark:
         print(f"\n{format_scaling(runs)}\n\n{environment_line(env)}")

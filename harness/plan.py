@@ -54,10 +54,11 @@ def run_specs(args):
             threads = share * devices // world if cores == "per-device" else args.threads // world
             spec = RunSpec(framework=name, mode=mode, exec=level, layout=layout, devices=devices, processes=world,
                            cores=cores, threads=max(1, threads), dataset=args.dataset, data_dir=args.data_dir,
-                           n_synthetic=args.n_synthetic, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                           n_synthetic=args.n_synthetic, epochs=args.epochs, lr=args.lr,
+                           batch_size=args.per_device_batch * devices if args.per_device_batch else args.batch_size,
                            optimizer=args.optimizer, momentum=args.momentum, weight_decay=args.weight_decay,
                            lr_schedule=args.lr_schedule, warmup_epochs=args.warmup_epochs, clip_norm=args.clip_norm,
-                           lr_scaling=args.lr_scaling,
+                           lr_scaling=args.lr_scaling, reference_batch=args.reference_batch,
                            seed=args.seed, init=args.init, checkpoint_dir=args.checkpoint_dir,
                            checkpoint_every=args.checkpoint_every, resume_from=args.resume_from)
             yield spec, skip_reason(spec, share, usable, max(args.devices), args.threads, seen)

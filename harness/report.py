@@ -229,3 +229,21 @@ def unwritable(path):
     except OSError as err:
         return f"cannot create a file in {directory}: {err.strerror}"
     return None
+
+
+def optimizer_line(args):
+    """The training options above the table, unless they are the recipe's (plain SGD, constant rate): None then."""
+    if (args.optimizer, args.lr_schedule, args.warmup_epochs, args.weight_decay, args.clip_norm) == \
+            ("sgd", "constant", 0, 0, None):
+        return None
+    parts = [args.optimizer + (f" {args.momentum:g}" if args.optimizer in ("momentum", "nesterov") else ""),
+             "lr " + (f"{args.lr:g}" if args.lr is not None else "default")
+             + (f" x batch / {args.reference_batch}" if args.lr_scaling == "linear" else ""),
+             f"{args.lr_schedule} schedule"]
+    if args.warmup_epochs:
+        parts.append(f"warm-up {args.warmup_epochs:g} epoch(s)")
+    if args.weight_decay:
+        parts.append(f"weight decay {args.weight_decay:g}" + (" (decoupled)" if args.optimizer == "adamw" else ""))
+    if args.clip_norm:
+        parts.append(f"clip norm {args.clip_norm:g}")
+    return "optimizer: " + ", ".join(parts)

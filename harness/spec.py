@@ -6,13 +6,13 @@ import json
 
 from common.data import SYNTHETIC_SIZE
 from common.interface import RosettaError
-from common.optim import DEFAULT_LR, Optimizer, scaled_lr
+from common.optim import DEFAULT_LR, REFERENCE_BATCH, Optimizer, scaled_lr
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 # The fields that make a row of the table what it is (the rest say where the data and files are).
 ROW_FIELDS = ("framework", "mode", "exec", "layout", "devices", "processes", "cores", "epochs", "batch_size", "lr",
               "seed", "init", "threads", "optimizer", "momentum", "weight_decay", "lr_schedule", "warmup_epochs",
-              "clip_norm", "lr_scaling")
+              "clip_norm", "lr_scaling", "reference_batch")
 
 
 def default_epochs(dataset):
@@ -46,7 +46,8 @@ class RunSpec:
     lr_schedule: str = "constant"    # constant | step | cosine, per step
     warmup_epochs: float = 0.0       # linear warm-up, per step, before the schedule
     clip_norm: float | None = None   # clip the all-reduced mean gradient to this global norm
-    lr_scaling: str = "none"         # none | linear: lr * global batch / common.optim.REFERENCE_BATCH
+    lr_scaling: str = "none"         # none | linear: lr * global batch / reference_batch
+    reference_batch: int = REFERENCE_BATCH
     seed: int = 0                    # initial weights and batch order
     init: str = "he"                 # he | recipe (common/lenet.py)
     checkpoint_dir: str | None = None
@@ -67,9 +68,9 @@ class RunSpec:
     def canonical_optimizer(self, steps_per_epoch):
         """The update this run computes (common/optim.py), its schedule as long as the run."""
         try:
-            return Optimizer(self.optimizer, scaled_lr(self.lr, self.batch_size, self.lr_scaling), self.momentum,
-                             self.weight_decay, self.lr_schedule, round(self.warmup_epochs * steps_per_epoch),
-                             self.epochs * steps_per_epoch, self.clip_norm)
+            lr = scaled_lr(self.lr, self.batch_size, self.lr_scaling, self.reference_batch)
+            return Optimizer(self.optimizer, lr, self.momentum, self.weight_decay, self.lr_schedule,
+                             round(self.warmup_epochs * steps_per_epoch), self.epochs * steps_per_epoch, self.clip_norm)
         except ValueError as err:
             raise RosettaError(str(err)) from None
 
