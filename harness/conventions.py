@@ -1,0 +1,122 @@
+"""What a naive port gets: each framework's stock optimizer classes, given the same hyperparameters, against the
+canonical update (common/optim.py, PyTorch's conventions), measured.
+
+    python -m harness.conventions [--frameworks ...] [--epochs 2]
+
+For every framework and optimizer, the idiomatic loop trains the LeNet twice from the same weights on the same
+batches (digits, batch 128, a warm-up then a cosine schedule, weight decay): once with this repo's configuration
+(port="canonical", proven equal to the spec by tests/test_optimizers.py) and once with the framework's stock
+classes as a straightforward port writes them (port="stock": the same learning rate, schedule, momentum and
+decay passed to them, their own defaults and formulas for the rest). It prints the largest weight difference and
+the final training losses. A last row measures the data-parallel convention: clipping each device's gradient
+before the all-reduce instead of the all-reduced one (2 devices). docs/migration.md's conventions table is this
+command's output.
+"""
+import argparse
+import dataclasses
+import sys
+
+import numpy as np
+
+from common import optim
+from common.batches import Order
+from common.interface import FRAMEWORKS, RosettaError, Unavailable
+from common.lenet import init_weights
+
+from .cli import name_list
+from .loader import load_framework, load_module
+from .training import Idiomatic, steps_per_epoch, train
+
+BATCH, SEED, WARMUP_EPOCHS = 128, 0, 0.5
+DECAY = {"sgd": 5e-4, "momentum": 5e-4, "nesterov": 5e-4, "adam": 5e-4, "adamw": 1e-2}
+
+
+class Stock(Idiomatic):
+    """The idiomatic loop with the framework's stock optimizer classes (its idiomatic.py's port="stock")."""
+
+    def start(self, weights, optimizer, state=None):
+        self.model = self.engine.get_model(weights, self.devices, optimizer, port="stock")
+
+
+def canonical(name, data, epochs, clip_norm=None):
+    per_epoch = steps_per_epoch(len(data.y_train), BATCH)
+    return optim.Optimizer(name, optim.DEFAULT_LR[name], 0.9, DECAY[name], "cosine", round(WARMUP_EPOCHS * per_epoch),
+                           epochs * per_epoch, clip_norm)
+
+
+def final(runner_class, fw, data, optimizer, epochs):
+    """(weights, last step's loss) after training."""
+    runner = runner_class(fw, fw.get_devices(1))
+    record = train(runner, data, epochs, BATCH, optimizer.lr, SEED, optimizer=optimizer)
+    return runner.weights(), record["step_loss_sums"][-1] / record["step_sizes"][-1]
+
+
+def port_row(fw, name, data, epochs):
+    optimizer = canonical(name, data, epochs)
+    want, want_loss = final(Idiomatic, fw, data, optimizer, epochs)
+    got, got_loss = final(Stock, fw, data, optimizer, epochs)
+    difference = max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
+    return difference, want_loss, got_loss
+
+
+def clipping_row(fw, data, epochs, clip_norm=3.5):
+    """The spec's training with the all-reduced gradient clipped (right) and with each of 2 devices' shard
+    gradients clipped before the sum (the silent bug), the gradients from the framework's own step."""
+    dp = load_module(fw.name, "data_parallel")
+    (device,) = fw.get_devices(1)
+    optimizer = canonical("sgd", data, epochs, clip_norm)
+    order = Order(len(data.y_train), BATCH, SEED, 2)
+    results = []
+    for per_shard in (False, True):
+        weights, state = init_weights(SEED), optim.init_state(optimizer, init_weights(SEED))
+        for epoch in range(epochs):
+            for rows, size in order.parts(epoch, 0, 1):
+                replica, shards = fw.get_params(weights, device), np.array_split(rows, 2)
+                grads = []
+                for shard in shards:
+                    (X,), (y,) = (dp.split_and_load(a[shard], [device]) for a in (data.X_train, data.y_train))
+                    _, shard_grads = dp.loss_and_grads(replica, X, y)
+                    grads.append({k: g / np.float32(size) for k, g in fw.to_numpy(shard_grads).items()})
+                update = optimizer
+                if per_shard:   # each device clips its own part to the norm, then the parts are summed
+                    grads = [{k: g * np.float32(optimizer.clip_coefficient(part)) for k, g in part.items()}
+                             for part in grads]
+                    update = dataclasses.replace(optimizer, clip_norm=None)
+                weights, state = optim.step(update, weights, {k: grads[0][k] + grads[1][k] for k in weights}, state)
+        results.append(weights)
+    return max(float(np.max(np.abs(results[0][k] - results[1][k]))) for k in results[0])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m harness.conventions", description=__doc__.split("\n\n")[0])
+    p.add_argument("--frameworks", type=name_list(FRAMEWORKS, "framework"), default=",".join(FRAMEWORKS))
+    p.add_argument("--epochs", type=int, default=2, help="epochs of digits (12 steps each)")
+    args = p.parse_args(argv)
+    from common.data import load_dataset
+    data = load_dataset("digits")
+    print(f"digits, batch {BATCH}, {args.epochs} epochs, warm-up {WARMUP_EPOCHS} epoch then cosine, weight decay "
+          f"{DECAY['momentum']:g} (adamw {DECAY['adamw']:g}); the stock classes against the canonical update:\n")
+    print("| framework | optimizer | largest weight difference | final loss, canonical | final loss, stock |")
+    print("|---|---|---|---|---|")
+    first = None
+    for name in args.frameworks:
+        try:
+            fw = load_framework(name)
+        except Unavailable as err:
+            print(f"| {name} | skipped: {err} | | | |")
+            continue
+        except RosettaError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        first = first or fw
+        for optimizer in ("sgd", "momentum", "nesterov", "adam", "adamw"):
+            difference, want, got = port_row(fw, optimizer, data, args.epochs)
+            print(f"| {name} | {optimizer} | {difference:.2e} | {want:.5f} | {got:.5f} |", flush=True)
+    if first:
+        print(f"\nclipping each of 2 devices' gradients before the all-reduce instead of after it (sgd, clip norm "
+              f"3.5, {first.name}'s gradients): largest weight difference {clipping_row(first, data, args.epochs):.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
