@@ -56,6 +56,7 @@ class RunSpec:
     task: str = "train"              # train | devices | feed (tests) | step, allreduce (harness/projection.py)
     max_steps: int | None = None     # stop early (parity tests)
     weights_out: str | None = None   # .npz of the final weights, rank 0 (parity tests)
+    weights_trace: str | None = None  # .npz of the weights before every step and at the end, rank 0 (optimizer tests)
     bytes: int | None = None         # task allreduce: the buffer's size
     repeats: int | None = None       # tasks step and allreduce: timed repeats
 

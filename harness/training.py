@@ -141,13 +141,15 @@ def digest(weights):
 
 
 def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world=1, min_size=1,
-          progress=None, max_steps=None, weights=None, first_epoch=0, after_epoch=None, optimizer=None, state=None):
+          progress=None, max_steps=None, weights=None, first_epoch=0, after_epoch=None, optimizer=None, state=None,
+          before_step=None):
     """Train this process's part; return its record: loss sums and sizes rather than means, so that
     processes with shards of different sizes merge exactly. max_steps stops early (for parity checks).
     `optimizer` (common/optim.py) is the update and its schedule, each step's rate passed to the step; None: the
     recipe's plain SGD at rate lr. A resumed run's `state` is its optimizer's, canonical.
     A resumed run starts from `weights` at `first_epoch` (harness/checkpoints.py): the remaining epochs see
-    the batches the uninterrupted run would. after_epoch(epochs done, runner) runs outside the timers."""
+    the batches the uninterrupted run would. after_epoch(epochs done, runner) and before_step(steps done, runner)
+    run outside the timers."""
     optimizer = optimizer or Optimizer(lr=lr)
     runner.start(init_weights(seed, init) if weights is None else weights, optimizer, state)
     order = Order(len(data.y_train), batch_size, seed, min_size)
@@ -170,6 +172,8 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
         with Timer(runner.sync) as epoch_timer:
             feed = iter(runner.batches(epoch))
             for rows, global_size in parts:
+                if before_step:
+                    before_step(steps, runner)
                 with Timer() as wait:   # the input pipeline's cost: how long the loop waits for a batch
                     batch = next(feed)
                 waited += wait.seconds

@@ -114,17 +114,24 @@ def run(spec, started):
         optimizer = spec.canonical_optimizer(per_epoch)
         weights, state, first_epoch = resume_point(spec, optimizer, per_epoch)   # None, None, 0: a fresh run
         startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step
+        trace = [] if spec.weights_trace and rank == 0 else None   # the weights before every step (tests)
         fresh_peak = reset_peak_rss()   # the data set's generation peak (docs/results.md) is not training's
         record = train(runner, data, spec.epochs, spec.batch_size, spec.lr, spec.seed,
                        spec.init, rank, world, min_size=spec.devices, progress=progress,
                        max_steps=spec.max_steps, weights=weights, first_epoch=first_epoch,
-                       after_epoch=saver(spec, rank, optimizer), optimizer=optimizer, state=state)
+                       after_epoch=saver(spec, rank, optimizer), optimizer=optimizer, state=state,
+                       before_step=None if trace is None else lambda steps, runner: trace.append(runner.weights()))
         # What the framework holds while it trains: the peak since the reset, less the harness's own copy of the data
         data_bytes = sum(a.nbytes for a in (data.X_train, data.y_train, data.X_test, data.y_test))
         record["train_memory_bytes"] = peak_rss() - data_bytes if fresh_peak else None
         if spec.weights_out and rank == 0:   # final weights, canonical layout, for parity checks
             import numpy as np
             np.savez(spec.weights_out, **runner.weights())
+        if trace is not None:
+            import numpy as np
+            trace.append(runner.weights())
+            np.savez(spec.weights_trace, **{f"{k}/{name}": w for k, weights in enumerate(trace)
+                                            for name, w in weights.items()})
     record.update(spec=spec.to_dict(), rank=rank, world=world, fingerprint=data.fingerprint(), exec=exec_name, compiles=compiles,
                   layout=layout_name,
                   startup_seconds=startup_seconds, device_names=[d["name"] for d in fw.device_info(devices)],

@@ -5,6 +5,7 @@ import pytest
 
 from common import RosettaError
 from common.lenet import init_weights
+from common.optim import Optimizer
 from harness.training import Idiomatic, Scratch
 
 
@@ -14,7 +15,7 @@ def train_both(fw, data, steps, batch_size=97, lr=0.2):
     runs = []
     for mode in (Scratch, Idiomatic):
         runner = mode(fw, fw.get_devices(1))
-        runner.start(init_weights(3))
+        runner.start(init_weights(3), Optimizer())
         losses = [runner.step((data.X_train[i], data.y_train[i]), lr, batch_size) for i in batches]
         runs.append((losses, runner.weights()))
     return runs
@@ -32,4 +33,4 @@ def test_idiomatic_loop_equals_scratch_step(fw, digits, steps, tol):
 def test_idiomatic_loop_is_single_device(fw):
     runner = Idiomatic(fw, fw.get_devices(2))
     with pytest.raises(RosettaError, match="1 device"):
-        runner.start(init_weights(0))
+        runner.start(init_weights(0), Optimizer())
