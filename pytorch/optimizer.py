@@ -1,8 +1,12 @@
-"""The optimizer in PyTorch, by hand for the scratch step: its state a list of buffers per slot, one replica's, and
-the update torch.optim.SGD, Adam and AdamW make, written out (common/optim.py is PyTorch's conventions)."""
-import torch
+"""The optimizer in PyTorch, twice: by hand for the scratch step (its state a list of buffers per slot, one replica's),
+and as torch.optim's own classes and schedulers for the built-in and idiomatic modes. common/optim.py is PyTorch's
+conventions, so the stock SGD, Adam and AdamW compute it as they are: no subclass."""
+import typing
 
-from common.optim import CLIP_EPS
+import torch
+from torch.optim import lr_scheduler
+
+from common.optim import CLIP_EPS, STEP_FACTOR
 
 from .lenet import PARAM_NAMES, to_numpy
 
@@ -32,7 +36,7 @@ def state_from_numpy(arrays, replica, optimizer):
 def apply(params, grads, state, lr, batch_size):
     """common/optim.py's update of one replica, in place, by hand: the gradients are the all-reduced sums, the same
     on every replica, so every replica clips by the same global norm and stays equal to the others. What
-    torch.optim.SGD, Adam and AdamW compute, written out."""
+    torch.optim.SGD, Adam and AdamW (get_trainer) compute, written out."""
     o, t = state["optimizer"], state["step"]
     with torch.no_grad():
         grads = [g / batch_size for g in grads]   # the global batch's mean
@@ -57,3 +61,51 @@ def apply(params, grads, state, lr, batch_size):
                 p -= lr / (1 - b1 ** (t + 1)) * m / ((s / (1 - b2 ** (t + 1))).sqrt() + o.eps)   # eps outside sqrt
     state["step"] = t + 1
 
+
+class Trainer(typing.NamedTuple):
+    """What a PyTorch user holds beside the model: the optimizer, its learning-rate scheduler and the clipping norm
+    (None: no clipping). step() is the three lines after loss.backward() in PyTorch's examples."""
+    optimizer: torch.optim.Optimizer
+    scheduler: lr_scheduler.LRScheduler
+    clip_norm: float | None
+
+    def zero_grad(self):
+        self.optimizer.zero_grad()
+
+    def step(self):
+        """Clip the gradients as backward left them (under DistributedDataParallel, already all-reduced), update,
+        and move the schedule to the next step's rate."""
+        if self.clip_norm is not None:
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+
+
+def get_schedule(torch_optimizer, optimizer):
+    """common/optim.py's rates from torch's stock schedulers, one scheduler step per update: LinearLR from 1 / W
+    reaches 1 at step W - 1, then SequentialLR restarts the schedule of the remaining D steps at its step 0 (it
+    resets it to its closed form there). MultiStepLR counts its milestones from that restart. T_max is at least 1:
+    the scheduler.step() after a run's last update reaches the schedule even when the warm-up is the whole run."""
+    o, warmup = optimizer, optimizer.warmup_steps
+    after = {"constant": lambda: lr_scheduler.ConstantLR(torch_optimizer, factor=1.0),
+             "step": lambda: lr_scheduler.MultiStepLR(torch_optimizer, [m - warmup for m in o.milestones],
+                                                      gamma=STEP_FACTOR),
+             "cosine": lambda: lr_scheduler.CosineAnnealingLR(torch_optimizer, T_max=max(o.decay_steps, 1))}
+    if not warmup:
+        return after[o.schedule]()
+    linear = lr_scheduler.LinearLR(torch_optimizer, start_factor=1 / warmup, end_factor=1.0, total_iters=warmup - 1)
+    return lr_scheduler.SequentialLR(torch_optimizer, [linear, after[o.schedule]()], milestones=[warmup])
+
+
+def get_trainer(parameters, optimizer):
+    """torch.optim's own classes with the spec's hyperparameters and its defaults for the rest (dampening 0, no
+    amsgrad): plain sgd is SGD without momentum; weight_decay is L2 in the gradient, except in AdamW."""
+    o = optimizer
+    if o.name in ("sgd", "momentum", "nesterov"):
+        torch_optimizer = torch.optim.SGD(parameters, lr=o.lr, momentum=0.0 if o.name == "sgd" else o.momentum,
+                                          nesterov=o.name == "nesterov", weight_decay=o.weight_decay)
+    else:
+        adam = torch.optim.AdamW if o.decoupled else torch.optim.Adam
+        torch_optimizer = adam(parameters, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+    return Trainer(torch_optimizer, get_schedule(torch_optimizer, o), o.clip_norm)
