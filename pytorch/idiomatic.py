@@ -5,7 +5,7 @@ what the from-scratch recipe costs."""
 import torch
 import torch.nn.functional as F
 
-from common.interface import Model, Unavailable
+from common.interface import Model, RosettaError, Unavailable
 
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .lenet import build_model, to_layout, to_numpy as params_to_numpy
@@ -14,13 +14,18 @@ from .optimizer import Trainer, get_trainer
 EXEC = "eager"
 COMPILES = "nothing"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, to_layout's batches
+# How the optimizer is ported: "canonical" computes common/optim.py, "stock" is a straightforward port (the stock
+# classes, the framework's defaults). common/optim.py is PyTorch's conventions: both are the same stock classes.
+PORTS = ("canonical", "stock")
 
 
-def get_model(weights, devices, optimizer=None):
+def get_model(weights, devices, optimizer=None, port="canonical"):
     """The recipe's plain SGD (optimizer None or is_recipe) is torch.optim.SGD at the harness's rate; any other
     optimizer is optimizer.py's Trainer, as in builtin.py."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
+    if port not in PORTS:
+        raise RosettaError(f"unknown port {port!r}; choose from {', '.join(PORTS)}")
     net = build_model(weights).to(devices[0])
     if optimizer is None or optimizer.is_recipe:
         return Model(net, torch.optim.SGD(net.parameters(), lr=0.0))
