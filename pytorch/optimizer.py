@@ -55,7 +55,8 @@ def apply(params, grads, state, lr, batch_size):
             else:
                 if o.decoupled:
                     p.mul_(1 - lr * o.weight_decay)
-                (b1, b2), m, s = o.betas, state["exp_avg"][i], state["exp_avg_sq"][i]
+                b1, b2 = o.betas
+                m, s = state["exp_avg"][i], state["exp_avg_sq"][i]
                 m.mul_(b1).add_(g, alpha=1 - b1)
                 s.mul_(b2).addcmul_(g, g, value=1 - b2)
                 p -= lr / (1 - b1 ** (t + 1)) * m / ((s / (1 - b2 ** (t + 1))).sqrt() + o.eps)   # eps outside sqrt
@@ -83,19 +84,21 @@ class Trainer(typing.NamedTuple):
 
 
 def get_schedule(torch_optimizer, optimizer):
-    """common/optim.py's rates from torch's stock schedulers, one scheduler step per update: LinearLR from 1 / W
-    reaches 1 at step W - 1, then SequentialLR restarts the schedule of the remaining D steps at its step 0 (it
-    resets it to its closed form there). MultiStepLR counts its milestones from that restart. T_max is at least 1:
-    the scheduler.step() after a run's last update reaches the schedule even when the warm-up is the whole run."""
+    """common/optim.py's rates from torch's stock schedulers, one scheduler.step() after each update. LinearLR's
+    factor is (t + 1) / W at step t < W; at step W, SequentialLR starts the schedule of the remaining D steps at its
+    own step 0, so MultiStepLR counts its milestones from there. T_max is at least 1: when the warm-up is the whole
+    run, the scheduler.step() after the last update still starts the cosine (cos(pi * 0 / 0) otherwise)."""
     o, warmup = optimizer, optimizer.warmup_steps
-    after = {"constant": lambda: lr_scheduler.ConstantLR(torch_optimizer, factor=1.0),
-             "step": lambda: lr_scheduler.MultiStepLR(torch_optimizer, [m - warmup for m in o.milestones],
-                                                      gamma=STEP_FACTOR),
-             "cosine": lambda: lr_scheduler.CosineAnnealingLR(torch_optimizer, T_max=max(o.decay_steps, 1))}
+    if o.schedule == "cosine":
+        after = lr_scheduler.CosineAnnealingLR(torch_optimizer, T_max=max(o.decay_steps, 1))
+    elif o.schedule == "step":
+        after = lr_scheduler.MultiStepLR(torch_optimizer, [m - warmup for m in o.milestones], gamma=STEP_FACTOR)
+    else:
+        after = lr_scheduler.ConstantLR(torch_optimizer, factor=1.0)   # the rate as it is
     if not warmup:
-        return after[o.schedule]()
+        return after
     linear = lr_scheduler.LinearLR(torch_optimizer, start_factor=1 / warmup, end_factor=1.0, total_iters=warmup - 1)
-    return lr_scheduler.SequentialLR(torch_optimizer, [linear, after[o.schedule]()], milestones=[warmup])
+    return lr_scheduler.SequentialLR(torch_optimizer, [linear, after], milestones=[warmup])
 
 
 def get_trainer(parameters, optimizer):
