@@ -11,33 +11,41 @@ from common.interface import Model, RosettaError
 from .data_parallel import evaluate as evaluate_params
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
+from .optimizer import Trainer, get_trainer
 
 EXEC = "eager"
 COMPILES = "nothing"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, pipeline.py's batches
 
 
-def get_model(weights, devices):
+def get_model(weights, devices, optimizer=None):
+    """The recipe's plain SGD (optimizer None or is_recipe) is torch.optim.SGD at the harness's rate; any other
+    optimizer is optimizer.py's Trainer: torch.optim's class, its scheduler and the clipping norm."""
     if not dist.is_initialized() or len(devices) != 1:
         raise RosettaError("DistributedDataParallel runs one process per device: start it through compare.py "
                            "or torchrun (README)")
     device = devices[0]
     net = DistributedDataParallel(build_model(weights).to(device),
                                   device_ids=[device.index] if device.type == "cuda" else None)
-    return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), device)
+    if optimizer is None or optimizer.is_recipe:
+        return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), device)
+    return Model(net, get_trainer(net.parameters(), optimizer), device)
 
 
 def train_step(model, batch, lr, batch_size):
     """DDP averages gradients over processes; scaling each summed loss by world / global batch makes that
     average the recipe's sum / global batch, exactly, even when the shards differ in size. The batch is
-    this process's part, on its device, from pipeline.py's DataLoader."""
+    this process's part, on its device, from pipeline.py's DataLoader. DDP all-reduces the gradients during
+    backward, so a Trainer clips the global batch's mean gradient, the same on every process. A Trainer's
+    scheduler sets the rate; the recipe's SGD takes the harness's `lr`."""
     net, trainer, _ = model
     X, y = batch
     loss = loss_sum(net(X), y)
     trainer.zero_grad()
     (loss * dist.get_world_size() / batch_size).backward()
-    for group in trainer.param_groups:
-        group["lr"] = lr
+    if not isinstance(trainer, Trainer):
+        for group in trainer.param_groups:
+            group["lr"] = lr
     trainer.step()
     return loss.item() / len(X)
 

@@ -1,10 +1,12 @@
 """Data parallelism from scratch in PyTorch: split the batch, forward and backward on every device,
-sum the gradients across devices, apply the same SGD update to every replica."""
+sum the gradients across devices, apply the same SGD update to every replica (or, with states, the same
+update of optimizer.py)."""
 import torch
 import torch.distributed as dist
 
 from common.sharding import shard_bounds
 
+from . import optimizer
 from .lenet import forward, loss_sum, to_layout
 
 
@@ -49,9 +51,10 @@ def loss_and_grads(params, X, y):
     return loss.detach(), torch.autograd.grad(loss, params)
 
 
-def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size):
+def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size, states=None):
     """The step on shards already on their devices: each device's loss and gradients, the gradients summed
-    across devices, the same update on every replica. Returns each device's summed loss."""
+    across devices, the same update on every replica (the recipe's sgd, or optimizer.apply with each replica's
+    state). Returns each device's summed loss."""
     losses, grads = [], []
     for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):
         loss, device_grads = loss_and_grads(params, X_shard, y_shard)
@@ -59,8 +62,12 @@ def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size):
         grads.append(device_grads)
     for per_device in zip(*grads):         # one parameter's gradient on every device
         allreduce(list(per_device))
-    for params, device_grads in zip(replicas, grads):
-        sgd(params, device_grads, lr, batch_size)
+    if states is None:
+        for params, device_grads in zip(replicas, grads):
+            sgd(params, device_grads, lr, batch_size)
+    else:
+        for params, device_grads, state in zip(replicas, grads, states):
+            optimizer.apply(params, device_grads, state, lr, batch_size)
     return losses
 
 
@@ -68,9 +75,9 @@ UNITS = {"forward": forward, "update": update, "loss_and_grads": loss_and_grads,
 # At import the units are what the default level makes them: eager, every one as written.
 
 
-def train_step(replicas, X, y, devices, lr, batch_size=None):
+def train_step(replicas, X, y, devices, lr, batch_size=None, states=None):
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
-    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X))
+    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X), states)
     return sum(loss.item() for loss in losses) / len(X)
 
 

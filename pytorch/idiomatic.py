@@ -5,33 +5,47 @@ what the from-scratch recipe costs."""
 import torch
 import torch.nn.functional as F
 
-from common.interface import Model, Unavailable
+from common.interface import Model, RosettaError, Unavailable
 
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .lenet import build_model, to_layout, to_numpy as params_to_numpy
+from .optimizer import Trainer, get_trainer
 
 EXEC = "eager"
 COMPILES = "nothing"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, to_layout's batches
+# How the optimizer is ported: "canonical" computes common/optim.py, "stock" is a straightforward port (the stock
+# classes, the framework's defaults). common/optim.py is PyTorch's conventions: both are the same stock classes.
+PORTS = ("canonical", "stock")
 
 
-def get_model(weights, devices):
+def get_model(weights, devices, optimizer=None, port="canonical"):
+    """The recipe's plain SGD (optimizer None or is_recipe) is torch.optim.SGD at the harness's rate; any other
+    optimizer is optimizer.py's Trainer, as in builtin.py."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
+    if port not in PORTS:
+        raise RosettaError(f"unknown port {port!r}; choose from {', '.join(PORTS)}")
     net = build_model(weights).to(devices[0])
-    return Model(net, torch.optim.SGD(net.parameters(), lr=0.0))
+    if optimizer is None or optimizer.is_recipe:
+        return Model(net, torch.optim.SGD(net.parameters(), lr=0.0))
+    return Model(net, get_trainer(net.parameters(), optimizer))
 
 
 def train_step(model, X, y, devices, lr, batch_size=None):
     """The tutorial's step, with the loss summed rather than averaged and a learning rate of
-    lr / batch_size: the recipe's update, whatever part of the batch is here."""
+    lr / batch_size: the recipe's update, whatever part of the batch is here. A Trainer gets the global batch's
+    mean gradient instead and its scheduler sets the rate."""
     net, trainer, _ = model
     X, y = to_layout(torch.tensor(X, device=devices[0])), torch.tensor(y, device=devices[0])   # as split_and_load
     loss = F.cross_entropy(net(X), y, reduction="sum")
     trainer.zero_grad()
-    loss.backward()
-    for group in trainer.param_groups:
-        group["lr"] = lr / (batch_size or len(X))
+    if isinstance(trainer, Trainer):
+        (loss / (batch_size or len(X))).backward()
+    else:
+        loss.backward()
+        for group in trainer.param_groups:
+            group["lr"] = lr / (batch_size or len(X))
     trainer.step()
     return loss.item() / len(X)
 

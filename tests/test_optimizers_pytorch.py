@@ -1,0 +1,94 @@
+"""PyTorch's side of the optimizers (pytorch/optimizer.py), beyond tests/test_optimizers.py's trajectories: the rate
+torch.optim.lr_scheduler gives every step of every schedule (SequentialLR's switch, the recursive forms), the
+scratch state in the replica's memory layout, the stock port, and the scratch update at every exec level."""
+import numpy as np
+import pytest
+import torch
+
+from common import optim
+from common.lenet import init_weights
+from conftest import framework_or_skip
+from harness.loader import load_module
+
+
+@pytest.fixture
+def pytorch():
+    return framework_or_skip("pytorch")
+
+
+RUNS = [(1, 0), (1, 1), (2, 1), (7, 0), (7, 1), (7, 2), (24, 5), (24, 23), (24, 24), (1000, 37)]   # (total, warm-up)
+
+
+@pytest.mark.filterwarnings("error")   # e.g. "lr_scheduler.step() before optimizer.step()"
+@pytest.mark.parametrize("schedule", optim.SCHEDULES)
+@pytest.mark.parametrize("total,warmup", RUNS, ids=[f"{t}steps-warmup{w}" for t, w in RUNS])
+def test_the_scheduler_gives_the_spec_rate_at_every_step(pytorch, schedule, total, warmup):
+    """The rate of each optimizer.step(), one scheduler.step() after it: LinearLR's and CosineAnnealingLR's
+    recursive forms stay within rounding of the spec's closed forms, SequentialLR switches on time, and a run that
+    ends with its warm-up still steps the schedule once more."""
+    o = optim.Optimizer("momentum", 0.3, schedule=schedule, warmup_steps=warmup, total_steps=total)
+    p = torch.nn.Parameter(torch.zeros(1))
+    trainer = load_module("pytorch", "optimizer").get_trainer([p], o)
+    for step in range(total):
+        assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(o.learning_rate(step), rel=1e-12), step
+        p.grad = torch.zeros(1)
+        trainer.step()
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_the_state_keeps_the_replicas_layout_and_round_trips(pytorch, layout):
+    execution = load_module("pytorch", "execution")
+    execution.use_layout(layout)
+    try:
+        o = optim.Optimizer("adam")
+        replica = pytorch.get_params(init_weights(0), pytorch.get_devices(1)[0])
+        rng = np.random.default_rng(0)
+        arrays = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in optim.init_state(o, init_weights(0)).items()
+                  if k != "step"}
+        state = pytorch.state_from_numpy({"step": 7, **arrays}, replica, o)
+        for slot in o.slots:
+            assert [b.stride() for b in state[slot]] == [p.stride() for p in replica]
+        back = pytorch.state_to_numpy(state)
+        assert back.pop("step") == 7 and back.keys() == arrays.keys()
+        for key, value in arrays.items():
+            np.testing.assert_array_equal(back[key], value)
+    finally:
+        execution.use_layout("default")
+
+
+def test_the_stock_port_is_the_canonical_one(pytorch, digits):
+    """common/optim.py is PyTorch's conventions: a straightforward port trains exactly as the canonical one."""
+    idiomatic = load_module("pytorch", "idiomatic")
+    o = optim.Optimizer("adamw", 1e-3, weight_decay=1e-2, schedule="cosine", warmup_steps=2, total_steps=4,
+                        clip_norm=1.0)
+    X, y = digits.X_train[:64], digits.y_train[:64]
+    weights = []
+    for port in idiomatic.PORTS:
+        model = idiomatic.get_model(init_weights(0), pytorch.get_devices(1), o, port=port)
+        for _ in range(o.total_steps):
+            idiomatic.train_step(model, X, y, pytorch.get_devices(1), 0.0, len(X))
+        weights.append(idiomatic.to_numpy(model))
+    for name in weights[0]:
+        np.testing.assert_array_equal(weights[1][name], weights[0][name])
+
+
+def test_every_exec_level_updates_with_states(pytorch, digits):
+    """The scratch step with states on 2 devices at the graph level (torch.compile of the forward) as eagerly."""
+    execution = load_module("pytorch", "execution")
+    o = optim.Optimizer("adamw", 1e-3, weight_decay=1e-2, clip_norm=1.0, total_steps=3)
+    devices = pytorch.get_devices(2)
+    X, y = digits.X_train[:64], digits.y_train[:64]
+    weights = {}
+    try:
+        for level in execution.NAMES:
+            execution.use(level)
+            replicas = [pytorch.get_params(init_weights(0), d) for d in devices]
+            states = [pytorch.init_state(r, o) for r in replicas]
+            for step in range(o.total_steps):
+                pytorch.train_step(replicas, X, y, devices, o.learning_rate(step), len(X), states)
+            assert [s["step"] for s in states] == [o.total_steps] * 2
+            weights[level] = pytorch.to_numpy(replicas[1])
+    finally:
+        execution.use("default")
+    for name, value in weights["eager"].items():
+        np.testing.assert_allclose(weights["graph"][name], value, atol=1e-6, err_msg=name)
