@@ -86,7 +86,7 @@ class Builtin(Scratch):
     def start(self, weights, optimizer, state=None):
         """The engine's model and its trainer: the framework's own optimizer and schedule computing `optimizer`,
         from the canonical `state` of a checkpoint if given."""
-        self.model = self.engine.get_model(weights, self.devices, optimizer, state)
+        self.model = self.engine.get_model(weights, self.devices, optimizer, state=state)
 
     def feed(self, data, order, rank, world):
         self.loader = self.pipeline.make_loader(data, order, rank, world, self.model, self.devices)

@@ -95,6 +95,7 @@ def run(spec, started):
         return {"devices": fw.device_info(fw.get_devices(spec.devices))}
     if spec.task in ("step", "allreduce"):
         return scaling_inputs(fw, spec)
+    import numpy as np
     from .checkpoints import resume_point, saver
     from common.data import load_dataset
     from .training import MODES, steps_per_epoch, train
@@ -120,15 +121,14 @@ def run(spec, started):
                        spec.init, rank, world, min_size=spec.devices, progress=progress,
                        max_steps=spec.max_steps, weights=weights, first_epoch=first_epoch,
                        after_epoch=saver(spec, rank, optimizer), optimizer=optimizer, state=state,
-                       before_step=None if trace is None else lambda steps, runner: trace.append(runner.weights()))
+                       before_step=None if trace is None else lambda steps, runner: trace.append(
+                           {name: np.array(w) for name, w in runner.weights().items()}))   # copies, not views
         # What the framework holds while it trains: the peak since the reset, less the harness's own copy of the data
         data_bytes = sum(a.nbytes for a in (data.X_train, data.y_train, data.X_test, data.y_test))
         record["train_memory_bytes"] = peak_rss() - data_bytes if fresh_peak else None
         if spec.weights_out and rank == 0:   # final weights, canonical layout, for parity checks
-            import numpy as np
             np.savez(spec.weights_out, **runner.weights())
         if trace is not None:
-            import numpy as np
             trace.append(runner.weights())
             np.savez(spec.weights_trace, **{f"{k}/{name}": w for k, weights in enumerate(trace)
                                             for name, w in weights.items()})

@@ -66,11 +66,16 @@ def check_steps(fw, data, optimizer, n_devices, trace):
     return worst, coefficients
 
 
+def copies(weights):
+    """to_numpy may hand out views of the live tensors (PyTorch on the CPU), which the next step updates in place."""
+    return {name: np.array(w) for name, w in weights.items()}
+
+
 def mode_trace(fw, data, optimizer, mode, n_devices):
     """The weights before every step of a run in `mode`, then the final ones; and the runner."""
     runner, trace = MODES[mode](fw, fw.get_devices(n_devices)), []
     train(runner, data, EPOCHS, BATCH, optimizer.lr, SEED, min_size=n_devices, optimizer=optimizer,
-          before_step=lambda steps, runner: trace.append(runner.weights()))
+          before_step=lambda steps, runner: trace.append(copies(runner.weights())))
     return trace + [runner.weights()], runner
 
 
