@@ -132,7 +132,7 @@ class CosineScheduler(mx.lr_scheduler.CosineScheduler):
         return super().__call__(num_update if num_update <= self.warmup_steps else num_update - 1)
 
 
-def get_schedule(optimizer):
+def get_schedule(optimizer, cosine=CosineScheduler):
     """common/optim.py's rates from MXNet's schedules, driven by the optimizer's num_update (once per step: with
     several contexts each has its own update counts, and num_update is their maximum). The warm-up is every
     scheduler's own (warmup_steps, from warmup_begin_lr 0). MultiFactorScheduler decays once num_update passes a
@@ -140,23 +140,34 @@ def get_schedule(optimizer):
     the whole schedule when the warm-up is the whole run (MXNet's cosine would divide by its 0 decay steps)."""
     o, warmup = optimizer, optimizer.warmup_steps
     if o.schedule == "cosine" and o.decay_steps:
-        return CosineScheduler(max_update=o.total_steps, base_lr=o.lr, final_lr=0.0, warmup_steps=warmup)
+        return cosine(max_update=o.total_steps, base_lr=o.lr, final_lr=0.0, warmup_steps=warmup)
     if o.schedule == "step" and o.decay_steps:
         return mx.lr_scheduler.MultiFactorScheduler(step=list(o.milestones), factor=STEP_FACTOR, base_lr=o.lr,
                                                     warmup_steps=warmup)
     return mx.lr_scheduler.FactorScheduler(step=o.total_steps, factor=1.0, base_lr=o.lr, warmup_steps=warmup)
 
 
-def get_optimizer(optimizer):
+# The classes each optimizer is built with: "canonical" computes common/optim.py; "stock" is a straightforward port,
+# MXNet's own classes given the same hyperparameters (its momentum and NAG with the rate in the buffer, its Adam's
+# epsilon, no AdamW: Adam whose wd is L2 in the gradient) and its stock cosine schedule. Both clip by global norm
+# (Trainer, below): no stock class does, and clip_gradient, which clips each element, is another operation.
+CLASSES = {"canonical": {"sgd": mx.optimizer.SGD, "momentum": Momentum, "nesterov": Nesterov, "adam": Adam,
+                         "adamw": AdamW},
+           "stock": {"sgd": mx.optimizer.SGD, "momentum": mx.optimizer.SGD, "nesterov": mx.optimizer.NAG,
+                     "adam": mx.optimizer.Adam, "adamw": mx.optimizer.Adam}}
+COSINES = {"canonical": CosineScheduler, "stock": mx.lr_scheduler.CosineScheduler}
+
+
+def get_optimizer(optimizer, port="canonical"):
     """An mx.optimizer for common/optim.py's `optimizer`: its wd is L2 in the gradient (but AdamW's), on every
-    parameter, biases too (wd_mult 1), as torch's weight_decay. Plain sgd is the stock class."""
+    parameter, biases too (wd_mult 1), as torch's weight_decay."""
     o = optimizer
-    shared = {"learning_rate": o.lr, "wd": o.weight_decay, "lr_scheduler": get_schedule(o)}
     if o.name in ("adam", "adamw"):
-        return (AdamW if o.decoupled else Adam)(beta1=o.betas[0], beta2=o.betas[1], epsilon=o.eps, **shared)
-    if o.name == "sgd":
-        return mx.optimizer.SGD(**shared)
-    return (Nesterov if o.name == "nesterov" else Momentum)(o.momentum, **shared)
+        hyper = {"beta1": o.betas[0], "beta2": o.betas[1], "epsilon": o.eps}
+    else:
+        hyper = {"momentum": 0.0 if o.name == "sgd" else o.momentum}
+    return CLASSES[port][o.name](learning_rate=o.lr, wd=o.weight_decay,
+                                 lr_scheduler=get_schedule(o, COSINES[port]), **hyper)
 
 
 class Trainer(gluon.Trainer):
@@ -180,7 +191,7 @@ class Trainer(gluon.Trainer):
         self.update(batch_size, ignore_stale_grad)
 
 
-def get_trainer(params, optimizer, **kwargs):
+def get_trainer(params, optimizer, port="canonical", **kwargs):
     """The gluon.Trainer of a stateful optimizer: its own schedule sets the rate, not set_learning_rate. kwargs:
     the kvstore's, as for any gluon.Trainer."""
-    return Trainer(params, get_optimizer(optimizer), optimizer.clip_norm, **kwargs)
+    return Trainer(params, get_optimizer(optimizer, port), optimizer.clip_norm, **kwargs)
