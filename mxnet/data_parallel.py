@@ -1,10 +1,12 @@
 """Data parallelism from scratch in MXNet: split the batch, forward and backward on every context,
-sum the gradients across contexts, apply the same SGD update to every replica."""
+sum the gradients across contexts, apply the same SGD update to every replica (or, with states, the same
+update of optimizer.py)."""
 from mxnet import autograd, nd
 
 from common.sharding import shard_bounds
 
 from . import distributed as dist
+from . import optimizer
 from .lenet import forward, hybridized, loss_sum
 
 
@@ -50,9 +52,10 @@ def loss_and_grads(params, X, y):
     return loss, [p.grad for p in params]
 
 
-def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size):
+def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size, states=None):
     """The step on shards already on their contexts: each context's loss and gradients, the gradients summed
-    across contexts, the same update on every replica. Returns each context's summed loss."""
+    across contexts, the same update on every replica (the recipe's sgd, or optimizer.apply with each replica's
+    state). Returns each context's summed loss."""
     losses, grads = [], []
     for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):   # queued asynchronously:
         loss, device_grads = loss_and_grads(params, X_shard, y_shard)   # the contexts work in parallel
@@ -60,8 +63,12 @@ def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size):
         grads.append(device_grads)
     for key, per_device in enumerate(zip(*grads)):   # one parameter's gradient on every context
         allreduce(list(per_device), key)
-    for params, device_grads in zip(replicas, grads):
-        sgd(params, device_grads, lr, batch_size)
+    if states is None:
+        for params, device_grads in zip(replicas, grads):
+            sgd(params, device_grads, lr, batch_size)
+    else:
+        for params, device_grads, state in zip(replicas, grads, states):
+            optimizer.apply(params, device_grads, state, lr, batch_size)
     return losses
 
 
@@ -70,9 +77,9 @@ UNITS = {"forward": forward, "update": update, "loss_and_grads": loss_and_grads,
 forward = hybridized(forward)
 
 
-def train_step(replicas, X, y, devices, lr, batch_size=None):
+def train_step(replicas, X, y, devices, lr, batch_size=None, states=None):
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
-    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X))
+    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X), states)
     return sum(loss.asscalar() for loss in losses) / len(X)
 
 

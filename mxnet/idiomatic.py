@@ -4,36 +4,48 @@ it beside the scratch step to show what the from-scratch recipe costs."""
 
 from mxnet import autograd, gluon, nd
 
-from common.interface import Model, Unavailable
+from common.interface import Model, RosettaError, Unavailable
 
 from .lenet import build_model, to_numpy as params_to_numpy
+from .optimizer import CLASSES, Trainer, get_trainer
 
 EXEC = "hybridize"
 COMPILES = "fwd+bwd"
 LAYOUT = "NCHW (Gluon)"
 
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()   # one loss per example
+# How the optimizer is ported: "canonical" computes common/optim.py, "stock" is a straightforward port (MXNet's
+# stock classes given the same hyperparameters, its defaults and conventions for the rest: optimizer.CLASSES).
+PORTS = tuple(CLASSES)
 
 
-def get_model(weights, devices):
-    """On one context the Trainer updates the weights itself (it makes no kvstore)."""
+def get_model(weights, devices, optimizer=None, port="canonical"):
+    """On one context the Trainer updates the weights itself (it makes no kvstore). The recipe's plain SGD
+    (optimizer None or is_recipe) is Gluon's "sgd" at the harness's rate; any other optimizer is optimizer.py's
+    Trainer, as in builtin.py."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
+    if port not in PORTS:
+        raise RosettaError(f"unknown port {port!r}; choose from {', '.join(PORTS)}")
     net = build_model(weights)
     net.collect_params().reset_ctx(devices[0])
-    return Model(net, gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0}))
+    if optimizer is None or optimizer.is_recipe:
+        return Model(net, gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0}))
+    return Model(net, get_trainer(net.collect_params(), optimizer, port))
 
 
 def train_step(model, X, y, devices, lr, batch_size=None):
     """backward() of the per-example losses sums their gradients; trainer.step(batch_size) divides
-    the sum by the batch size: the recipe's update."""
+    the sum by the batch size: the recipe's update. A Trainer of optimizer.py clips that sum and its schedule
+    sets the rate, not `lr`."""
     net, trainer, _ = model
     X = nd.array(X, ctx=devices[0], dtype=X.dtype)   # copies, as split_and_load
     y = nd.array(y, ctx=devices[0], dtype=y.dtype)
     with autograd.record():
         loss = loss_fn(net(X), y)
     loss.backward()
-    trainer.set_learning_rate(lr)
+    if not isinstance(trainer, Trainer):
+        trainer.set_learning_rate(lr)
     trainer.step(batch_size or len(X))
     return float(loss.sum().asscalar()) / len(X)
 

@@ -1,0 +1,197 @@
+"""The optimizer in MXNet, twice: by hand for the scratch step (its state a list of NDArrays per slot, one replica's),
+and as MXNet's own optimizer and schedule classes under a gluon.Trainer for the built-in and idiomatic modes. MXNet's
+conventions are not PyTorch's: the smallest subclasses below make its classes compute common/optim.py, each saying
+which line of the stock class differs."""
+import math
+
+import mxnet as mx
+from mxnet import gluon, nd
+
+from common.optim import CLIP_EPS, STEP_FACTOR
+
+from .lenet import PARAM_NAMES, to_numpy
+
+
+def init_state(replica, optimizer):
+    """zeros_like keeps each parameter's context."""
+    return {"optimizer": optimizer, "step": 0,
+            **{slot: [nd.zeros_like(p) for p in replica] for slot in optimizer.slots}}
+
+
+def state_to_numpy(state):
+    arrays = {"step": state["step"]}
+    for slot in state["optimizer"].slots:
+        arrays.update({f"{slot}.{name}": value for name, value in to_numpy(state[slot]).items()})
+    return arrays
+
+
+def state_from_numpy(arrays, replica, optimizer):
+    state = init_state(replica, optimizer)
+    state["step"] = int(arrays["step"])
+    for slot in optimizer.slots:
+        for buffer, name in zip(state[slot], PARAM_NAMES):
+            buffer[:] = arrays[f"{slot}.{name}"]   # copies into the buffer, on its context
+    return state
+
+
+def apply(params, grads, state, lr, batch_size):
+    """common/optim.py's update of one replica, in place, by hand: the gradients are the all-reduced sums, the same
+    on every replica, so every replica clips by the same global norm and stays equal to the others. What
+    get_trainer's classes compute, written out."""
+    o, t = state["optimizer"], state["step"]
+    grads = [g / batch_size for g in grads]   # the global batch's mean
+    if o.clip_norm is not None:               # clip_grad_norm_'s: times clip / (norm + 1e-6), at most 1
+        norm = nd.add_n(*[(g * g).sum() for g in grads]).sqrt()
+        grads = [g * nd.minimum(o.clip_norm / (norm + CLIP_EPS), 1.0) for g in grads]
+    for i, (p, g) in enumerate(zip(params, grads)):
+        if o.weight_decay and not o.decoupled:
+            g = g + o.weight_decay * p
+        if o.name == "sgd":
+            p -= lr * g                       # in place: NDArray's -= writes into p
+        elif o.name in ("momentum", "nesterov"):
+            v = state["momentum_buffer"][i]
+            v[:] = o.momentum * v + g         # the rate stays outside the buffer; v = g on the first step
+            p -= lr * (g + o.momentum * v if o.name == "nesterov" else v)
+        else:
+            if o.decoupled:
+                p *= 1 - lr * o.weight_decay
+            (b1, b2), m, s = o.betas, state["exp_avg"][i], state["exp_avg_sq"][i]
+            m[:] = b1 * m + (1 - b1) * g
+            s[:] = b2 * s + (1 - b2) * g * g
+            p -= lr / (1 - b1 ** (t + 1)) * m / ((s / (1 - b2 ** (t + 1))).sqrt() + o.eps)   # eps outside sqrt
+    state["step"] = t + 1
+
+
+class Momentum(mx.optimizer.Optimizer):
+    """torch.optim.SGD's momentum in MXNet's optimizer API. MXNet's own keep the rate inside the buffer:
+    mx.optimizer.SGD's sgd_mom_update makes v = mu * v - lr * g; w += v, and NAG's nag_mom_update the same v, then
+    w += mu * v - lr * g (MXNet 1.9.1's kernel: the NAG class's docstring, the rate outside, is not what it computes).
+    That is torch's update while the rate is constant; under a schedule the buffer holds the rates of past steps.
+    No stock kernel keeps the rate outside, so the update is written out in create_state and update, the API of
+    any custom MXNet optimizer: g (the rescaled mean, plus wd * w as Gluon's wd is); v = mu * v + g; w -= lr * v."""
+    nesterov = False
+
+    def __init__(self, momentum, **kwargs):
+        super().__init__(**kwargs)
+        self.momentum = momentum
+
+    def create_state(self, index, weight):
+        return nd.zeros(weight.shape, weight.context, dtype=weight.dtype)
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)             # num_update, which drives the schedule
+        lr, wd = self._get_lr(index), self._get_wd(index)
+        grad = grad * self.rescale_grad + wd * weight
+        state[:] = self.momentum * state + grad
+        weight -= lr * (grad + self.momentum * state if self.nesterov else state)
+
+
+class Nesterov(Momentum):
+    """torch's nesterov=True: w -= lr * (g + mu * v), with Momentum's v."""
+    nesterov = True
+
+
+class Adam(mx.optimizer.Adam):
+    """mx.optimizer.Adam folds the bias corrections into the rate, lr * sqrt(1 - b2^t) / (1 - b1^t), and adds
+    epsilon to the uncorrected sqrt(v): torch's update with epsilon * sqrt(1 - b2^t) for epsilon (smaller in early
+    steps). The stock update with that one argument changed: epsilon * sqrt(1 - b2^t), so that it is torch's eps.
+    (Its kernel also rounds: it computes 1 - beta2 in float32 from a float32 beta2, 0.000999987 for 0.999.)"""
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        t = self._index_update_count[index]   # this parameter's updates on this context, this one included
+        c1, c2 = 1 - self.beta1 ** t, 1 - self.beta2 ** t
+        mean, var = state
+        nd.adam_update(weight, grad, mean, var, out=weight, lr=self._get_lr(index) * math.sqrt(c2) / c1,
+                       wd=self._get_wd(index), beta1=self.beta1, beta2=self.beta2,
+                       epsilon=self.epsilon * math.sqrt(c2), rescale_grad=self.rescale_grad)
+
+
+class AdamW(Adam):
+    """MXNet 1.9.1 has no AdamW class, only its kernel, nd.contrib.adamw_update (GluonNLP's BERTAdam calls it):
+    w -= eta * (lr * m / (sqrt(v) + epsilon) + wd * w), decoupled and without bias corrections. With eta the
+    schedule's rate and lr the corrections it is torch's AdamW: w *= 1 - lr * wd, then Adam's step above."""
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        t = self._index_update_count[index]
+        c1, c2 = 1 - self.beta1 ** t, 1 - self.beta2 ** t
+        mean, var = state
+        nd.contrib.adamw_update(weight, grad, mean, var, out=weight, rescale_grad=self.rescale_grad,
+                                lr=math.sqrt(c2) / c1, eta=self._get_lr(index), wd=self._get_wd(index),
+                                beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon * math.sqrt(c2))
+
+
+class CosineScheduler(mx.lr_scheduler.CosineScheduler):
+    """The optimizer asks the schedule for the rate of num_update, which counts the update being made (the first is
+    1): the stock warm-up, lr * num_update / W, is torch's LinearLR from 1 / W, and num_update = W is the warm-up's
+    last, lr. The stock cosine starts there, at W; torch's CosineAnnealingLR starts one update later, at W + 1
+    (SequentialLR restarts it after the warm-up's W updates). So after the warm-up, the stock curve one update late."""
+
+    def __call__(self, num_update):
+        return super().__call__(num_update if num_update <= self.warmup_steps else num_update - 1)
+
+
+def get_schedule(optimizer, cosine=CosineScheduler):
+    """common/optim.py's rates from MXNet's schedules, driven by the optimizer's num_update (once per step: with
+    several contexts each has its own update counts, and num_update is their maximum). The warm-up is every
+    scheduler's own (warmup_steps, from warmup_begin_lr 0). MultiFactorScheduler decays once num_update passes a
+    step, as MultiStepLR at a milestone; a FactorScheduler that never decays (factor 1) is the constant rate, and
+    the whole schedule when the warm-up is the whole run (MXNet's cosine would divide by its 0 decay steps)."""
+    o, warmup = optimizer, optimizer.warmup_steps
+    if o.schedule == "cosine" and o.decay_steps:
+        return cosine(max_update=o.total_steps, base_lr=o.lr, final_lr=0.0, warmup_steps=warmup)
+    if o.schedule == "step" and o.decay_steps:
+        return mx.lr_scheduler.MultiFactorScheduler(step=list(o.milestones), factor=STEP_FACTOR, base_lr=o.lr,
+                                                    warmup_steps=warmup)
+    return mx.lr_scheduler.FactorScheduler(step=o.total_steps, factor=1.0, base_lr=o.lr, warmup_steps=warmup)
+
+
+# The classes each optimizer is built with: "canonical" computes common/optim.py; "stock" is a straightforward port,
+# MXNet's own classes given the same hyperparameters (its momentum and NAG with the rate in the buffer, its Adam's
+# epsilon, no AdamW: Adam whose wd is L2 in the gradient) and its stock cosine schedule. Both clip by global norm
+# (Trainer, below): no stock class does, and clip_gradient, which clips each element, is another operation.
+CLASSES = {"canonical": {"sgd": mx.optimizer.SGD, "momentum": Momentum, "nesterov": Nesterov, "adam": Adam,
+                         "adamw": AdamW},
+           "stock": {"sgd": mx.optimizer.SGD, "momentum": mx.optimizer.SGD, "nesterov": mx.optimizer.NAG,
+                     "adam": mx.optimizer.Adam, "adamw": mx.optimizer.Adam}}
+COSINES = {"canonical": CosineScheduler, "stock": mx.lr_scheduler.CosineScheduler}
+
+
+def get_optimizer(optimizer, port="canonical"):
+    """An mx.optimizer for common/optim.py's `optimizer`: its wd is L2 in the gradient (but AdamW's), on every
+    parameter, biases too (wd_mult 1), as torch's weight_decay."""
+    o = optimizer
+    if o.name in ("adam", "adamw"):
+        hyper = {"beta1": o.betas[0], "beta2": o.betas[1], "epsilon": o.eps}
+    else:
+        hyper = {"momentum": 0.0 if o.name == "sgd" else o.momentum}
+    return CLASSES[port][o.name](learning_rate=o.lr, wd=o.weight_decay,
+                                 lr_scheduler=get_schedule(o, COSINES[port]), **hyper)
+
+
+class Trainer(gluon.Trainer):
+    """A gluon.Trainer that clips by global norm: its optimizer's clip_gradient clips each element. step() is
+    Trainer.step's own two halves with the clipping between them, as its docstring advises for clipping: the
+    gradients summed across contexts (and processes) by allreduce_grads, then clipped on every context, then the
+    update. Clipping each context's gradients before the sum would clip a shard's norm, not the batch's."""
+
+    def __init__(self, params, optimizer, clip_norm=None, **kwargs):
+        super().__init__(params, optimizer, **kwargs)
+        self.clip_norm = clip_norm
+
+    def step(self, batch_size, ignore_stale_grad=False):
+        """The gradients are sums until update() rescales them by 1 / batch_size: the norm is clipped at
+        clip * batch_size. clip_global_norm adds 1e-8 to the summed norm where torch adds 1e-6 to the mean's
+        (1e-6 * batch_size to the sum): the coefficients differ by ~1e-6 / norm, relative."""
+        self.allreduce_grads()
+        if self.clip_norm is not None:
+            for grads in zip(*(p.list_grad() for p in self._params)):   # one context's gradients
+                gluon.utils.clip_global_norm(list(grads), self.clip_norm * batch_size, check_isfinite=False)
+        self.update(batch_size, ignore_stale_grad)
+
+
+def get_trainer(params, optimizer, port="canonical", **kwargs):
+    """The gluon.Trainer of a stateful optimizer: its own schedule sets the rate, not set_learning_rate. kwargs:
+    the kvstore's, as for any gluon.Trainer."""
+    return Trainer(params, get_optimizer(optimizer, port), optimizer.clip_norm, **kwargs)

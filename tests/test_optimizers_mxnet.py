@@ -1,0 +1,118 @@
+"""MXNet's own optimizer and schedule classes (mxnet/optimizer.py) against the spec, one piece at a time: the parity
+tests of test_optimizers.py run them through LeNet, whose ReLUs and Adam's sign-like steps can turn a rounding into
+a visible difference; here only rounding is left, and the stock classes' conventions show."""
+import numpy as np
+import pytest
+
+from common import RosettaError, optim
+from common.lenet import init_weights
+from conftest import framework_or_skip
+from harness.loader import load_module
+
+
+@pytest.fixture(scope="module")
+def mx_optimizer():
+    framework_or_skip("mxnet")
+    return load_module("mxnet", "optimizer")
+
+
+@pytest.mark.parametrize("warmup", [0, 5, 24])
+@pytest.mark.parametrize("schedule", optim.SCHEDULES)
+def test_the_schedules_give_the_spec_rate_at_every_update(mx_optimizer, schedule, warmup):
+    """The optimizer asks for the rate of num_update, 1 for the first update (step 0)."""
+    o = optim.Optimizer("momentum", 0.1, schedule=schedule, warmup_steps=warmup, total_steps=24)
+    rates = mx_optimizer.get_schedule(o)
+    assert [rates(step + 1) for step in range(24)] == pytest.approx([o.learning_rate(s) for s in range(24)], abs=1e-12)
+
+
+def test_the_stock_cosine_decays_one_update_early(mx_optimizer):
+    o = optim.Optimizer("momentum", 0.1, schedule="cosine", warmup_steps=5, total_steps=24)
+    stock = mx_optimizer.get_schedule(o, mx_optimizer.mx.lr_scheduler.CosineScheduler)
+    assert [stock(step + 1) for step in range(5)] == pytest.approx([o.learning_rate(s) for s in range(5)])
+    assert stock(6) == pytest.approx(o.learning_rate(6)) and stock(6) < o.learning_rate(5)
+
+
+def random_problem(scale):
+    rng = np.random.default_rng(2)
+    w = rng.normal(size=(6, 7)).astype(np.float32)
+    return w, [(scale * rng.normal(size=w.shape)).astype(np.float32) for _ in range(8)]
+
+
+def run_classes(mx_optimizer, o, port, w0, grads, batch_size=4):
+    """The mx.optimizer as the Trainer drives it: summed gradients, rescale_grad 1 / batch, one update a step."""
+    from mxnet import nd
+    mx_opt = mx_optimizer.get_optimizer(o, port)
+    mx_opt.rescale_grad = 1 / batch_size
+    weight = nd.array(w0)
+    state = mx_opt.create_state(0, weight)
+    for g in grads:
+        mx_opt.update(0, weight, nd.array(g * batch_size), state)
+    return weight.asnumpy()
+
+
+def run_spec(o, w0, grads):
+    w, state = {"w": w0}, optim.init_state(o, {"w": w0})
+    for g in grads:
+        w, state = optim.step(o, w, {"w": g}, state)
+    return w["w"]
+
+
+@pytest.mark.parametrize("name", optim.OPTIMIZERS)
+def test_the_classes_compute_the_spec_and_the_stock_ones_do_not(mx_optimizer, name):
+    """A warm-up changes the rate every step (the stock warm-up is the spec's): momentum and NAG with the rate
+    inside the buffer, Adam's epsilon on the uncorrected moments (visible with gradients near epsilon) and adamw as
+    L2 differ; plain sgd is the stock class in both."""
+    tiny = name == "adam"   # gradients of 1e-7, no decay: Adam's epsilon matters
+    o = optim.Optimizer(name, optim.DEFAULT_LR[name], weight_decay=0.0 if tiny else 0.1, warmup_steps=6,
+                        total_steps=8)
+    w0, grads = random_problem(1e-7 if tiny else 1.0)
+    want = run_spec(o, w0, grads)
+    np.testing.assert_allclose(run_classes(mx_optimizer, o, "canonical", w0, grads), want, rtol=0, atol=2e-6)
+    stock_error = np.max(np.abs(run_classes(mx_optimizer, o, "stock", w0, grads) - want))
+    assert stock_error < 1e-6 if name == "sgd" else stock_error > 1e-4, stock_error
+
+
+def test_the_rate_advances_once_a_step_on_several_contexts(digits):
+    """With 2 contexts the Trainer has an updater per context sharing one optimizer: num_update, the schedule's
+    count, is the largest count of any context's updates, one a step; Adam's t is each context's own count."""
+    fw = framework_or_skip("mxnet")
+    builtin = load_module("mxnet", "builtin")
+    o = optim.Optimizer("adam", 1e-3, schedule="cosine", warmup_steps=2, total_steps=6, clip_norm=1.0)
+    devices = fw.get_devices(2)
+    model = builtin.get_model(init_weights(0), devices, o)
+    dp = load_module("mxnet", "data_parallel")
+    for step in range(3):
+        X, y = digits.X_train[64 * step:64 * step + 64], digits.y_train[64 * step:64 * step + 64]
+        builtin.train_step(model, (dp.split_and_load(X, devices), dp.split_and_load(y, devices)), None, 64)
+    trainer = model.trainer
+    assert trainer.optimizer.num_update == 3
+    assert trainer.learning_rate == pytest.approx(o.learning_rate(2))
+    assert all(counts == {i: 3 for i in range(8)} for counts in trainer.optimizer._all_index_update_counts.values()
+               if counts)
+
+
+def test_the_idiomatic_loop_builds_a_stock_port(mx_optimizer):
+    fw = framework_or_skip("mxnet")
+    idiomatic = load_module("mxnet", "idiomatic")
+    o = optim.Optimizer("nesterov", 0.02, schedule="cosine", total_steps=10)
+    _, stock, _ = idiomatic.get_model(init_weights(0), fw.get_devices(1), o, port="stock")
+    _, canonical, _ = idiomatic.get_model(init_weights(0), fw.get_devices(1), o)
+    assert type(stock.optimizer) is mx_optimizer.mx.optimizer.NAG
+    assert type(canonical.optimizer) is mx_optimizer.Nesterov
+    with pytest.raises(RosettaError, match="port"):
+        idiomatic.get_model(init_weights(0), fw.get_devices(1), o, port="naive")
+
+
+def test_the_state_converts_to_the_canonical_form_and_back():
+    fw = framework_or_skip("mxnet")
+    o = optim.Optimizer("adam", 1e-3, total_steps=3)
+    (device,) = fw.get_devices(1)
+    replica = fw.get_params(init_weights(0), device)
+    rng = np.random.default_rng(0)
+    arrays = {"step": 7, **{f"{slot}.{name}": rng.normal(size=w.shape).astype(np.float32)
+                            for slot in o.slots for name, w in init_weights(0).items()}}
+    state = fw.state_from_numpy(arrays, replica, o)
+    assert all(buffer.context == device for slot in o.slots for buffer in state[slot])
+    back = fw.state_to_numpy(state)
+    assert back.keys() == arrays.keys() and back["step"] == 7
+    assert all(np.array_equal(back[k], arrays[k]) for k in arrays if k != "step")
