@@ -1,6 +1,7 @@
 """The optimizer in TensorFlow, two ways: common/optim.py's canonical update written by hand for the scratch step
 (apply: a replica's state is tf.Variables beside its weights, assigned in place), and Keras's own optimizers and
-schedules for the built-in and idiomatic modes (keras_optimizer), subclassed only where Keras computes another update."""
+schedules for the built-in and idiomatic modes (keras_optimizer), subclassed only where Keras computes another
+update."""
 import tensorflow as tf
 
 from common.lenet import PARAM_NAMES
@@ -33,6 +34,7 @@ def state_to_numpy(state):
 
 
 def state_from_numpy(arrays, replica, optimizer):
+    """Each buffer made as get_params makes the weight of its name: channels-last, on the replica's device."""
     device = replica[0].device
     with tf.device(device):
         state = {"optimizer": optimizer, "step": tf.Variable(arrays["step"], dtype=tf.int64, name="step")}
@@ -131,7 +133,8 @@ class Adam(Canonical, keras.optimizers.Adam):
 
 
 class AdamW(Adam, keras.optimizers.AdamW):
-    """Keras's decoupled weight_decay is the spec's (w -= lr * wd * w, before the update): only Adam's epsilon differs."""
+    """Keras's decoupled weight_decay is the spec's (w -= lr * wd * w, before the update): only Adam's epsilon
+    differs."""
 
 
 class WarmUp(keras.optimizers.schedules.LearningRateSchedule):

@@ -1,6 +1,7 @@
 """TensorFlow's optimizer.py beyond the parity runs: the Keras schedule gives the spec's rate at every step, states
 convert to the canonical form and back, Keras 3's own global_clipnorm clips each replica's shard under
-MirroredStrategy (why builtin.py sums the gradients before the trainer sees them), and the stock port is not the spec."""
+MirroredStrategy (why builtin.py sums the gradients before the trainer sees them), and the stock port is not the
+spec."""
 import numpy as np
 import pytest
 
