@@ -2,7 +2,8 @@
 devices; across processes the MultiWorkerMirroredStrategy that distributed.py joined. The Keras model is built
 under strategy.scope(), so its variables are mirrored (one copy per replica, updated together); strategy.run
 runs the step on every replica with its shard of pipeline.py's distributed dataset, and the Keras optimizer
-sums the replicas' gradients (all processes' too) before it applies the same update to every copy."""
+sums the replicas' gradients (all processes' too) before it applies the same update to every copy. For an optimizer
+of common/optim.py the step sums them itself, before the Keras optimizer clips them (optimizer.py: Canonical)."""
 
 import tensorflow as tf
 
@@ -11,16 +12,18 @@ from common.interface import Model, RosettaError
 from . import distributed as dist
 from .idiomatic import evaluate as evaluate_keras, loss_fn, to_numpy as keras_to_numpy
 from .lenet import build_model
+from .optimizer import follows_its_schedule, keras_optimizer
 
 EXEC = "tf.function"
 COMPILES = "whole step"
 LAYOUT = "NHWC (Keras)"
 
 
-def get_model(weights, devices):
+def get_model(weights, devices, optimizer=None):
     """On the CPU the in-process strategy reduces on the first device, like the scratch allreduce (its
     default, NCCL, is for GPUs only). MultiWorkerMirroredStrategy picks its own devices: every GPU, or one
-    replica per CPU worker (on the worker's CPU:0, whichever logical CPU the worker was given)."""
+    replica per CPU worker (on the worker's CPU:0, whichever logical CPU the worker was given). The trainer is the
+    recipe's SGD (optimizer None or the recipe's), or Keras's optimizer and schedule computing `optimizer`."""
     if dist.is_initialized():
         strategy = dist.STRATEGY
     elif tf.DeviceSpec.from_string(devices[0]).device_type == "GPU":
@@ -33,31 +36,43 @@ def get_model(weights, devices):
                            f"not {len(devices)}: use as many processes as devices")
     with strategy.scope():   # everything that makes variables: the model and the optimizer's state
         net = build_model(weights)
-        trainer = tf.keras.optimizers.SGD(learning_rate=0.0)
+        if optimizer is None or optimizer.is_recipe:
+            trainer = tf.keras.optimizers.SGD(learning_rate=0.0)
+        else:
+            trainer = keras_optimizer(optimizer)
         trainer.build(net.trainable_variables)
     return Model(net, trainer, strategy)
 
 
 # One graph for the whole step, traced per model; reduce_retracing: shard shapes become None after one change.
 @tf.function(reduce_retracing=True)
-def step_on_replicas(strategy, net, trainer, X, y):
+def step_on_replicas(strategy, net, trainer, X, y, batch_size=None):
+    """batch_size (a tensor), for an optimizer's trainer: the replicas' gradients are summed here and divided by
+    it, the global batch's mean on every replica, which the trainer clips and applies as it is (Keras would clip
+    each replica's own before its sum)."""
     def replica_step(X, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, net(X, training=True))   # summed over the replica's shard
         grads = tape.gradient(loss, net.trainable_variables)
-        trainer.apply_gradients(zip(grads, net.trainable_variables))   # all-reduce (sum), then SGD
+        if batch_size is not None:
+            grads = [g / batch_size for g in tf.distribute.get_replica_context().all_reduce("sum", grads)]
+        trainer.apply_gradients(zip(grads, net.trainable_variables))   # the recipe's: all-reduce (sum), then SGD
         return loss, tf.shape(y)[0]
     return strategy.run(replica_step, args=(X, y))
 
 
 def train_step(model, batch, lr, batch_size):
-    """A learning rate of lr / global batch on the summed gradients makes the update the recipe's, computed
-    in float32 like the scratch sgd, even when the shards differ in size. Returns the mean loss of this
-    process's rows."""
+    """The recipe's SGD: a learning rate of lr / global batch on the summed gradients makes the update the
+    recipe's, computed in float32 like the scratch sgd, even when the shards differ in size. An optimizer's
+    trainer: the global batch's mean gradient, at the rate of its own schedule (lr is not needed). Returns the
+    mean loss of this process's rows."""
     net, trainer, strategy = model
-    trainer.learning_rate = tf.constant(lr, tf.float32) / batch_size
-    losses, sizes = (strategy.experimental_local_results(v)
-                     for v in step_on_replicas(strategy, net, trainer, *batch))
+    if follows_its_schedule(trainer):
+        outputs = step_on_replicas(strategy, net, trainer, *batch, tf.constant(batch_size, tf.float32))
+    else:
+        trainer.learning_rate = tf.constant(lr, tf.float32) / batch_size
+        outputs = step_on_replicas(strategy, net, trainer, *batch)
+    losses, sizes = (strategy.experimental_local_results(v) for v in outputs)
     return sum(float(loss) for loss in losses) / sum(int(n) for n in sizes)
 
 

@@ -1,10 +1,11 @@
 """Data parallelism from scratch in TensorFlow: split the batch, forward and backward on every device,
-sum the gradients across devices, apply the same SGD update to every replica."""
+sum the gradients across devices, apply the same SGD update to every replica (or, with optimizer states,
+optimizer.py's update: common/optim.py's)."""
 import tensorflow as tf
 
 from common.sharding import shard_bounds
 
-from . import distributed as dist
+from . import distributed as dist, optimizer
 from .lenet import forward, loss_sum
 
 
@@ -58,11 +59,12 @@ def loss_and_grads(params, X, y):
     return loss, tape.gradient(loss, params)
 
 
-def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size):
+def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size, states=None):
     """The step on shards already on their devices: each device's loss and gradients, the gradients summed
-    across devices, the same update on every replica. Returns each device's summed loss. As one graph (the
-    default level), it is traced per device list and number of replicas; reduce_retracing turns the shard
-    shapes into None after the first new shape."""
+    across devices, the same update on every replica: the recipe's sgd, or with `states` (one per replica)
+    optimizer.apply. Returns each device's summed loss. As one graph (the default level), it is traced per device
+    list, number of replicas and optimizer; reduce_retracing turns the shard shapes into None after the first new
+    shape."""
     losses, grads = [], []
     for params, d, X_shard, y_shard in zip(replicas, devices, X_shards, y_shards):
         with tf.device(d):
@@ -70,8 +72,11 @@ def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size):
         losses.append(loss)
         grads.append(device_grads)
     summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
-    for params, device_grads in zip(replicas, zip(*summed)):
-        sgd(params, device_grads, lr, batch_size)
+    for i, (params, device_grads) in enumerate(zip(replicas, zip(*summed))):
+        if states is None:
+            sgd(params, device_grads, lr, batch_size)
+        else:
+            optimizer.apply(params, device_grads, states[i], lr, batch_size)
     return losses
 
 
@@ -81,10 +86,10 @@ UNITS = {"forward": forward, "update": update, "loss_and_grads": loss_and_grads,
 step_on_shards = tf.function(step_on_shards, reduce_retracing=True)
 
 
-def train_step(replicas, X, y, devices, lr, batch_size=None):
+def train_step(replicas, X, y, devices, lr, batch_size=None, states=None):
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses = step_on_shards(replicas, tuple(devices), X_shards, y_shards,   # tensors: no retrace per value
-                            tf.constant(lr, tf.float32), tf.constant(batch_size or len(X), tf.float32))
+                            tf.constant(lr, tf.float32), tf.constant(batch_size or len(X), tf.float32), states)
     return sum(float(loss) for loss in losses) / len(X)
 
 

@@ -7,6 +7,7 @@ import tensorflow as tf
 from common.interface import Model, Unavailable
 
 from .lenet import build_model, to_numpy as params_to_numpy
+from .optimizer import follows_its_schedule, keras_optimizer
 
 EXEC = "tf.function"
 COMPILES = "whole step"
@@ -16,32 +17,45 @@ LAYOUT = "NHWC (Keras)"
 loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
 
 
-def get_model(weights, devices):
+def get_model(weights, devices, optimizer=None, port="canonical"):
+    """The recipe's SGD (optimizer None or the recipe's), or Keras's optimizer and schedule for a
+    common.optim.Optimizer: computing its update ("canonical"), or as a straightforward port has it ("stock":
+    optimizer.keras_optimizer says what differs)."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     with tf.device(devices[0]):
         net = build_model(weights)
-        trainer = tf.keras.optimizers.SGD(learning_rate=0.0)
+        if optimizer is None or optimizer.is_recipe:
+            trainer = tf.keras.optimizers.SGD(learning_rate=0.0)
+        else:
+            trainer = keras_optimizer(optimizer, port)
         trainer.build(net.trainable_variables)
     return Model(net, trainer)
 
 
 # One graph for the step; reduce_retracing: the last, smaller batch of an epoch does not retrace again.
 @tf.function(reduce_retracing=True)
-def fit_batch(net, trainer, X, y):
+def fit_batch(net, trainer, X, y, batch_size=None):
+    """batch_size (a tensor) divides the summed loss's gradients: the batch's mean, for an optimizer's trainer."""
     with tf.GradientTape() as tape:
         loss = loss_fn(y, net(X, training=True))
     grads = tape.gradient(loss, net.trainable_variables)
+    if batch_size is not None:
+        grads = [g / batch_size for g in grads]
     trainer.apply_gradients(zip(grads, net.trainable_variables))
     return loss
 
 
 def train_step(model, X, y, devices, lr, batch_size=None):
-    """A learning rate of lr / batch_size on the summed loss: the recipe's update."""
+    """The recipe's SGD: a learning rate of lr / batch_size on the summed loss. An optimizer's trainer: the batch's
+    mean gradient, at the rate of its own schedule (lr, the spec's, is not needed)."""
     net, trainer, _ = model
-    trainer.learning_rate = tf.constant(lr, tf.float32) / (batch_size or len(X))
+    batch_size = batch_size or len(X)
     with tf.device(devices[0]):   # copies, as split_and_load
         X, y = tf.convert_to_tensor(X), tf.convert_to_tensor(y)
+    if follows_its_schedule(trainer):
+        return float(fit_batch(net, trainer, X, y, tf.constant(batch_size, tf.float32))) / len(X)
+    trainer.learning_rate = tf.constant(lr, tf.float32) / batch_size
     return float(fit_batch(net, trainer, X, y)) / len(X)
 
 

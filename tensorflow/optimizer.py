@@ -1,0 +1,217 @@
+"""The optimizer in TensorFlow, two ways: common/optim.py's canonical update written by hand for the scratch step
+(apply: a replica's state is tf.Variables beside its weights, assigned in place), and Keras's own optimizers and
+schedules for the built-in and idiomatic modes (keras_optimizer), subclassed only where Keras computes another
+update."""
+import tensorflow as tf
+
+from common.lenet import PARAM_NAMES
+from common.optim import CLIP_EPS, STEP_FACTOR
+
+from .lenet import get_params, to_numpy
+
+keras = tf.keras
+
+
+def init_state(replica, optimizer):
+    """The step count and a zero buffer per slot and parameter, each a tf.Variable on its parameter's device: the
+    compiled step assigns them, as it assigns the weights."""
+    with tf.device(replica[0].device):
+        state = {"optimizer": optimizer, "step": tf.Variable(0, dtype=tf.int64, name="step")}
+    for slot in optimizer.slots:
+        state[slot] = []
+        for name, p in zip(PARAM_NAMES, replica):
+            with tf.device(p.device):
+                state[slot].append(tf.Variable(tf.zeros_like(p), name=f"{slot}.{name}"))
+    return state
+
+
+def state_to_numpy(state):
+    """The buffers have their parameters' shapes and layout: lenet.to_numpy converts them as it converts weights."""
+    arrays = {"step": int(state["step"].numpy())}
+    for slot in state["optimizer"].slots:
+        arrays.update({f"{slot}.{name}": a for name, a in to_numpy(state[slot]).items()})
+    return arrays
+
+
+def state_from_numpy(arrays, replica, optimizer):
+    """Each buffer made as get_params makes the weight of its name: channels-last, on the replica's device."""
+    device = replica[0].device
+    with tf.device(device):
+        state = {"optimizer": optimizer, "step": tf.Variable(arrays["step"], dtype=tf.int64, name="step")}
+    for slot in optimizer.slots:
+        state[slot] = get_params({name: arrays[f"{slot}.{name}"] for name in PARAM_NAMES}, device)
+    return state
+
+
+def bias_correction(beta, t):
+    """Adam's 1 - beta**t at its t-th step, in float64 as common/optim.py and torch.optim.Adam compute it: in float32
+    (as Keras's Adam computes it) 1 - 0.999 is 0.00099998713, 1.3e-5 off, enough to move Adam's weights by ~1e-3
+    in this repo's parity runs (tests/test_optimizers.py)."""
+    return tf.cast(1 - beta ** tf.cast(t, tf.float64), tf.float32)
+
+
+def apply(params, grads, state, lr, batch_size):
+    """common/optim.py's update of one replica by its all-reduced gradient SUMS (the same on every replica), at this
+    step's rate lr: the mean, clipped by its global norm, L2 weight decay (decoupled for adamw), the update; then
+    the step count advances. Every tf.Variable is assigned on the replica's device."""
+    o, step = state["optimizer"], state["step"]
+    with tf.device(params[0].device):
+        grads = [g / batch_size for g in grads]
+        if o.clip_norm is not None:   # torch's factor; in float64, as the spec's, so that it is the same to the bit
+            norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float64))) for g in grads]))
+            grads = [g * tf.cast(tf.minimum(o.clip_norm / (norm + CLIP_EPS), 1.0), tf.float32) for g in grads]
+        t = step + 1   # Adam's t-th step
+        for i, (w, g) in enumerate(zip(params, grads)):
+            if o.weight_decay and not o.decoupled:
+                g = g + o.weight_decay * w
+            if o.name == "sgd":
+                w.assign_sub(lr * g)
+            elif o.name in ("momentum", "nesterov"):
+                v = state["momentum_buffer"][i]
+                v.assign(o.momentum * v + g)   # the buffer starts at zero: v = g on the first step
+                w.assign_sub(lr * (g + o.momentum * v if o.name == "nesterov" else v))
+            else:
+                if o.decoupled:
+                    w.assign(w * (1 - lr * o.weight_decay))
+                (b1, b2), m, s = o.betas, state["exp_avg"][i], state["exp_avg_sq"][i]
+                m.assign(b1 * m + (1 - b1) * g)
+                s.assign(b2 * s + (1 - b2) * g * g)
+                denom = tf.sqrt(s / bias_correction(b2, t)) + o.eps
+                w.assign_sub(lr / bias_correction(b1, t) * m / denom)
+        step.assign_add(1)
+
+
+# ---- Keras's own optimizers, for the built-in and idiomatic modes ----
+
+class Canonical:
+    """What the canonical Keras optimizers here share. L2 weight decay added to the gradient (`l2`): Keras's
+    `weight_decay` is decoupled (w -= lr * wd * w) on every optimizer. And the gradients taken as they come: Keras 3
+    sums them across replicas inside apply, AFTER clipping them, so global_clipnorm clips each replica's own shard
+    (base_optimizer.py's _clip_gradients, then TFOptimizer._all_reduce_sum_gradients, in keras/src/backend/tensorflow/
+    optimizer.py), with no public switch to skip that sum (Keras 2's skip_gradients_aggregation is gone:
+    keras-team/keras#19308). builtin.py's step sums them itself, before apply; this override keeps Keras from summing
+    them again."""
+
+    def __init__(self, l2=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.l2 = l2
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        return grads_and_vars
+
+
+class SGD(Canonical, keras.optimizers.SGD):
+    """PyTorch's momentum, the rate outside the buffer: v = mu * v + g; w -= lr * v (nesterov: w -= lr * (g + mu * v)).
+    Keras's update_step keeps it inside (v = mu * v - lr * g; w += v): the same while the rate is constant, not
+    under a schedule or a warm-up."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        lr = tf.cast(learning_rate, variable.dtype)
+        g = gradient + self.l2 * variable
+        if self.momentum:
+            v = self.momentums[self._get_variable_index(variable)]
+            self.assign(v, self.momentum * v + g)
+            g = g + self.momentum * v if self.nesterov else v
+        self.assign_sub(variable, lr * g)
+
+
+class Adam(Canonical, keras.optimizers.Adam):
+    """PyTorch's epsilon, added to the bias-corrected sqrt(s): w -= lr * m_hat / (sqrt(s_hat) + eps). Keras's
+    update_step folds both corrections into the rate and adds epsilon to the uncorrected sqrt(s) (the paper's
+    "epsilon hat"), an epsilon 1 / sqrt(1 - b2**t) times larger: ~30x on the first step."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        lr = tf.cast(learning_rate, variable.dtype)
+        g = gradient + self.l2 * variable
+        t = self.iterations + 1
+        i = self._get_variable_index(variable)
+        m, s = self._momentums[i], self._velocities[i]
+        self.assign(m, self.beta_1 * m + (1 - self.beta_1) * g)
+        self.assign(s, self.beta_2 * s + (1 - self.beta_2) * g * g)
+        denom = tf.sqrt(s / bias_correction(self.beta_2, t)) + self.epsilon
+        self.assign_sub(variable, lr / bias_correction(self.beta_1, t) * m / denom)
+
+
+class AdamW(Adam, keras.optimizers.AdamW):
+    """Keras's decoupled weight_decay is the spec's (w -= lr * wd * w, before the update): only Adam's epsilon
+    differs."""
+
+
+class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
+    """common/optim.py's linear warm-up, lr * (step + 1) / warmup_steps (PyTorch's LinearLR from 1 / warmup_steps),
+    then `after` (a stock schedule, or the constant rate) counted from the warm-up's end. Keras's own warm-up,
+    CosineDecay(warmup_target=, warmup_steps=), rises from initial_learning_rate at step 0 and reaches the target
+    only at its end (the spec's is at lr on the warm-up's last step and on the cosine's first), for cosine only."""
+
+    def __init__(self, lr, warmup_steps, after):
+        self.lr, self.warmup_steps, self.after = lr, warmup_steps, after
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        after = self.after(step - self.warmup_steps) if callable(self.after) else self.after
+        return tf.where(step < self.warmup_steps, self.lr * (step + 1) / self.warmup_steps, after)
+
+
+def schedule(o):
+    """The spec's rate as a Keras schedule: CosineDecay (alpha 0: torch's CosineAnnealingLR to 0) or
+    PiecewiseConstantDecay (which moves on AFTER a boundary step: the boundaries are the milestones - 1) over the steps
+    after the warm-up, behind WarmUp. The optimizer's own step count (its `iterations`) drives it."""
+    after = o.lr
+    if o.schedule == "cosine":
+        after = keras.optimizers.schedules.CosineDecay(o.lr, max(o.decay_steps, 1))   # Keras refuses 0 steps
+    elif o.schedule == "step":
+        after = keras.optimizers.schedules.PiecewiseConstantDecay(
+            [m - o.warmup_steps - 1 for m in o.milestones], [o.lr, o.lr * STEP_FACTOR, o.lr * STEP_FACTOR ** 2])
+    return WarmUp(o.lr, o.warmup_steps, after) if o.warmup_steps else after
+
+
+def canonical(o):
+    """The spec's update through Keras's optimizer API: the subclasses above, on the spec's schedule."""
+    options = {"learning_rate": schedule(o), "global_clipnorm": o.clip_norm}
+    if o.name == "adamw":
+        return AdamW(weight_decay=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps, **options)
+    if o.name == "adam":
+        return Adam(l2=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps, **options)
+    return SGD(l2=o.weight_decay, momentum=0.0 if o.name == "sgd" else o.momentum, nesterov=o.name == "nesterov",
+               **options)
+
+
+def stock(o):
+    """What a straightforward port gets: the same hyperparameters given to Keras's stock classes, Keras's defaults
+    and meanings for the rest: the rate inside the momentum buffer, weight_decay decoupled on every optimizer,
+    epsilon 1e-7 on the uncorrected moments, CosineDecay's warm-up from 0 (as its documentation shows), the
+    milestones as PiecewiseConstantDecay's boundaries, and no warm-up where Keras has none (step, constant)."""
+    rate = o.lr
+    if o.schedule == "cosine" and o.warmup_steps:
+        rate = keras.optimizers.schedules.CosineDecay(0.0, max(o.decay_steps, 1), warmup_target=o.lr,
+                                                      warmup_steps=o.warmup_steps)
+    elif o.schedule == "cosine":
+        rate = keras.optimizers.schedules.CosineDecay(o.lr, o.decay_steps)
+    elif o.schedule == "step":
+        rate = keras.optimizers.schedules.PiecewiseConstantDecay(
+            list(o.milestones), [o.lr, o.lr * STEP_FACTOR, o.lr * STEP_FACTOR ** 2])
+    options = {"learning_rate": rate, "weight_decay": o.weight_decay, "global_clipnorm": o.clip_norm}
+    if o.name == "adamw":
+        return keras.optimizers.AdamW(beta_1=o.betas[0], beta_2=o.betas[1], **options)
+    if o.name == "adam":
+        return keras.optimizers.Adam(beta_1=o.betas[0], beta_2=o.betas[1], **options)
+    return keras.optimizers.SGD(momentum=0.0 if o.name == "sgd" else o.momentum, nesterov=o.name == "nesterov",
+                                **options)
+
+
+PORTS = {"canonical": canonical, "stock": stock}
+
+
+def keras_optimizer(optimizer, port="canonical"):
+    """Keras's optimizer and schedule for a common.optim.Optimizer, as `port` makes them (PORTS). The trainer keeps
+    the optimizer as `spec`: the steps feed such a trainer the global batch's mean gradient and let its schedule
+    set the rate."""
+    trainer = PORTS[port](optimizer)
+    trainer.spec = optimizer
+    return trainer
+
+
+def follows_its_schedule(trainer):
+    """True for keras_optimizer's trainers; False for the recipe's SGD, whose rate the step sets (lr / batch size on
+    the summed gradient)."""
+    return hasattr(trainer, "spec")
