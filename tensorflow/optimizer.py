@@ -1,9 +1,10 @@
 """The optimizer in TensorFlow, two ways: common/optim.py's canonical update written by hand for the scratch step
 (apply: a replica's state is tf.Variables beside its weights, assigned in place), and Keras's own optimizers and
 schedules for the built-in and idiomatic modes (keras_optimizer), subclassed only where Keras computes another
-update."""
+update; a Keras trainer's state goes in and out in the canonical form (load_state, keras_state)."""
 import tensorflow as tf
 
+from common.layouts import to_channels_last
 from common.lenet import PARAM_NAMES
 from common.optim import CLIP_EPS, STEP_FACTOR
 
@@ -215,3 +216,27 @@ def follows_its_schedule(trainer):
     """True for keras_optimizer's trainers; False for the recipe's SGD, whose rate the step sets (lr / batch size on
     the summed gradient)."""
     return hasattr(trainer, "spec")
+
+
+# The Keras optimizer's attribute holding each canonical slot's variables, one per trainable variable, in the model's
+# order (PARAM_NAMES): SGD's "momentum" buffers, Adam's (and AdamW's) first and second moments.
+SLOTS = {"momentum_buffer": "momentums", "exp_avg": "_momentums", "exp_avg_sq": "_velocities"}
+
+
+def load_state(trainer, state):
+    """Starts a built keras_optimizer trainer from a canonical state: its iterations at the state's step count, so
+    that its schedule gives the rate of step state["step"] next and Adam's bias corrections use t = step + 1, and
+    its buffers in Keras's layout, as the weights are. Under a strategy each assign sets every replica's copy."""
+    trainer.iterations.assign(state["step"])
+    for slot in trainer.spec.slots:
+        for name, variable in zip(PARAM_NAMES, getattr(trainer, SLOTS[slot])):
+            variable.assign(to_channels_last(name, state[f"{slot}.{name}"]))
+
+
+def keras_state(trainer):
+    """A keras_optimizer trainer's state, canonical (common.optim.init_state's form): the step count is its
+    iterations; lenet.to_numpy converts the buffers as it converts the weights."""
+    state = {"step": int(trainer.iterations.numpy())}
+    for slot in trainer.spec.slots:
+        state.update({f"{slot}.{name}": a for name, a in to_numpy(getattr(trainer, SLOTS[slot])).items()})
+    return state
