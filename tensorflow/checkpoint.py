@@ -1,18 +1,31 @@
 """TensorFlow checkpoints: Keras's save_weights and load_weights, a `.weights.h5` file (HDF5). Keras 3 files a
 layer's variables under its class name, numbered by order of appearance (conv2d, conv2d_1, dense, dense_1),
 not under the layer's own name: a file loads into any model of the same structure. The weights are stored in
-Keras's channels-last layout (HWIO kernels, dense (in, out), fc1's rows in H, W, C order)."""
+Keras's channels-last layout (HWIO kernels, dense (in, out), fc1's rows in H, W, C order).
+
+The optimizer state is a directory beside the weights holding a TensorFlow checkpoint of the Keras optimizer, as
+TensorFlow saves one: tf.train.Checkpoint(optimizer=...).write. Its variables are the step count (`iterations`,
+which drives the schedule) and the buffers, in Keras's layout like the weights. A directory, so that the rename
+that finishes an atomic write (harness/checkpoints.py) moves the checkpoint's index and data files at once."""
+import os
+
 import h5py
 import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf.trackable_object_graph_pb2 import TrackableObjectGraph
 
-from common.lenet import init_weights
+from common.lenet import PARAM_NAMES, init_weights
 
 from .lenet import build_model
+from .optimizer import keras_optimizer, load_state
 
 KEYS = {f"{layer}.{part}": f"layers/{group}/vars/{i}"
         for layer, group in (("conv1", "conv2d"), ("conv2", "conv2d_1"), ("fc1", "dense"), ("fc2", "dense_1"))
         for i, part in enumerate(("weight", "bias"))}
 CHANNELS_LAST = True
+STATE_SUFFIX = ".optimizer.ckpt"   # lenet-epoch3.weights.h5's state: lenet-epoch3.optimizer.ckpt/optimizer.index, ...
+PREFIX = "optimizer"               # the checkpoint's files in that directory: optimizer.index, optimizer.data-*
+OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"   # tf.train.Checkpoint's entry naming what every other entry is
 
 
 def save(weights, path):
@@ -33,6 +46,49 @@ def read(path):
         f.visititems(lambda key, item: arrays.update({key: np.asarray(item)}) if isinstance(item, h5py.Dataset)
                      else None)
     return arrays
+
+
+def save_state(state, optimizer, path):
+    """Keras's optimizer for `optimizer`, as the built-in and idiomatic modes build it (over a model's
+    trainable_variables, which Keras makes the buffers in the order of), started from the canonical `state` and
+    written as TensorFlow writes it. Keras 3's TensorFlow optimizer also tracks the variables it was built over, so
+    the checkpoint holds that model's weights too: zeros here, which read_state ignores (the weights are the
+    .weights.h5; a native restore of this optimizer into a live model overwrites its weights: load_weights after)."""
+    trainer = keras_optimizer(optimizer)
+    trainer.build(build_model({name: np.zeros_like(w) for name, w in init_weights().items()}).trainable_variables)
+    load_state(trainer, state)
+    os.makedirs(path)
+    tf.train.Checkpoint(optimizer=trainer).write(os.path.join(path, PREFIX))
+
+
+def read_state(path):
+    """The step count and the buffers (canonical names, Keras's layout) as stored, read with TensorFlow's
+    CheckpointReader: no model, no optimizer. Keras names its variables, not the checkpoint's keys (which say only
+    where a variable hangs: optimizer/_variables/3/...): the checkpoint's object graph has both. Keras names a buffer
+    after its parameter and slot: ..._momentum (SGD's buffer, or Adam's first moment) and ..._velocity (Adam's
+    second), made parameter by parameter in the model's order, PARAM_NAMES."""
+    reader = tf.train.load_checkpoint(os.path.join(path, PREFIX))
+    variables = optimizer_variables(reader)
+    state = {"step": int(reader.get_tensor(key)) for name, key in variables if name.endswith("/iteration")}
+    kinds = {kind: [key for name, key in variables if name.endswith(f"_{kind}")] for kind in ("momentum", "velocity")}
+    slots = ("exp_avg", "exp_avg_sq") if kinds["velocity"] else ("momentum_buffer",)
+    for slot, keys in zip(slots, kinds.values()):
+        if keys:   # plain SGD keeps none
+            state.update({f"{slot}.{name}": reader.get_tensor(key)
+                          for name, key in zip(PARAM_NAMES, keys, strict=True)})
+    return state
+
+
+def optimizer_variables(reader):
+    """(Keras's name, the checkpoint's key) of each of the optimizer's variables, in its order (Keras's
+    optimizer.variables: the step count, the rate's variable if any, then the buffers), from the object graph."""
+    graph = TrackableObjectGraph.FromString(reader.get_tensor(OBJECT_GRAPH))
+
+    def child(node, name):
+        return graph.nodes[next(c.node_id for c in node.children if c.local_name == name)]
+    listed = child(child(graph.nodes[0], "optimizer"), "_variables")
+    nodes = [graph.nodes[c.node_id] for c in sorted(listed.children, key=lambda c: int(c.local_name))]
+    return [(a.full_name, a.checkpoint_key) for node in nodes for a in node.attributes]
 
 
 def logits(model, X):
