@@ -12,18 +12,19 @@ from common.interface import Model, RosettaError
 from . import distributed as dist
 from .idiomatic import evaluate as evaluate_keras, loss_fn, to_numpy as keras_to_numpy
 from .lenet import build_model
-from .optimizer import follows_its_schedule, keras_optimizer
+from .optimizer import follows_its_schedule, keras_optimizer, keras_state, load_state
 
 EXEC = "tf.function"
 COMPILES = "whole step"
 LAYOUT = "NHWC (Keras)"
 
 
-def get_model(weights, devices, optimizer=None):
+def get_model(weights, devices, optimizer=None, state=None):
     """On the CPU the in-process strategy reduces on the first device, like the scratch allreduce (its
     default, NCCL, is for GPUs only). MultiWorkerMirroredStrategy picks its own devices: every GPU, or one
     replica per CPU worker (on the worker's CPU:0, whichever logical CPU the worker was given). The trainer is the
-    recipe's SGD (optimizer None or the recipe's), or Keras's optimizer and schedule computing `optimizer`."""
+    recipe's SGD (optimizer None or the recipe's), or Keras's optimizer and schedule computing `optimizer`, from a
+    checkpoint's canonical `state` if given (its mirrored variables assigned on every replica)."""
     if dist.is_initialized():
         strategy = dist.STRATEGY
     elif tf.DeviceSpec.from_string(devices[0]).device_type == "GPU":
@@ -41,6 +42,8 @@ def get_model(weights, devices, optimizer=None):
         else:
             trainer = keras_optimizer(optimizer)
         trainer.build(net.trainable_variables)
+        if state is not None:
+            load_state(trainer, state)
     return Model(net, trainer, strategy)
 
 
@@ -78,6 +81,10 @@ def train_step(model, batch, lr, batch_size):
 
 def to_numpy(model):
     return keras_to_numpy(model)   # the Keras model, as idiomatic.py holds it
+
+
+def optimizer_state(model):
+    return keras_state(model.trainer)   # the first replica's copy: the replicas' are equal
 
 
 def evaluate(model, X, y):

@@ -7,7 +7,7 @@ import tensorflow as tf
 from common.interface import Model, Unavailable
 
 from .lenet import build_model, to_numpy as params_to_numpy
-from .optimizer import follows_its_schedule, keras_optimizer
+from .optimizer import follows_its_schedule, keras_optimizer, keras_state, load_state
 
 EXEC = "tf.function"
 COMPILES = "whole step"
@@ -17,10 +17,10 @@ LAYOUT = "NHWC (Keras)"
 loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
 
 
-def get_model(weights, devices, optimizer=None, port="canonical"):
+def get_model(weights, devices, optimizer=None, state=None, port="canonical"):
     """The recipe's SGD (optimizer None or the recipe's), or Keras's optimizer and schedule for a
     common.optim.Optimizer: computing its update ("canonical"), or as a straightforward port has it ("stock":
-    optimizer.keras_optimizer says what differs)."""
+    optimizer.keras_optimizer says what differs); from a checkpoint's canonical `state` if given."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     with tf.device(devices[0]):
@@ -30,6 +30,8 @@ def get_model(weights, devices, optimizer=None, port="canonical"):
         else:
             trainer = keras_optimizer(optimizer, port)
         trainer.build(net.trainable_variables)
+        if state is not None:
+            load_state(trainer, state)
     return Model(net, trainer)
 
 
@@ -61,6 +63,10 @@ def train_step(model, X, y, devices, lr, batch_size=None):
 
 def to_numpy(model):
     return params_to_numpy(model.net.weights)   # to_canonical on each, in PARAM_NAMES order
+
+
+def optimizer_state(model):
+    return keras_state(model.trainer)
 
 
 def evaluate(model, X, y, batch_size=1000):
