@@ -54,7 +54,11 @@ def bias_correction(beta, t):
 def apply(params, grads, state, lr, batch_size):
     """common/optim.py's update of one replica by its all-reduced gradient SUMS (the same on every replica), at this
     step's rate lr: the mean, clipped by its global norm, L2 weight decay (decoupled for adamw), the update; then
-    the step count advances. Every tf.Variable is assigned on the replica's device."""
+    the step count advances. Every tf.Variable is assigned on the replica's device.
+    The momentum buffer is updated in two assigns: with decay and clipping, mu * v + (g * c + wd * w) is a chain of
+    additions, which Grappler's arithmetic optimizer (AddOpsRewrite) turns into one AddN whose inputs it orders by
+    their nodes' names, different on each device: the replicas summed in different orders and drifted apart by
+    1e-8 a step. Two assigns add in the spec's order, (mu * v) + g, on every device."""
     o, step = state["optimizer"], state["step"]
     with tf.device(params[0].device):
         grads = [g / batch_size for g in grads]
@@ -69,7 +73,8 @@ def apply(params, grads, state, lr, batch_size):
                 w.assign_sub(lr * g)
             elif o.name in ("momentum", "nesterov"):
                 v = state["momentum_buffer"][i]
-                v.assign(o.momentum * v + g)   # the buffer starts at zero: v = g on the first step
+                v.assign(o.momentum * v)   # the buffer starts at zero: v = g on the first step
+                v.assign_add(g)   # not v.assign(mu * v + g): see below
                 w.assign_sub(lr * (g + o.momentum * v if o.name == "nesterov" else v))
             else:
                 if o.decoupled:
