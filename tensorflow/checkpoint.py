@@ -52,8 +52,9 @@ def save_state(state, optimizer, path):
     """Keras's optimizer for `optimizer`, as the built-in and idiomatic modes build it (over a model's
     trainable_variables, which Keras makes the buffers in the order of), started from the canonical `state` and
     written as TensorFlow writes it. Keras 3's TensorFlow optimizer also tracks the variables it was built over, so
-    the checkpoint holds that model's weights too: zeros here, which read_state ignores (the weights are the
-    .weights.h5; a native restore of this optimizer into a live model overwrites its weights: load_weights after)."""
+    the checkpoint holds that model's weights too: zeros here, which read_state ignores. The weights are the
+    .weights.h5: tf.train.Checkpoint(optimizer=model.optimizer).read of this file restores the optimizer (mirrored
+    variables too, on every replica) and zeroes the model's weights, so load_weights comes after it."""
     trainer = keras_optimizer(optimizer)
     trainer.build(build_model({name: np.zeros_like(w) for name, w in init_weights().items()}).trainable_variables)
     load_state(trainer, state)
