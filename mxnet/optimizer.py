@@ -249,9 +249,16 @@ def get_trainer(params, optimizer, port="canonical", state=None, **kwargs):
                       optimizer.clip_norm, **kwargs)
     for context, updater in enumerate(trainer._updaters):
         for i, (name, param) in enumerate(zip(trainer.names, trainer._params)):
-            mx_state = updater.optimizer.create_state_multi_precision(i, param.list_data()[context])   # zeros
-            if state is not None:
-                for slot, array in zip(optimizer.slots, buffers(mx_state)):
-                    array[:] = state[f"{slot}.{name}"]   # copies into the buffer, on its context
-            updater.states[i], updater.states_synced[i] = mx_state, True
+            weight = param.list_data()[context]
+            updater.states[i] = (updater.optimizer.create_state_multi_precision(i, weight) if state is None
+                                 else mx_state(state, optimizer, name, weight.context))
+            updater.states_synced[i] = True
     return trainer
+
+
+def mx_state(state, optimizer, name, context):
+    """Parameter `name`'s buffers in the canonical `state` as MXNet's optimizers keep them (create_state's form):
+    None, the momentum buffer, or Adam's (mean, var); copies on `context`, as they are (harness/checkpoints.py
+    checks a checkpoint's shapes)."""
+    arrays = tuple(nd.array(state[f"{slot}.{name}"], ctx=context) for slot in optimizer.slots)
+    return arrays if len(arrays) > 1 else arrays[0] if arrays else None
