@@ -153,6 +153,8 @@ def canonical_state(saved):
     """The canonical state (common.optim.init_state's form) in a Trainer.state_dict(), its arrays as stored but
     C-ordered copies: a channels-last buffer's numpy view keeps its strides, and a view of a live buffer would
     change under its caller with the next update. Adam's step counts must be the scheduler's."""
+    if not isinstance(saved, dict) or set(saved) != {"optimizer", "scheduler"}:   # e.g. a model's weights
+        raise ValueError("not an optimizer and scheduler checkpoint (Trainer.state_dict)")
     step, buffers = saved["scheduler"]["last_epoch"], saved["optimizer"]["state"]
     if set(buffers) - set(range(len(PARAM_NAMES))):
         raise ValueError(f"state for {len(buffers)} parameters; this LeNet has {len(PARAM_NAMES)}")
