@@ -9,7 +9,7 @@ from torch.optim import lr_scheduler
 
 from common.optim import CLIP_EPS, STEP_FACTOR
 
-from .lenet import PARAM_NAMES, to_numpy
+from .lenet import PARAM_NAMES, to_layout, to_numpy
 
 
 def init_state(replica, optimizer):
@@ -127,18 +127,19 @@ def get_trainer(parameters, optimizer, state=None):
 
 def load_state(trainer, state):
     """Put the canonical `state` into a new trainer, so that its next update is step state["step"] of the run.
-    The buffers go in through the optimizer's load_state_dict, each made like its parameter first (zeros_like: a
-    channels-last kernel's buffer is channels-last, as torch.optim's own are, so the update runs the same kernels);
-    Adam and AdamW also count the steps per parameter (their bias corrections). The scheduler is stepped to the
-    state's step, as the interrupted run stepped it: the warm-up's and the cosine's rates are each computed from
-    the previous one, so only the same steps give the same rates, bit for bit."""
+    The buffers go in through the optimizer's load_state_dict as they are, in the model's layout (to_layout: a
+    channels-last kernel's buffer is channels-last, as torch.optim's own are, so the update runs the same kernels;
+    a buffer of the wrong shape is saved as given, for the harness's read_state to name); Adam and AdamW also count
+    the steps per parameter (their bias corrections). The scheduler is stepped to the state's step, as the
+    interrupted run stepped it: the warm-up's and the cosine's rates are each computed from the previous one, so
+    only the same steps give the same rates, bit for bit."""
     optimizer, step = trainer.optimizer, state["step"]
     params = [p for group in optimizer.param_groups for p in group["params"]]
     slots = sorted({key.split(".", 1)[0] for key in state if key != "step"})
     saved = optimizer.state_dict()
     saved["state"] = {}
     for i, (p, name) in enumerate(zip(params, PARAM_NAMES)):
-        buffers = {slot: torch.zeros_like(p).copy_(torch.from_numpy(state[f"{slot}.{name}"])) for slot in slots}
+        buffers = {slot: to_layout(torch.tensor(state[f"{slot}.{name}"], device=p.device)) for slot in slots}
         if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
             buffers["step"] = torch.tensor(float(step))   # torch.optim's own form: a float32 tensor on the CPU
         saved["state"][i] = buffers
