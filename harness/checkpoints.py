@@ -185,7 +185,9 @@ def read_state(framework, path, optimizer=None):
     if not isinstance(step, int) or step < 0:
         raise RosettaError(f"{file}: no step count in the optimizer state")
     slots = sorted({key.split(".", 1)[0] for key in arrays})
-    known = {tuple(sorted(Optimizer(name).slots)): name for name in OPTIMIZERS}
+    known = {}   # the buffers -> the first optimizer keeping them: momentum (and nesterov), adam (and adamw)
+    for name in OPTIMIZERS:
+        known.setdefault(tuple(sorted(Optimizer(name).slots)), name)
     if tuple(slots) not in known:
         raise RosettaError(f"{file}: an optimizer state with {', '.join(slots)} is none of {', '.join(OPTIMIZERS)}'s")
     if optimizer and tuple(slots) != tuple(sorted(optimizer.slots)):

@@ -9,27 +9,28 @@ from common.interface import Model
 from . import distributed as dist
 from .data_parallel import evaluate as evaluate_params
 from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
-from .optimizer import Trainer, get_trainer
+from .optimizer import Trainer, get_trainer, trainer_state
 
 EXEC = "hybridize"
 COMPILES = "fwd+bwd"
 LAYOUT = "NCHW (Gluon)"
 
 
-def get_model(weights, devices, optimizer=None):
+def get_model(weights, devices, optimizer=None, state=None):
     """A copy of every Parameter on every context. update_on_kvstore=False: the kvstore only sums the
     gradients and each context applies the SGD update to its own copy, like the scratch sgd (a dist
     kvstore would otherwise run the optimizer on the server, fixed at its first learning rate and batch
     size). Without a kvstore (kvstore=None) the Trainer would update each copy with its own gradient.
     The recipe's plain SGD (optimizer None or is_recipe) is Gluon's "sgd" at the harness's rate; any other
-    optimizer is optimizer.py's Trainer: MXNet's optimizer and schedule, and clipping by global norm."""
+    optimizer is optimizer.py's Trainer: MXNet's optimizer and schedule, and clipping by global norm, from the
+    canonical `state` of a checkpoint if given (every context's updater, in every process, gets it)."""
     net = build_model(weights)             # hybridized, on the CPU
     net.collect_params().reset_ctx(devices)
     kvstore = {"kvstore": dist.KV if dist.is_initialized() else "device", "update_on_kvstore": False}
     if optimizer is None or optimizer.is_recipe:
         trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0}, **kvstore)
     else:
-        trainer = get_trainer(net.collect_params(), optimizer, **kvstore)
+        trainer = get_trainer(net.collect_params(), optimizer, state=state, **kvstore)
     if dist.is_initialized():
         trainer._init_kvstore()            # broadcast the weights now, not in the first step: there, on the
         trainer._init_params()             # CPU, the weights' pull can overtake the gradients' pushpull and
@@ -56,6 +57,10 @@ def train_step(model, batch, lr, batch_size):
 def params(net):
     """The Parameters' copies on the first context, in PARAM_NAMES order: a scratch replica."""
     return [p.list_data()[0] for p in net.collect_params().values()]
+
+
+def optimizer_state(model):
+    return trainer_state(model.trainer)
 
 
 def to_numpy(model):

@@ -1,14 +1,21 @@
 """MXNet checkpoints: Gluon's save_parameters and load_parameters, an NDArray file (mx.nd.load reads it as a
 dict). Gluon names a parameter by its block's position in the HybridSequential and its own name: conv1 is
-block 0, conv2 block 3, fc1 and fc2 (whose ReLU is inside the Dense) blocks 6 and 7."""
+block 0, conv2 block 3, fc1 and fc2 (whose ReLU is inside the Dense) blocks 6 and 7.
+
+The optimizer state is Gluon's Trainer.save_states file: the pickle of its first updater's states by parameter index
+(the Trainer's numbering, by sorted names: optimizer.trainer_order) and of the optimizer itself, which counts the
+updates made (num_update) and holds its schedule. Its classes are optimizer.py's: the file unpickles where that
+module is loaded (this one imports it), and Trainer.load_states reads it into a Trainer(net.collect_params())."""
 import mxnet as mx
 
 from common.lenet import PARAM_NAMES, init_weights
 
 from .lenet import build_model
+from .optimizer import get_trainer, trainer_order, updater_state
 
 KEYS = dict(zip(PARAM_NAMES, (f"{block}.{part}" for block in (0, 3, 6, 7) for part in ("weight", "bias"))))
 CHANNELS_LAST = False   # MXNet's layout is the canonical one
+STATE_SUFFIX = ".states"   # beside the .params, as Gluon's CheckpointHandler (estimator) saves a Trainer
 
 
 def save(weights, path):
@@ -28,6 +35,25 @@ def read(path):
     if not isinstance(arrays, dict):
         raise ValueError("its arrays have no names (not written by save_parameters)")
     return {key: value.asnumpy() for key, value in arrays.items()}
+
+
+def save_state(state, optimizer, path):
+    """The Trainer the built-in and idiomatic modes build for `optimizer`, started from the canonical `state`, saves
+    it: save_states(path)."""
+    net = build_model(init_weights())   # any weights: the file holds the trainer's state, not the model's
+    get_trainer(net.collect_params(), optimizer, state=state).save_states(path)
+
+
+def read_state(path):
+    """The file's buffers (canonical names, MXNet's layout) and step count, by what Trainer.load_states calls:
+    Updater.set_states on a fresh updater, which unpickles the states and the saved optimizer into it."""
+    fresh = mx.optimizer.SGD()
+    updater = mx.optimizer.get_updater(fresh)
+    with open(path, "rb") as file:
+        updater.set_states(file.read())
+    if updater.optimizer is fresh or not isinstance(updater.optimizer, mx.optimizer.Optimizer):
+        raise ValueError("no optimizer in it (save_states saves one; get_states without dump_optimizer does not)")
+    return updater_state(updater, trainer_order(build_model(init_weights()).collect_params()))
 
 
 def logits(model, X):

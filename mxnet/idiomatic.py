@@ -7,7 +7,7 @@ from mxnet import autograd, gluon, nd
 from common.interface import Model, RosettaError, Unavailable
 
 from .lenet import build_model, to_numpy as params_to_numpy
-from .optimizer import CLASSES, Trainer, get_trainer
+from .optimizer import CLASSES, Trainer, get_trainer, trainer_state
 
 EXEC = "hybridize"
 COMPILES = "fwd+bwd"
@@ -19,10 +19,10 @@ loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()   # one loss per example
 PORTS = tuple(CLASSES)
 
 
-def get_model(weights, devices, optimizer=None, port="canonical"):
+def get_model(weights, devices, optimizer=None, state=None, port="canonical"):
     """On one context the Trainer updates the weights itself (it makes no kvstore). The recipe's plain SGD
     (optimizer None or is_recipe) is Gluon's "sgd" at the harness's rate; any other optimizer is optimizer.py's
-    Trainer, as in builtin.py."""
+    Trainer, as in builtin.py, from the canonical `state` of a checkpoint if given."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     if port not in PORTS:
@@ -31,7 +31,7 @@ def get_model(weights, devices, optimizer=None, port="canonical"):
     net.collect_params().reset_ctx(devices[0])
     if optimizer is None or optimizer.is_recipe:
         return Model(net, gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0}))
-    return Model(net, get_trainer(net.collect_params(), optimizer, port))
+    return Model(net, get_trainer(net.collect_params(), optimizer, port, state))
 
 
 def train_step(model, X, y, devices, lr, batch_size=None):
@@ -48,6 +48,10 @@ def train_step(model, X, y, devices, lr, batch_size=None):
         trainer.set_learning_rate(lr)
     trainer.step(batch_size or len(X))
     return float(loss.sum().asscalar()) / len(X)
+
+
+def optimizer_state(model):
+    return trainer_state(model.trainer)
 
 
 def to_numpy(model):

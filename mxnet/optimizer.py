@@ -158,16 +158,64 @@ CLASSES = {"canonical": {"sgd": mx.optimizer.SGD, "momentum": Momentum, "nestero
 COSINES = {"canonical": CosineScheduler, "stock": mx.lr_scheduler.CosineScheduler}
 
 
-def get_optimizer(optimizer, port="canonical"):
+def get_optimizer(optimizer, port="canonical", step=0):
     """An mx.optimizer for common/optim.py's `optimizer`: its wd is L2 in the gradient (but AdamW's), on every
-    parameter, biases too (wd_mult 1), as torch's weight_decay."""
+    parameter, biases too (wd_mult 1), as torch's weight_decay. `step`: the updates already made, MXNet's
+    begin_num_update (its way to resume): each parameter's count starts there on every context, so the next update
+    is num_update step + 1, the schedule's rate of step `step` and Adam's t = step + 1."""
     o = optimizer
     if o.name in ("adam", "adamw"):
         hyper = {"beta1": o.betas[0], "beta2": o.betas[1], "epsilon": o.eps}
     else:
         hyper = {"momentum": 0.0 if o.name == "sgd" else o.momentum}
-    return CLASSES[port][o.name](learning_rate=o.lr, wd=o.weight_decay,
+    return CLASSES[port][o.name](learning_rate=o.lr, wd=o.weight_decay, begin_num_update=step,
                                  lr_scheduler=get_schedule(o, COSINES[port]), **hyper)
+
+
+def slots(mx_optimizer):
+    """common.optim's names of the buffers an MXNet optimizer keeps per parameter, in the order of its state: Adam's
+    is (mean, var); momentum's, Nesterov's (and the stock SGD's and NAG's with momentum) one buffer; SGD's None."""
+    if isinstance(mx_optimizer, mx.optimizer.Adam):
+        return ("exp_avg", "exp_avg_sq")
+    if isinstance(mx_optimizer, Momentum) or getattr(mx_optimizer, "momentum", 0.0):
+        return ("momentum_buffer",)
+    return ()
+
+
+def buffers(mx_state):
+    """One parameter's state as the Updater keeps it (None, an NDArray or a tuple of them) as a tuple."""
+    return () if mx_state is None else (mx_state,) if isinstance(mx_state, nd.NDArray) else tuple(mx_state)
+
+
+def trainer_order(params):
+    """PARAM_NAMES in the order a gluon.Trainer numbers the model's ParameterDict `params` (which is in PARAM_NAMES
+    order): by their sorted names (Trainer.__init__ sorts the keys), conv0_bias before conv0_weight. The updaters'
+    states and update counts go by that number, so a states file fits any Trainer(net.collect_params())."""
+    canonical = dict(zip(params.keys(), PARAM_NAMES))
+    return [canonical[key] for key in sorted(params.keys())]
+
+
+def updater_state(updater, names):
+    """The canonical state (common.optim.init_state's form) of an Updater, what Trainer.save_states writes: its
+    states by the Trainer's index i, parameter names[i], and its optimizer's num_update, the updates made (the
+    largest count of any parameter on any context: one a step)."""
+    slot_names = slots(updater.optimizer)
+    if sorted(updater.states) != list(range(len(names))):
+        raise ValueError(f"states for parameters {sorted(updater.states)}, not LeNet's {len(names)}")
+    state = {"step": int(updater.optimizer.num_update)}
+    for i, name in enumerate(names):
+        arrays = buffers(updater.states[i])
+        if len(arrays) != len(slot_names):
+            raise ValueError(f"{len(arrays)} buffers for parameter {i}; {type(updater.optimizer).__name__} keeps "
+                             f"{len(slot_names)}")
+        state.update({f"{slot}.{name}": array.asnumpy() for slot, array in zip(slot_names, arrays)})
+    return state
+
+
+def trainer_state(trainer):
+    """The canonical state of a Trainer: its first context's updater's (each context has one, with update_on_kvstore
+    False; all hold the same buffers). _updaters is what save_states itself reads."""
+    return updater_state(trainer._updaters[0], trainer.names)
 
 
 class Trainer(gluon.Trainer):
@@ -179,6 +227,7 @@ class Trainer(gluon.Trainer):
     def __init__(self, params, optimizer, clip_norm=None, **kwargs):
         super().__init__(params, optimizer, **kwargs)
         self.clip_norm = clip_norm
+        self.names = trainer_order(params)   # the canonical name of each index
 
     def step(self, batch_size, ignore_stale_grad=False):
         """The gradients are sums until update() rescales them by 1 / batch_size: the norm is clipped at
@@ -191,7 +240,25 @@ class Trainer(gluon.Trainer):
         self.update(batch_size, ignore_stale_grad)
 
 
-def get_trainer(params, optimizer, port="canonical", **kwargs):
+def get_trainer(params, optimizer, port="canonical", state=None, **kwargs):
     """The gluon.Trainer of a stateful optimizer: its own schedule sets the rate, not set_learning_rate. kwargs:
-    the kvstore's, as for any gluon.Trainer."""
-    return Trainer(params, get_optimizer(optimizer, port), optimizer.clip_norm, **kwargs)
+    the kvstore's, as for any gluon.Trainer. Every context's updater (one each, sharing the optimizer) gets its
+    state now rather than at its first update, as Trainer.load_states leaves them: zeros, or with a canonical `state`
+    (a checkpoint's) its buffers, the optimizer's count of updates starting at its step."""
+    trainer = Trainer(params, get_optimizer(optimizer, port, 0 if state is None else state["step"]),
+                      optimizer.clip_norm, **kwargs)
+    for context, updater in enumerate(trainer._updaters):
+        for i, (name, param) in enumerate(zip(trainer.names, trainer._params)):
+            weight = param.list_data()[context]
+            updater.states[i] = (updater.optimizer.create_state_multi_precision(i, weight) if state is None
+                                 else mx_state(state, optimizer, name, weight.context))
+            updater.states_synced[i] = True
+    return trainer
+
+
+def mx_state(state, optimizer, name, context):
+    """Parameter `name`'s buffers in the canonical `state` as MXNet's optimizers keep them (create_state's form):
+    None, the momentum buffer, or Adam's (mean, var); copies on `context`, as they are (harness/checkpoints.py
+    checks a checkpoint's shapes)."""
+    arrays = tuple(nd.array(state[f"{slot}.{name}"], ctx=context) for slot in optimizer.slots)
+    return arrays if len(arrays) > 1 else arrays[0] if arrays else None

@@ -11,16 +11,18 @@ from common.interface import Model, RosettaError
 from .data_parallel import evaluate as evaluate_params
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
-from .optimizer import Trainer, get_trainer
+from .optimizer import Trainer, canonical_state, get_trainer
 
 EXEC = "eager"
 COMPILES = "nothing"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, pipeline.py's batches
 
 
-def get_model(weights, devices, optimizer=None):
+def get_model(weights, devices, optimizer=None, state=None):
     """The recipe's plain SGD (optimizer None or is_recipe) is torch.optim.SGD at the harness's rate; any other
-    optimizer is optimizer.py's Trainer: torch.optim's class, its scheduler and the clipping norm."""
+    optimizer is optimizer.py's Trainer: torch.optim's class, its scheduler and the clipping norm, over the
+    parameters of the module DistributedDataParallel wraps, going on from a checkpoint's canonical `state` if
+    given (every process loads the same one)."""
     if not dist.is_initialized() or len(devices) != 1:
         raise RosettaError("DistributedDataParallel runs one process per device: start it through compare.py "
                            "or torchrun (README)")
@@ -29,7 +31,7 @@ def get_model(weights, devices, optimizer=None):
                                   device_ids=[device.index] if device.type == "cuda" else None)
     if optimizer is None or optimizer.is_recipe:
         return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), device)
-    return Model(net, get_trainer(net.parameters(), optimizer), device)
+    return Model(net, get_trainer(net.parameters(), optimizer, state), device)
 
 
 def train_step(model, batch, lr, batch_size):
@@ -52,6 +54,10 @@ def train_step(model, batch, lr, batch_size):
 
 def to_numpy(model):
     return params_to_numpy(list(model.net.module.parameters()))   # the module DistributedDataParallel wraps
+
+
+def optimizer_state(model):
+    return canonical_state(model.trainer.state_dict())
 
 
 def evaluate(model, X, y):

@@ -1,14 +1,18 @@
 """PyTorch checkpoints: the model's state_dict, written with torch.save and read with torch.load +
 load_state_dict. weights_only=True: the file is read as plain tensors, and no pickled code in it runs.
-build_model names its layers as common.lenet does, so the keys are the canonical names."""
+build_model names its layers as common.lenet does, so the keys are the canonical names.
+The optimizer's state is a second file, as PyTorch's "saving and loading a general checkpoint" writes it: the
+optimizer's and the scheduler's state_dicts in one torch.save (optimizer.py's Trainer.state_dict)."""
 import torch
 
 from common.lenet import PARAM_NAMES, init_weights
 
 from .lenet import build_model
+from .optimizer import canonical_state, get_trainer
 
 KEYS = {name: name for name in PARAM_NAMES}   # canonical name -> key in the file
 CHANNELS_LAST = False                          # PyTorch's layout is the canonical one
+STATE_SUFFIX = ".optimizer.pt"                 # lenet-epoch3.pt's state: lenet-epoch3.optimizer.pt
 
 
 def save(weights, path):
@@ -26,6 +30,19 @@ def read(path):
     """The file's arrays by key, as stored."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     return {key: value.numpy() for key, value in state.items()}
+
+
+def save_state(state, optimizer, path):
+    """torch.optim's own optimizer and scheduler for `optimizer`, as the built-in and idiomatic modes build them
+    (over a model's parameters(): the buffers' numbers are its parameters' order), started from the canonical
+    `state` and saved as they are."""
+    trainer = get_trainer(build_model(init_weights()).parameters(), optimizer, state)
+    torch.save(trainer.state_dict(), path)
+
+
+def read_state(path):
+    """The canonical state's entries as stored: the scheduler's step count, the buffers by parameter number."""
+    return canonical_state(torch.load(path, map_location="cpu", weights_only=True))
 
 
 def logits(model, X):

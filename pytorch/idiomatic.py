@@ -9,7 +9,7 @@ from common.interface import Model, RosettaError, Unavailable
 
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .lenet import build_model, to_layout, to_numpy as params_to_numpy
-from .optimizer import Trainer, get_trainer
+from .optimizer import Trainer, canonical_state, get_trainer
 
 EXEC = "eager"
 COMPILES = "nothing"
@@ -19,9 +19,9 @@ LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, to_layout's batches
 PORTS = ("canonical", "stock")
 
 
-def get_model(weights, devices, optimizer=None, port="canonical"):
+def get_model(weights, devices, optimizer=None, state=None, port="canonical"):
     """The recipe's plain SGD (optimizer None or is_recipe) is torch.optim.SGD at the harness's rate; any other
-    optimizer is optimizer.py's Trainer, as in builtin.py."""
+    optimizer is optimizer.py's Trainer, as in builtin.py, from a checkpoint's canonical `state` if given."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     if port not in PORTS:
@@ -29,7 +29,7 @@ def get_model(weights, devices, optimizer=None, port="canonical"):
     net = build_model(weights).to(devices[0])
     if optimizer is None or optimizer.is_recipe:
         return Model(net, torch.optim.SGD(net.parameters(), lr=0.0))
-    return Model(net, get_trainer(net.parameters(), optimizer))
+    return Model(net, get_trainer(net.parameters(), optimizer, state))
 
 
 def train_step(model, X, y, devices, lr, batch_size=None):
@@ -52,6 +52,10 @@ def train_step(model, X, y, devices, lr, batch_size=None):
 
 def to_numpy(model):
     return params_to_numpy(list(model.net.parameters()))
+
+
+def optimizer_state(model):
+    return canonical_state(model.trainer.state_dict())
 
 
 def evaluate(model, X, y, batch_size=1000):

@@ -2,13 +2,14 @@
 and as torch.optim's own classes and schedulers for the built-in and idiomatic modes. common/optim.py is PyTorch's
 conventions, so the stock SGD, Adam and AdamW compute it as they are: no subclass."""
 import typing
+import warnings
 
 import torch
 from torch.optim import lr_scheduler
 
 from common.optim import CLIP_EPS, STEP_FACTOR
 
-from .lenet import PARAM_NAMES, to_numpy
+from .lenet import PARAM_NAMES, to_layout, to_numpy
 
 
 def init_state(replica, optimizer):
@@ -82,6 +83,12 @@ class Trainer(typing.NamedTuple):
         self.optimizer.step()
         self.scheduler.step()
 
+    def state_dict(self):
+        """What PyTorch's "saving and loading a general checkpoint" saves beside the model: the optimizer's
+        state_dict (its buffers by parameter number, in the model's parameters() order, which is PARAM_NAMES';
+        Adam's step count per parameter) and the scheduler's (its last_epoch is the steps done: SGD counts none)."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
 
 def get_schedule(torch_optimizer, optimizer):
     """common/optim.py's rates from torch's stock schedulers, one scheduler.step() after each update. LinearLR's
@@ -101,9 +108,10 @@ def get_schedule(torch_optimizer, optimizer):
     return lr_scheduler.SequentialLR(torch_optimizer, [linear, after], milestones=[warmup])
 
 
-def get_trainer(parameters, optimizer):
+def get_trainer(parameters, optimizer, state=None):
     """torch.optim's own classes with the spec's hyperparameters and its defaults for the rest (dampening 0, no
-    amsgrad): plain sgd is SGD without momentum; weight_decay is L2 in the gradient, except in AdamW."""
+    amsgrad): plain sgd is SGD without momentum; weight_decay is L2 in the gradient, except in AdamW. With a
+    canonical `state` (a checkpoint's), the trainer goes on from it (load_state)."""
     o = optimizer
     if o.name in ("sgd", "momentum", "nesterov"):
         torch_optimizer = torch.optim.SGD(parameters, lr=o.lr, momentum=0.0 if o.name == "sgd" else o.momentum,
@@ -111,4 +119,52 @@ def get_trainer(parameters, optimizer):
     else:
         adam = torch.optim.AdamW if o.decoupled else torch.optim.Adam
         torch_optimizer = adam(parameters, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-    return Trainer(torch_optimizer, get_schedule(torch_optimizer, o), o.clip_norm)
+    trainer = Trainer(torch_optimizer, get_schedule(torch_optimizer, o), o.clip_norm)
+    if state is not None:
+        load_state(trainer, state)
+    return trainer
+
+
+def load_state(trainer, state):
+    """Put the canonical `state` into a new trainer, so that its next update is step state["step"] of the run.
+    The buffers go in through the optimizer's load_state_dict as they are, in the model's layout (to_layout: a
+    channels-last kernel's buffer is channels-last, as torch.optim's own are, so the update runs the same kernels;
+    a buffer of the wrong shape is saved as given, for the harness's read_state to name); Adam and AdamW also count
+    the steps per parameter (their bias corrections). The scheduler is stepped to the state's step, as the
+    interrupted run stepped it: the warm-up's and the cosine's rates are each computed from the previous one, so
+    only the same steps give the same rates, bit for bit."""
+    optimizer, step = trainer.optimizer, state["step"]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    slots = sorted({key.split(".", 1)[0] for key in state if key != "step"})
+    saved = optimizer.state_dict()
+    saved["state"] = {}
+    for i, (p, name) in enumerate(zip(params, PARAM_NAMES)):
+        buffers = {slot: to_layout(torch.tensor(state[f"{slot}.{name}"], device=p.device)) for slot in slots}
+        if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+            buffers["step"] = torch.tensor(float(step))   # torch.optim's own form: a float32 tensor on the CPU
+        saved["state"][i] = buffers
+    optimizer.load_state_dict(saved)
+    with warnings.catch_warnings():   # no update between these scheduler steps: that is the point here
+        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
+        for _ in range(step):
+            trainer.scheduler.step()
+
+
+def canonical_state(saved):
+    """The canonical state (common.optim.init_state's form) in a Trainer.state_dict(), its arrays as stored but
+    C-ordered copies: a channels-last buffer's numpy view keeps its strides, and a view of a live buffer would
+    change under its caller with the next update. Adam's step counts must be the scheduler's."""
+    if not isinstance(saved, dict) or set(saved) != {"optimizer", "scheduler"}:   # e.g. a model's weights
+        raise ValueError("not an optimizer and scheduler checkpoint (Trainer.state_dict)")
+    step, buffers = saved["scheduler"]["last_epoch"], saved["optimizer"]["state"]
+    if set(buffers) - set(range(len(PARAM_NAMES))):
+        raise ValueError(f"state for {len(buffers)} parameters; this LeNet has {len(PARAM_NAMES)}")
+    state = {"step": step}
+    for i, name in enumerate(PARAM_NAMES):
+        for slot, value in buffers.get(i, {}).items():
+            if slot == "step":
+                if float(value) != step:
+                    raise ValueError(f"{name}'s step count is {float(value):g}, the scheduler's {step}")
+            else:
+                state[f"{slot}.{name}"] = value.detach().cpu().numpy().copy()
+    return state

@@ -1,35 +1,27 @@
 """Stateful optimizers, proven equal to the spec (common/optim.py) in every framework and mode.
 
-Every mode runs the harness's own loop (harness.training.train) for 24 steps under a warm-up then a cosine schedule,
-which changes the rate every step, with weight decay and a clipping norm that clips some steps and not others; the
-weights before every step are kept. The spec then checks each step: from the weights the mode had before it, with
-the gradient of the same batch at those weights (the framework's own scratch `loss_and_grads`), common.optim.step
-must give the weights the mode had after it. The spec's optimizer state follows the same gradients from zero, so
-every step checks the state the mode carried into it (momentum buffers, Adam's moments, the step count behind the
-rate and the bias corrections).
-
-Why step by step: a whole run is chaotic at the 1e-7 level. A ReLU whose input is within rounding of zero flips
-between two runs that differ by one float32 ulp, and 24 steps later the weights differ by up to 3e-2 (measured:
-the spec against itself, its initial weights nudged by one ulp). A single step amplifies nothing: the frameworks'
-rounding stays ~1e-7 (measured <= 2e-7), while each convention slip moves a step's weights by 1e-4 or more
-(the rate inside the momentum buffer: ~lr * momentum * |v| * the rate's change; clipping per shard: the shards'
-norms differ from the global one; coupled decay in adamw: the decay divided by sqrt(v)).
+Every mode runs the harness's own loop for 24 steps under a warm-up then a cosine schedule, which changes the rate
+every step, with weight decay and a clipping norm that clips some steps and not others; each step is then checked
+against the spec's step from the same weights (harness/stepcheck.py says why step by step). Tolerance per step: the
+frameworks' float32 rounding of the same update in another order is ~1e-7 here (measured <= 2e-7); each convention
+slip moves a step's weights by 1e-4 or more (the rate inside the momentum buffer: ~lr * momentum * |v| * the rate's
+change; clipping per shard: the shards' norms are not the global one; coupled decay in adamw: the decay divided by
+sqrt(v)), and the tests fail on each (checked by breaking the code on purpose).
 """
 import numpy as np
 import pytest
 
 from common import optim
-from common.batches import Order
 from common.interface import FRAMEWORKS
 from conftest import framework_or_skip
-from harness.loader import load_module
-from harness.training import MODES, steps_per_epoch, train
+from harness.stepcheck import step_errors, traced
+from harness.training import MODES, steps_per_epoch
 
 BATCH, EPOCHS, SEED = 128, 2, 0   # digits: 12 steps an epoch, the last one short (a batch of 29)
 WARMUP = 5
 CLIP = 3.5                        # the mean gradient's norm on digits is ~2-7 in these runs: some steps clip
 DECAY = {"sgd": 5e-4, "momentum": 5e-4, "nesterov": 5e-4, "adam": 5e-4, "adamw": 5e-2}
-TOLERANCE = 1e-5   # per step: float32 rounding of the same update in another order is ~1e-7 here
+TOLERANCE = 1e-5
 
 
 def canonical(name, total_steps, clip_norm=CLIP):
@@ -40,49 +32,9 @@ def total_steps(data, n_devices):
     return EPOCHS * steps_per_epoch(len(data.y_train), BATCH, n_devices)
 
 
-def mean_gradient(fw, weights, X, y):
-    """The global batch's mean gradient at canonical `weights`, from the framework's own scratch step on 1 device."""
-    dp = load_module(fw.name, "data_parallel")
-    (device,) = fw.get_devices(1)
-    (X,), (y,) = dp.split_and_load(X, [device]), dp.split_and_load(y, [device])
-    _, grads = dp.loss_and_grads(fw.get_params(weights, device), X, y)
-    return {k: g / np.float32(len(y)) for k, g in fw.to_numpy(grads).items()}
-
-
-def check_steps(fw, data, optimizer, n_devices, trace):
-    """The largest |weights after a step - the spec's step from the weights before it| over the run, and the clipping
-    coefficients of its steps. trace: the weights before every step, then the final ones."""
-    order = Order(len(data.y_train), BATCH, SEED, n_devices)
-    rows = [rows for epoch in range(EPOCHS) for rows, _ in order.parts(epoch, 0, 1)]
-    assert len(trace) == len(rows) + 1 == optimizer.total_steps + 1
-    state, worst, coefficients = optim.init_state(optimizer, trace[0]), (0.0, None), []
-    for k, batch in enumerate(rows):
-        grads = mean_gradient(fw, trace[k], data.X_train[batch], data.y_train[batch])
-        coefficients.append(optimizer.clip_coefficient(grads))
-        want, state = optim.step(optimizer, trace[k], grads, state)
-        for name, value in want.items():
-            error = float(np.max(np.abs(trace[k + 1][name] - value)))
-            worst = max(worst, (error, f"step {k}, {name}"), key=lambda e: e[0])
-    return worst, coefficients
-
-
-def copies(weights):
-    """to_numpy may hand out views of the live tensors (PyTorch on the CPU), which the next step updates in place."""
-    return {name: np.array(w) for name, w in weights.items()}
-
-
-def mode_trace(fw, data, optimizer, mode, n_devices):
-    """The weights before every step of a run in `mode`, then the final ones; and the runner."""
-    runner, trace = MODES[mode](fw, fw.get_devices(n_devices)), []
-    train(runner, data, EPOCHS, BATCH, optimizer.lr, SEED, min_size=n_devices, optimizer=optimizer,
-          before_step=lambda steps, runner: trace.append(copies(runner.weights())))
-    return trace + [runner.weights()], runner
-
-
 def assert_follows_the_spec(fw, data, optimizer, n_devices, trace, what):
-    (error, where), coefficients = check_steps(fw, data, optimizer, n_devices, trace)
-    if optimizer.clip_norm is not None:   # clipping on some steps only
-        assert 0 < sum(c < 1 for c in coefficients) < len(coefficients), coefficients
+    (error, where), coefficients = step_errors(fw, data, optimizer, trace, EPOCHS, BATCH, SEED, n_devices)
+    assert 0 < sum(c < 1 for c in coefficients) < len(coefficients), coefficients   # clipping on some steps only
     assert error <= TOLERANCE, f"{what}: {where} differs from the spec's step by {error:.2e} > {TOLERANCE:.0e}"
 
 
@@ -180,7 +132,8 @@ def test_every_mode_computes_the_spec(framework, mode, n_devices, name, digits):
     if (framework, mode) == ("pytorch", "builtin"):
         pytest.skip("PyTorch's built-in engine runs processes: test_engines_compute_the_spec")
     optimizer = canonical(name, total_steps(digits, n_devices))
-    trace, runner = mode_trace(fw, digits, optimizer, mode, n_devices)
+    runner = MODES[mode](fw, fw.get_devices(n_devices))
+    trace, _ = traced(runner, digits, EPOCHS, BATCH, optimizer, SEED, n_devices)
     assert_follows_the_spec(fw, digits, optimizer, n_devices, trace, f"{framework} {mode} {n_devices}d {name}")
     if mode == "scratch":   # every replica keeps the same state, counted in steps
         states = [fw.state_to_numpy(state) for state in runner.states]
