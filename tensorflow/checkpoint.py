@@ -14,7 +14,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf.trackable_object_graph_pb2 import TrackableObjectGraph
 
-from common.lenet import PARAM_NAMES, init_weights
+from common.layouts import to_channels_last
+from common.lenet import PARAM_NAMES, PARAM_SHAPES, init_weights
 
 from .lenet import build_model
 from .optimizer import keras_optimizer, load_state
@@ -49,14 +50,20 @@ def read(path):
 
 
 def save_state(state, optimizer, path):
-    """Keras's optimizer for `optimizer`, as the built-in and idiomatic modes build it (over a model's
-    trainable_variables, which Keras makes the buffers in the order of), started from the canonical `state` and
-    written as TensorFlow writes it. Keras 3's TensorFlow optimizer also tracks the variables it was built over, so
-    the checkpoint holds that model's weights too: zeros here, which read_state ignores. The weights are the
-    .weights.h5: tf.train.Checkpoint(optimizer=model.optimizer).read of this file restores the optimizer (mirrored
-    variables too, on every replica) and zeroes the model's weights, so load_weights comes after it."""
+    """Keras's optimizer for `optimizer`, as the built-in and idiomatic modes make it (keras_optimizer), started from
+    the canonical `state` and written as TensorFlow writes it. Keras builds it over the model's variables, making
+    each buffer in the shape of its variable and in their order (PARAM_NAMES): here over stand-ins named after the
+    parameters, zeros in the buffers' shapes as given (a wrong one included: the harness's read_state names it; but
+    a parameter's buffers are alike in Keras, so Adam's two moments of different shapes raise ValueError).
+    Keras 3's TensorFlow optimizer tracks the variables it is built over, so the stand-ins are in the file too, and
+    a native restore of it into a model's optimizer, tf.train.Checkpoint(optimizer=model.optimizer).read, restores
+    the buffers and the step count (on every replica, under a strategy) and zeroes the model's weights: load_weights
+    after it."""
     trainer = keras_optimizer(optimizer)
-    trainer.build(build_model({name: np.zeros_like(w) for name, w in init_weights().items()}).trainable_variables)
+    shapes = {name: np.shape(state[f"{optimizer.slots[0]}.{name}"]) if optimizer.slots else PARAM_SHAPES[name]
+              for name in PARAM_NAMES}
+    trainer.build([tf.keras.Variable(to_channels_last(name, np.zeros(shape, np.float32)), name=name)
+                   for name, shape in shapes.items()])
     load_state(trainer, state)
     os.makedirs(path)
     tf.train.Checkpoint(optimizer=trainer).write(os.path.join(path, PREFIX))
