@@ -40,7 +40,8 @@ def parse_args(argv):
     p.add_argument("--optimizer", default="momentum")
     p.add_argument("--lr", type=float, default=0.02, help="the base rate, for one device's batch")
     p.add_argument("--per-device-batch", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--threads", type=int, help="compare.py's --threads (default: all cores)")
     p.add_argument("--out", default="results", help="folder for the table, plot and runs")
     return p.parse_args(argv)
 
@@ -50,7 +51,8 @@ def command(args, name):
             "--data-dir", os.path.abspath(args.data_dir), "--devices", DEVICES, "--per-device-batch",
             str(args.per_device_batch), "--reference-batch", str(args.per_device_batch), "--optimizer",
             args.optimizer, "--lr", str(args.lr), "--epochs", str(args.epochs), *SETTINGS[name],
-            "--json", os.path.abspath(json_path(args, name)), "--resume"]
+            "--json", os.path.abspath(json_path(args, name)), "--resume",
+            *(["--threads", str(args.threads)] if args.threads else [])]
 
 
 def json_path(args, name):
