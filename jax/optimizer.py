@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from common.lenet import PARAM_NAMES
 from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer
 
 from .lenet import get_params, to_numpy
@@ -19,20 +20,22 @@ jax.tree_util.register_static(Optimizer)
 
 def init_state(replica, optimizer):
     """Zeros like each parameter: on its device, in its layout (lenet.held)."""
-    return {"optimizer": optimizer, "step": 0, **{slot: [jnp.zeros_like(p) for p in replica] for slot in optimizer.slots}}
+    return {"optimizer": optimizer, "step": 0,
+            **{slot: [jnp.zeros_like(p) for p in replica] for slot in optimizer.slots}}
 
 
 def state_to_numpy(state):
     """The buffers converted as the weights are (lenet.to_numpy): each has its parameter's shape and layout."""
-    return {"step": int(state["step"]),
-            **{f"{slot}.{name}": a for slot in state["optimizer"].slots for name, a in to_numpy(state[slot]).items()}}
+    slots = {f"{slot}.{name}": a for slot in state["optimizer"].slots for name, a in to_numpy(state[slot]).items()}
+    return {"step": int(state["step"]), **slots}
 
 
 def state_from_numpy(arrays, replica, optimizer):
+    """The buffers laid out and placed as get_params does the weights, on the replica's device."""
     (device,) = replica[0].devices()
-    return {"optimizer": optimizer, "step": int(arrays["step"]),
-            **{slot: get_params({name.split(".", 1)[1]: a for name, a in arrays.items() if name.startswith(f"{slot}.")},
-                                device) for slot in optimizer.slots}}
+    slots = {slot: get_params({name: arrays[f"{slot}.{name}"] for name in PARAM_NAMES}, device)
+             for slot in optimizer.slots}
+    return {"optimizer": optimizer, "step": int(arrays["step"]), **slots}
 
 
 def apply(params, grads, state, lr, batch_size):
