@@ -141,3 +141,22 @@ def test_the_state_converts_like_the_weights(jax_fw, layout):
     assert back.keys() == empty.keys() == arrays.keys() and (back["step"], empty["step"]) == (7, 0)
     for k in arrays.keys() - {"step"}:
         assert np.array_equal(back[k], arrays[k]) and empty[k].shape == arrays[k].shape and not np.any(empty[k])
+
+
+@pytest.mark.parametrize("name", ["momentum", "adamw"])
+@pytest.mark.parametrize("form", ["jit", "shard_map"])
+def test_both_builtin_forms_clip_the_all_reduced_gradient(jax_fw, digits, form, name):
+    """Optax inside the built-in step, in both forms, on uneven shards of 3 devices: the scratch step's update
+    (which clips after its all-reduce) on steps that clip. Clipping each device's own gradient would not be."""
+    builtin, pipeline = load_module("jax", "builtin"), load_module("jax", "pipeline")
+    o = optim.Optimizer(name, optim.DEFAULT_LR[name], 0.9, 5e-2, "cosine", 2, 4, clip_norm=1.0)
+    devices = jax_fw.get_devices(3)
+    replicas = [jax_fw.get_params(init_weights(1), d) for d in devices]
+    states = [jax_fw.init_state(r, o) for r in replicas]
+    model = builtin.get_model(init_weights(1), devices, o, form=form)
+    for t, (a, b) in enumerate([(0, 101), (101, 198), (198, 299)]):
+        X, y = digits.X_train[a:b], digits.y_train[a:b]
+        loss = jax_fw.train_step(replicas, X, y, devices, o.learning_rate(t), len(X), states)
+        batch = pipeline.global_batch(model.placement, devices, X, y, len(X))
+        assert builtin.train_step(model, batch, None, len(X)) == pytest.approx(loss, abs=1e-5)
+    assert_close(builtin.to_numpy(model), jax_fw.to_numpy(replicas[0]), 1e-6)
