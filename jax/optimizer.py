@@ -1,7 +1,6 @@
-"""The optimizer in JAX: common/optim.py's update written by hand for the scratch step, functional like the recipe's
-sgd (new arrays, the replica's and the state's lists re-pointed at them), and the same update built from Optax's
-own transformations and schedules for the built-in and idiomatic modes, where the optimizer's state is a pytree
-that goes into the compiled step and comes back new."""
+"""The optimizer in JAX: common/optim.py's update by hand for the scratch step, functional like the recipe's sgd
+(new arrays; the replica's and the state's lists re-pointed at them), and built from Optax's own transformations
+and schedules for the built-in and idiomatic modes, whose compiled steps take Optax's state in and give it back."""
 import collections
 
 import jax
@@ -59,17 +58,17 @@ def update(params, grads, state, lr, batch_size):
     if o.name == "sgd":
         return [p - lr * g for p, g in zip(params, grads)], new
     if o.name in ("momentum", "nesterov"):                        # the buffer starts at 0: v = g on the first step
-        v = new["momentum_buffer"] = [o.momentum * v + g for v, g in zip(state["momentum_buffer"], grads)]
-        if o.name == "nesterov":
-            v = [g + o.momentum * v for g, v in zip(grads, v)]
-        return [p - lr * v for p, v in zip(params, v)], new        # the rate outside the buffer
+        buffers = new["momentum_buffer"] = [o.momentum * v + g for v, g in zip(state["momentum_buffer"], grads)]
+        directions = [g + o.momentum * v for g, v in zip(grads, buffers)] if o.name == "nesterov" else buffers
+        return [p - lr * d for p, d in zip(params, directions)], new   # the rate outside the buffer
     if o.decoupled:                                               # adamw: the weights shrink, not the gradient
         params = [p * (1 - lr * o.weight_decay) for p in params]
     b1, b2 = o.betas
-    m = new["exp_avg"] = [b1 * m + (1 - b1) * g for m, g in zip(state["exp_avg"], grads)]
-    s = new["exp_avg_sq"] = [b2 * s + (1 - b2) * g * g for s, g in zip(state["exp_avg_sq"], grads)]
-    correction1, correction2 = 1 - b1 ** (t + 1), 1 - b2 ** (t + 1)
-    return [p - lr / correction1 * m / (jnp.sqrt(s / correction2) + o.eps) for p, m, s in zip(params, m, s)], new
+    exp_avg = new["exp_avg"] = [b1 * m + (1 - b1) * g for m, g in zip(state["exp_avg"], grads)]
+    exp_avg_sq = new["exp_avg_sq"] = [b2 * s + (1 - b2) * g * g for s, g in zip(state["exp_avg_sq"], grads)]
+    correction1, correction2 = 1 - b1 ** (t + 1), 1 - b2 ** (t + 1)   # Adam's bias corrections, from the count
+    return [p - lr / correction1 * m / (jnp.sqrt(s / correction2) + o.eps)   # eps outside the square root
+            for p, m, s in zip(params, exp_avg, exp_avg_sq)], new
 
 
 UNITS = {"update": update}
