@@ -2,6 +2,7 @@
 (new arrays; the replica's and the state's lists re-pointed at them), and built from Optax's own transformations
 and schedules for the built-in and idiomatic modes, whose compiled steps take Optax's state in and give it back."""
 import collections
+import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -13,8 +14,10 @@ from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer
 from .lenet import get_params, to_numpy
 
 # The Optimizer is frozen and hashable: JAX takes it as static (part of the compiled update's key, not an input),
-# so a state holding it is a pytree that jax.jit accepts whole.
-jax.tree_util.register_static(Optimizer)
+# so a state holding it is a pytree that jax.jit accepts whole. Once per process: a second import of this file (a
+# copy of the folder, in the tests) finds it registered.
+with contextlib.suppress(ValueError):
+    jax.tree_util.register_static(Optimizer)
 
 
 def init_state(replica, optimizer):
