@@ -105,6 +105,7 @@ def test_the_stock_port_warms_up_from_zero(jax_fw):
     assert [float(stock(t)) for t in range(4, 20)] == pytest.approx(after, abs=1e-6 * o.lr)
 
 
+@pytest.mark.slow   # trains: the slow tier
 def test_the_stock_port_through_the_idiomatic_loop(jax_fw, digits):
     idiomatic = load_module("jax", "idiomatic")
     o = optim.Optimizer("momentum", 0.02, schedule="cosine", warmup_steps=4, total_steps=20)
@@ -117,32 +118,7 @@ def test_the_stock_port_through_the_idiomatic_loop(jax_fw, digits):
         assert (change > 0) == moves, (port, change)
 
 
-@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-def test_the_state_converts_like_the_weights(jax_fw, layout):
-    """The buffers are held in the replica's layout and come back canonical, as lenet.to_numpy does."""
-    execution, lenet = load_module("jax", "execution"), load_module("jax", "lenet")
-    o = optim.Optimizer("adam", 1e-3)
-    rng = np.random.default_rng(1)
-    arrays = {"step": 7, **{f"{slot}.{k}": rng.normal(size=s).astype(np.float32)
-                            for slot in o.slots for k, s in PARAM_SHAPES.items()}}
-    (device,) = jax_fw.get_devices(1)
-    try:
-        execution.use_layout(layout)
-        replica = jax_fw.get_params(init_weights(0), device)
-        zeros = jax_fw.init_state(replica, o)
-        state = jax_fw.state_from_numpy(arrays, replica, o)
-        for slot in o.slots:
-            assert [b.shape for b in zeros[slot]] == [b.shape for b in state[slot]] == [p.shape for p in replica]
-            assert all(b.devices() == {device} for b in state[slot])
-        back, empty = jax_fw.state_to_numpy(state), jax_fw.state_to_numpy(zeros)
-        assert lenet.layout == layout
-    finally:
-        execution.use_layout("default")
-    assert back.keys() == empty.keys() == arrays.keys() and (back["step"], empty["step"]) == (7, 0)
-    for k in arrays.keys() - {"step"}:
-        assert np.array_equal(back[k], arrays[k]) and empty[k].shape == arrays[k].shape and not np.any(empty[k])
-
-
+@pytest.mark.slow   # trains: the slow tier
 @pytest.mark.parametrize("name", ["momentum", "adamw"])
 @pytest.mark.parametrize("form", ["jit", "shard_map"])
 def test_both_builtin_forms_clip_the_all_reduced_gradient(jax_fw, digits, form, name):
