@@ -19,7 +19,7 @@ from harness.loader import load_module
 from harness.stepcheck import step_errors, traced
 from harness.training import MODES, steps_per_epoch
 
-BATCH, EPOCHS, SEED = 128, 2, 0   # digits: 12 steps an epoch, the last one short (a batch of 29)
+BATCH, EPOCHS, SEED = 64, 1, 0    # digits: 23 steps, the last one short (a batch of 29)
 WARMUP = 5
 CLIP = 3.5                        # the mean gradient's norm on digits is ~2-7 in these runs: some steps clip
 DECAY = {"sgd": 5e-4, "momentum": 5e-4, "nesterov": 5e-4, "adam": 5e-4, "adamw": 5e-2}
@@ -198,7 +198,7 @@ def test_the_stock_classes_are_what_the_conventions_table_says(framework, digits
 
 # ---- the multi-process engines (real worker processes: slow tier) ----
 
-ENGINES = [("builtin", "momentum"), ("builtin", "adamw"), ("scratch", "adam")]   # 2 devices, 2 processes
+ENGINES = [("builtin", "adamw"), ("scratch", "momentum")]   # 2 devices, 2 processes
 
 
 @pytest.mark.slow
