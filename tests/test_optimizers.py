@@ -1,6 +1,6 @@
 """Stateful optimizers, proven equal to the spec (common/optim.py) in every framework and mode.
 
-Every mode runs the harness's own loop for 24 steps under a warm-up then a cosine schedule, which changes the rate
+Every mode runs the harness's own loop for 23 steps under a warm-up then a cosine schedule, which changes the rate
 every step, with weight decay and a clipping norm that clips some steps and not others; each step is then checked
 against the spec's step from the same weights (harness/stepcheck.py says why step by step). Tolerance per step: the
 frameworks' float32 rounding of the same update in another order is ~1e-7 here (measured <= 2e-7); each convention
