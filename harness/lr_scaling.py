@@ -3,7 +3,7 @@
     python -m harness.lr_scaling --data-dir /usr/share/datasets/fashion-mnist [--framework pytorch] [--out DIR]
 
 Each device keeps its batch (--per-device-batch 64), so 1, 2, 4 and 8 devices train on global batches of 64 to
-512 and take 8x fewer steps at 8 devices. Three settings, each a compare.py run over those device counts:
+512 and take 8x fewer steps at 8 devices, for the same epochs (3 by default). Three settings, each a compare.py run over those device counts:
 the base rate as it is (tuned for one device), the rate scaled linearly with the global batch (Goyal et al. 2017,
 "Accurate, Large Minibatch SGD"), and the scaled rate reached through a linear warm-up. Writes DIR/lr-scaling.md (the
 table of test accuracies, with this command, the commit and the date), .png (accuracy against devices) and the
@@ -29,7 +29,7 @@ DEVICES = "1,2,4,8"
 SETTINGS = {   # name: compare.py options
     "base rate": [],
     "linear scaling": ["--lr-scaling", "linear"],
-    "linear scaling + warm-up": ["--lr-scaling", "linear", "--warmup-epochs", "1"],
+    "linear scaling + warm-up": ["--lr-scaling", "linear", "--warmup-epochs", "1"],   # a third of the run
 }
 
 
@@ -40,7 +40,8 @@ def parse_args(argv):
     p.add_argument("--optimizer", default="momentum")
     p.add_argument("--lr", type=float, default=0.02, help="the base rate, for one device's batch")
     p.add_argument("--per-device-batch", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--threads", type=int, help="compare.py's --threads (default: all cores)")
     p.add_argument("--out", default="results", help="folder for the table, plot and runs")
     return p.parse_args(argv)
 
@@ -50,7 +51,8 @@ def command(args, name):
             "--data-dir", os.path.abspath(args.data_dir), "--devices", DEVICES, "--per-device-batch",
             str(args.per_device_batch), "--reference-batch", str(args.per_device_batch), "--optimizer",
             args.optimizer, "--lr", str(args.lr), "--epochs", str(args.epochs), *SETTINGS[name],
-            "--json", os.path.abspath(json_path(args, name)), "--resume"]
+            "--json", os.path.abspath(json_path(args, name)), "--resume",
+            *(["--threads", str(args.threads)] if args.threads else [])]
 
 
 def json_path(args, name):

@@ -5,11 +5,15 @@ mesh's "devices" axis, the parameters are replicated, and XLA inserts the all-re
 The explicit form, jax.shard_map, writes the per-device step and its lax.psum by hand, which is the recipe
 compiled as one program; it is here too, and computes the same step. (jax.pmap, the legacy form, is in
 maintenance mode upstream.) Across processes the mesh spans every process's devices (distributed.py joined
-them) and each process contributes its own rows of the global batch (pipeline.py)."""
+them) and each process contributes its own rows of the global batch (pipeline.py).
+A stateful optimizer is Optax's (optimizer.py): its state, a pytree like the parameters and replicated like them,
+goes into the compiled step and comes back new; it sees the gradient once it is all-reduced, in both forms."""
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax import lax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -20,6 +24,7 @@ from common.lenet import PARAM_NAMES
 from .data_parallel import evaluate as evaluate_params
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .lenet import forward, held, to_numpy as params_to_numpy
+from .optimizer import transformation
 
 EXEC = "jax.jit+NamedSharding"
 COMPILES = "whole step"
@@ -61,6 +66,25 @@ def shard_map_step(params, X, y, mask, scale):
     return [p - scale * g for p, g in zip(params, grads)], rows
 
 
+def optax_update(tx, params, opt_state, grads, scale):
+    """Optax's update of the global batch's mean gradient (the loss is summed: scale is 1 / global batch)."""
+    updates, opt_state = tx.update([g * scale for g in grads], opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def jit_optax_step(tx, params, opt_state, X, y, mask, scale):
+    """jit_step with Optax's update: its gradient is the global one (XLA all-reduces it before the clipping)."""
+    (_, rows), grads = loss_rows_and_grads(params, X, y, mask)
+    return *optax_update(tx, params, opt_state, grads, scale), rows
+
+
+def shard_map_optax_step(tx, params, opt_state, X, y, mask, scale):
+    """shard_map_step with Optax's update, after the psum: clipping by the global norm sees the all-reduced
+    gradient, never this device's own."""
+    (_, rows), grads = loss_rows_and_grads(lax.pvary(params, "devices"), X, y, mask)
+    return *optax_update(tx, params, opt_state, lax.psum(grads, "devices"), scale), rows
+
+
 def compile_step(mesh, form):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     if form == "jit":
@@ -69,21 +93,49 @@ def compile_step(mesh, form):
                                  P("devices"), P()), out_specs=(P(), P("devices"))))
 
 
-def get_model(weights, devices, form="jit"):
+def compile_optax_step(mesh, form, tx):
+    replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
+    if form == "jit":
+        return jax.jit(functools.partial(jit_optax_step, tx), out_shardings=(replicated, replicated, rows))
+    return jax.jit(jax.shard_map(functools.partial(shard_map_optax_step, tx), mesh=mesh, in_specs=(
+        P(), P(), P("devices"), P("devices"), P("devices"), P()), out_specs=(P(), P(), P("devices"))))
+
+
+class OptaxTrainer:
+    """Optax's transformation is pure: this holds its state between steps and threads it through the step."""
+
+    def __init__(self, step, opt_state):
+        self.step, self.opt_state = step, opt_state
+
+    def __call__(self, net, X, y, mask, scale):
+        net, self.opt_state, rows = self.step(net, self.opt_state, X, y, mask, scale)
+        return net, rows
+
+
+def get_model(weights, devices, optimizer=None, form="jit"):
+    """The recipe's plain SGD (optimizer None or its is_recipe) is today's step; any other optimizer is Optax's
+    transformation (optimizer.py), its state made by a compiled tx.init: global arrays replicated over the mesh,
+    across processes too."""
     mesh = mesh_of(devices)
     replicated = NamedSharding(mesh, P())   # every device holds the whole parameter
     params = [jax.make_array_from_callback(w.shape, replicated, lambda index, w=w: w[index])
               for w in (held(name, weights[name]) for name in PARAM_NAMES)]
-    return Model(params, compile_step(mesh, form), mesh)
+    if optimizer is None or optimizer.is_recipe:
+        return Model(params, compile_step(mesh, form), mesh)
+    tx = transformation(optimizer)
+    opt_state = jax.jit(tx.init, out_shardings=replicated)(params)
+    return Model(params, OptaxTrainer(compile_optax_step(mesh, form, tx), opt_state), mesh)
 
 
 def train_step(model, batch, lr, batch_size):
     """The summed loss of the global batch, its gradient all-reduced by XLA, the recipe's update
-    lr * sum / global batch; this process's rows' mean loss comes back. The batch is pipeline.py's: global
-    arrays sharded over the mesh, padding masked."""
+    lr * sum / global batch (an Optax trainer's own schedule sets the rate: lr is not used, the gradient is made
+    the mean); this process's rows' mean loss comes back. The batch is pipeline.py's: global arrays sharded over
+    the mesh, padding masked."""
     net, trainer, _ = model                # the replicated parameters and the compiled step
     X, y, mask, rows = batch
-    net[:], losses = trainer(net, X, y, mask, jnp.float32(lr / batch_size))
+    rate = 1.0 if isinstance(trainer, OptaxTrainer) else lr
+    net[:], losses = trainer(net, X, y, mask, jnp.float32(rate / batch_size))
     return sum(float(shard.data.sum()) for shard in losses.addressable_shards) / rows
 
 

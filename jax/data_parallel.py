@@ -6,6 +6,7 @@ import jax
 from common.sharding import shard_bounds
 
 from . import distributed as dist
+from . import optimizer
 from .lenet import forward, loss_sum
 
 
@@ -51,17 +52,21 @@ def loss_and_grads(params, X, y):
     return jax.value_and_grad(lambda p: loss_sum(forward(p, X), y))(params)
 
 
-def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size):
+def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size, states=None):
     """The step on shards already on their devices: each device's loss and gradients, the gradients summed
-    across devices, the same update on every replica. Returns each device's summed loss."""
+    across devices, the same update on every replica (with states, optimizer.py's, each replica's state
+    advancing). Returns each device's summed loss."""
     losses, grads = [], []
     for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):   # dispatched asynchronously:
         loss, device_grads = loss_and_grads(params, X_shard, y_shard)   # the devices work in parallel
         losses.append(loss)
         grads.append(device_grads)
     summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
-    for params, device_grads in zip(replicas, zip(*summed)):
-        sgd(params, device_grads, lr, batch_size)
+    for i, (params, device_grads) in enumerate(zip(replicas, zip(*summed))):
+        if states is None:
+            sgd(params, device_grads, lr, batch_size)
+        else:
+            optimizer.apply(params, device_grads, states[i], lr, batch_size)
     return losses
 
 
@@ -70,9 +75,9 @@ UNITS = {"forward": forward, "update": update, "loss_and_grads": loss_and_grads,
 loss_and_grads, update = jax.jit(loss_and_grads), jax.jit(update)
 
 
-def train_step(replicas, X, y, devices, lr, batch_size=None):
+def train_step(replicas, X, y, devices, lr, batch_size=None, states=None):
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
-    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X))
+    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X), states)
     return sum(float(loss) for loss in losses) / len(X)
 
 

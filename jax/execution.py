@@ -8,10 +8,11 @@ import jax
 
 from common.interface import choose
 
-from . import data_parallel, lenet
+from . import data_parallel, lenet, optimizer
 
 NAMES = {"eager": "eager", "graph": "jax.jit"}
-# How each level compiles the units of data_parallel.py (UNITS); a unit it does not name runs as written
+# How each level compiles the units of data_parallel.py and optimizer.py (their UNITS; "update" names the recipe's
+# and the optimizer's); a unit it does not name runs as written
 COMPILERS = {"eager": {}, "graph": {"loss_and_grads": jax.jit, "update": jax.jit}}
 # What each level puts in a compiled graph (the rest runs op by op): the table's "compiles" column
 COMPILES = {"eager": "nothing", "jax.jit": "fwd+bwd, update"}   # the all-reduce between them runs op by op
@@ -22,11 +23,13 @@ DEFAULT_LAYOUT = "nhwc"   # what lenet.layout starts as
 
 def use(level):
     """Switch the scratch step to `level` ('default', 'eager', 'graph' or 'xla'); returns its name here. Every unit
-    of data_parallel.py (UNITS) becomes what COMPILERS[level] makes of it, or the function as written."""
+    of data_parallel.py and optimizer.py (UNITS) becomes what COMPILERS[level] makes of it, or the function as
+    written."""
     level = choose(level, NAMES, DEFAULT, "JAX")
-    for name, written in data_parallel.UNITS.items():
-        compiler = COMPILERS[level].get(name)
-        setattr(data_parallel, name, compiler(written) if compiler else written)
+    for module in (data_parallel, optimizer):
+        for name, written in module.UNITS.items():
+            compiler = COMPILERS[level].get(name)
+            setattr(module, name, compiler(written) if compiler else written)
     return NAMES[level]
 
 

@@ -9,39 +9,61 @@ from flax import nnx
 from common.interface import Model, Unavailable
 
 from .lenet import build_model, model_to_numpy
+from .optimizer import transformation
 
 EXEC = "nnx.jit"
 COMPILES = "whole step"
 LAYOUT = "NHWC (Flax)"
 
 
-def get_model(weights, devices):
-    """optax.inject_hyperparams makes the learning rate a value of the optimizer state, so a step can set it
-    without recompiling (the recipe's lr / batch size changes on an epoch's last, smaller batch)."""
+def get_model(weights, devices, optimizer=None, port="canonical"):
+    """The recipe's plain SGD (optimizer None or its is_recipe): optax.inject_hyperparams makes the learning rate
+    a value of the optimizer state, so a step can set it without recompiling (the recipe's lr / batch size changes
+    on an epoch's last, smaller batch). Any other optimizer: optimizer.py's Optax transformation, its own
+    schedule driven by its own step count; port="stock", what a straightforward port builds (optimizer.py)."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
+    recipe = optimizer is None or optimizer.is_recipe
     with jax.default_device(devices[0]):
         net = build_model(weights)
-        trainer = nnx.Optimizer(net, optax.inject_hyperparams(optax.sgd)(learning_rate=0.0), wrt=nnx.Param)
+        tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0) if recipe else transformation(optimizer, port)
+        trainer = nnx.Optimizer(net, tx, wrt=nnx.Param)
     return Model(net, trainer)
 
 
-# One compiled step; nnx.jit carries the module's and the optimizer's state in and out of it.
+def summed_loss(net, X, y):
+    """Summed, not averaged: the step then divides by the global batch size."""
+    return optax.softmax_cross_entropy_with_integer_labels(net(X), y).sum()
+
+
+# The compiled steps; nnx.jit carries the module's and the optimizer's state in and out of them.
 @nnx.jit
 def fit_batch(net, trainer, X, y, lr):
-    def loss_fn(net):   # summed, not averaged: the step then divides by the global batch size
-        return optax.softmax_cross_entropy_with_integer_labels(net(X), y).sum()
-    loss, grads = nnx.value_and_grad(loss_fn)(net)
+    loss, grads = nnx.value_and_grad(summed_loss)(net, X, y)
     trainer.opt_state.hyperparams["learning_rate"].value = lr
     trainer.update(net, grads)
     return loss
 
 
+@nnx.jit
+def fit_batch_mean(net, trainer, X, y, batch_size):
+    """The optimizer's own schedule sets the rate: its gradient is the global batch's mean."""
+    loss, grads = nnx.value_and_grad(summed_loss)(net, X, y)
+    trainer.update(net, jax.tree.map(lambda g: g / batch_size, grads))
+    return loss
+
+
 def train_step(model, X, y, devices, lr, batch_size=None):
-    """A learning rate of lr / batch_size on the summed loss: the recipe's update."""
+    """The recipe's update: a learning rate of lr / batch_size on the summed loss. Any other optimizer follows its
+    own schedule (lr is not used)."""
     net, trainer, _ = model
     X, y = jax.device_put(X, devices[0]), jax.device_put(y, devices[0])   # copies, as split_and_load
-    return float(fit_batch(net, trainer, X, y, lr / (batch_size or len(X)))) / len(X)
+    batch_size = batch_size or len(X)
+    if hasattr(trainer.opt_state, "hyperparams"):   # the recipe's inject_hyperparams(sgd)
+        loss = fit_batch(net, trainer, X, y, lr / batch_size)
+    else:
+        loss = fit_batch_mean(net, trainer, X, y, batch_size)
+    return float(loss) / len(X)
 
 
 def to_numpy(model):

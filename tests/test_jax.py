@@ -22,7 +22,7 @@ def test_both_builtin_forms_compute_the_scratch_step(jax_fw, digits, form, n_dev
     X, y = digits.X_train[:batch_size], digits.y_train[:batch_size]
     replicas = [jax_fw.get_params(init_weights(1), d) for d in devices]
     ref_loss = jax_fw.train_step(replicas, X, y, devices, 0.2)
-    model = builtin.get_model(init_weights(1), devices, form)
+    model = builtin.get_model(init_weights(1), devices, form=form)
     for _ in range(2):   # twice: the second step starts from the first one's replicated update
         loss = builtin.train_step(model, pipeline.global_batch(model.placement, devices, X, y, batch_size), 0.2, batch_size)
         if _ == 0:

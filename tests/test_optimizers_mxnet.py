@@ -101,18 +101,3 @@ def test_the_idiomatic_loop_builds_a_stock_port(mx_optimizer):
     assert type(canonical.optimizer) is mx_optimizer.Nesterov
     with pytest.raises(RosettaError, match="port"):
         idiomatic.get_model(init_weights(0), fw.get_devices(1), o, port="naive")
-
-
-def test_the_state_converts_to_the_canonical_form_and_back():
-    fw = framework_or_skip("mxnet")
-    o = optim.Optimizer("adam", 1e-3, total_steps=3)
-    (device,) = fw.get_devices(1)
-    replica = fw.get_params(init_weights(0), device)
-    rng = np.random.default_rng(0)
-    arrays = {"step": 7, **{f"{slot}.{name}": rng.normal(size=w.shape).astype(np.float32)
-                            for slot in o.slots for name, w in init_weights(0).items()}}
-    state = fw.state_from_numpy(arrays, replica, o)
-    assert all(buffer.context == device for slot in o.slots for buffer in state[slot])
-    back = fw.state_to_numpy(state)
-    assert back.keys() == arrays.keys() and back["step"] == 7
-    assert all(np.array_equal(back[k], arrays[k]) for k in arrays if k != "step")

@@ -35,25 +35,7 @@ def test_the_scheduler_gives_the_spec_rate_at_every_step(pytorch, schedule, tota
         trainer.step()
 
 
-@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-def test_the_state_keeps_the_replicas_layout_and_round_trips(pytorch, layout):
-    execution = load_module("pytorch", "execution")
-    execution.use_layout(layout)
-    try:
-        o = optim.Optimizer("adam")
-        replica = pytorch.get_params(init_weights(0), pytorch.get_devices(1)[0])
-        rng = np.random.default_rng(0)
-        arrays = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in optim.init_state(o, init_weights(0)).items()
-                  if k != "step"}
-        state = pytorch.state_from_numpy({"step": 7, **arrays}, replica, o)
-        for slot in o.slots:
-            assert [b.stride() for b in state[slot]] == [p.stride() for p in replica]
-        back = pytorch.state_to_numpy(state)
-        assert back.pop("step") == 7 and back.keys() == arrays.keys()
-        for key, value in arrays.items():
-            np.testing.assert_array_equal(back[key], value)
-    finally:
-        execution.use_layout("default")
+
 
 
 def test_the_stock_port_is_the_canonical_one(pytorch, digits):
@@ -72,6 +54,7 @@ def test_the_stock_port_is_the_canonical_one(pytorch, digits):
         np.testing.assert_array_equal(weights[1][name], weights[0][name])
 
 
+@pytest.mark.slow   # trains: the slow tier
 def test_every_exec_level_updates_with_states(pytorch, digits):
     """The scratch step with states on 2 devices at the graph level (torch.compile of the forward) as eagerly."""
     execution = load_module("pytorch", "execution")

@@ -1,0 +1,122 @@
+"""The optimizer in JAX: common/optim.py's update by hand for the scratch step, functional like the recipe's sgd
+(new arrays; the replica's and the state's lists re-pointed at them), and built from Optax's own transformations
+and schedules for the built-in and idiomatic modes, whose compiled steps take Optax's state in and give it back."""
+import collections
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from common.lenet import PARAM_NAMES
+from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer
+
+from .lenet import get_params, to_numpy
+
+# The Optimizer is frozen and hashable: JAX takes it as static (part of the compiled update's key, not an input),
+# so a state holding it is a pytree that jax.jit accepts whole. Once per process: a second import of this file (a
+# copy of the folder, in the tests) finds it registered.
+with contextlib.suppress(ValueError):
+    jax.tree_util.register_static(Optimizer)
+
+
+def init_state(replica, optimizer):
+    """Zeros like each parameter: on its device, in its layout (lenet.held)."""
+    return {"optimizer": optimizer, "step": 0,
+            **{slot: [jnp.zeros_like(p) for p in replica] for slot in optimizer.slots}}
+
+
+def state_to_numpy(state):
+    """The buffers converted as the weights are (lenet.to_numpy): each has its parameter's shape and layout."""
+    slots = {f"{slot}.{name}": a for slot in state["optimizer"].slots for name, a in to_numpy(state[slot]).items()}
+    return {"step": int(state["step"]), **slots}
+
+
+def state_from_numpy(arrays, replica, optimizer):
+    """The buffers laid out and placed as get_params does the weights, on the replica's device."""
+    (device,) = replica[0].devices()
+    slots = {slot: get_params({name: arrays[f"{slot}.{name}"] for name in PARAM_NAMES}, device)
+             for slot in optimizer.slots}
+    return {"optimizer": optimizer, "step": int(arrays["step"]), **slots}
+
+
+def apply(params, grads, state, lr, batch_size):
+    """The scratch step's update of one replica by the all-reduced summed gradients: new arrays written back into
+    the replica's list slots, and the state re-pointed at its new buffers and step count."""
+    params[:], new_state = update(params, grads, state, lr, batch_size)
+    state.update(new_state)
+
+
+# The unit execution.py compiles (jax.jit at the graph level, as data_parallel.py's update) or runs as written.
+def update(params, grads, state, lr, batch_size):
+    """common/optim.py's update, line for line: new weights and a new state."""
+    o, t = state["optimizer"], state["step"]
+    grads = [g / batch_size for g in grads]                       # the global batch's mean
+    if o.clip_norm is not None:                                   # every replica holds the all-reduced gradient
+        norm = jnp.sqrt(sum(jnp.sum(g * g) for g in grads))
+        grads = [g * jnp.minimum(1.0, o.clip_norm / (norm + CLIP_EPS)) for g in grads]
+    if o.weight_decay and not o.decoupled:                        # L2: added to the gradient
+        grads = [g + o.weight_decay * p for g, p in zip(grads, params)]
+    new = {"optimizer": o, "step": t + 1}
+    if o.name == "sgd":
+        return [p - lr * g for p, g in zip(params, grads)], new
+    if o.name in ("momentum", "nesterov"):                        # the buffer starts at 0: v = g on the first step
+        buffers = new["momentum_buffer"] = [o.momentum * v + g for v, g in zip(state["momentum_buffer"], grads)]
+        directions = [g + o.momentum * v for g, v in zip(grads, buffers)] if o.name == "nesterov" else buffers
+        return [p - lr * d for p, d in zip(params, directions)], new   # the rate outside the buffer
+    if o.decoupled:                                               # adamw: the weights shrink, not the gradient
+        params = [p * (1 - lr * o.weight_decay) for p in params]
+    b1, b2 = o.betas
+    exp_avg = new["exp_avg"] = [b1 * m + (1 - b1) * g for m, g in zip(state["exp_avg"], grads)]
+    exp_avg_sq = new["exp_avg_sq"] = [b2 * s + (1 - b2) * g * g for s, g in zip(state["exp_avg_sq"], grads)]
+    correction1, correction2 = 1 - b1 ** (t + 1), 1 - b2 ** (t + 1)   # Adam's bias corrections, from the count
+    return [p - lr / correction1 * m / (jnp.sqrt(s / correction2) + o.eps)   # eps outside the square root
+            for p, m, s in zip(params, exp_avg, exp_avg_sq)], new
+
+
+UNITS = {"update": update}
+update = jax.jit(update)   # at import, what the default level makes it
+
+
+def schedule(optimizer, port="canonical"):
+    """common/optim.py's rates from Optax's stock schedules, as a function of Optax's step count (0 at the first
+    update, like the spec's step): the warm-up lr * (count + 1) / W is a line from lr / W to lr over W - 1 counts;
+    join_schedules hands the schedule after it count - W. port="stock": Optax's usual warm-up, a line from 0 over
+    W counts (what optax.warmup_cosine_decay_schedule(0.0, lr, W, total) computes), a rate of 0 on the first
+    update and one step behind the spec's all through the warm-up."""
+    o = optimizer
+    if o.schedule == "cosine":
+        after = optax.cosine_decay_schedule(o.lr, max(o.decay_steps, 1))
+    elif o.schedule == "step":   # both milestones may fall on one step in a short run: their factors multiply
+        after = optax.piecewise_constant_schedule(o.lr, {m - o.warmup_steps: STEP_FACTOR ** n
+                                                         for m, n in collections.Counter(o.milestones).items()})
+    else:
+        after = optax.constant_schedule(o.lr)
+    if not o.warmup_steps:
+        return after
+    if port == "stock":
+        warmup = optax.linear_schedule(0.0, o.lr, o.warmup_steps)
+    else:
+        warmup = optax.linear_schedule(o.lr / o.warmup_steps, o.lr, o.warmup_steps - 1)
+    return optax.join_schedules([warmup, after], [o.warmup_steps])
+
+
+def transformation(optimizer, port="canonical"):
+    """common/optim.py's update as one Optax transformation, in the spec's order: clip by the global norm, the L2
+    decay added to the gradient (before the momentum trace: torch's g + wd * w), the update at the schedule's
+    rate. Optax's momentum keeps the rate outside the buffer (trace, then scale by -lr) as torch does, and its
+    Adam adds eps to the square root of the bias-corrected moment: the stock classes compute the spec.
+    optax.adamw's update -lr * (adam + wd * w) is torch's w * (1 - lr * wd) - lr * adam, on every parameter
+    (mask=None: biases decay too). clip_by_global_norm scales by clip / norm, torch's by clip / (norm + 1e-6): a
+    ~1e-7 relative difference on the steps that clip. Its input must be the global batch's mean gradient.
+    port="stock" (idiomatic.py's, for the conventions table): what a straightforward port from torch.optim builds,
+    the same hyperparameters in the same stock classes; only Optax's usual warm-up differs (schedule)."""
+    o, rate = optimizer, schedule(optimizer, port)
+    clip = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm is not None else []
+    if o.decoupled:
+        return optax.chain(*clip, optax.adamw(rate, *o.betas, o.eps, weight_decay=o.weight_decay, mask=None))
+    decay = [optax.add_decayed_weights(o.weight_decay)] if o.weight_decay else []
+    if o.name == "adam":
+        return optax.chain(*clip, *decay, optax.adam(rate, *o.betas, o.eps))
+    momentum = None if o.name == "sgd" else o.momentum
+    return optax.chain(*clip, *decay, optax.sgd(rate, momentum, nesterov=o.name == "nesterov"))
