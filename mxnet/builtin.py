@@ -9,7 +9,7 @@ from common.interface import Model
 from . import distributed as dist
 from .data_parallel import evaluate as evaluate_params
 from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
-from .optimizer import Trainer, get_trainer, trainer_state
+from .optimizer import Trainer, get_trainer, canonical_state
 
 EXEC = "hybridize"
 COMPILES = "fwd+bwd"
@@ -60,7 +60,7 @@ def params(net):
 
 
 def optimizer_state(model):
-    return trainer_state(model.trainer)
+    return canonical_state(model.trainer)
 
 
 def to_numpy(model):

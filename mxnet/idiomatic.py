@@ -7,7 +7,7 @@ from mxnet import autograd, gluon, nd
 from common.interface import Model, RosettaError, Unavailable
 
 from .lenet import build_model, to_numpy as params_to_numpy
-from .optimizer import CLASSES, Trainer, get_trainer, trainer_state
+from .optimizer import CLASSES, Trainer, get_trainer, canonical_state
 
 EXEC = "hybridize"
 COMPILES = "fwd+bwd"
@@ -51,7 +51,7 @@ def train_step(model, X, y, devices, lr, batch_size=None):
 
 
 def optimizer_state(model):
-    return trainer_state(model.trainer)
+    return canonical_state(model.trainer)
 
 
 def to_numpy(model):

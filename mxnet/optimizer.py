@@ -212,12 +212,6 @@ def updater_state(updater, names):
     return state
 
 
-def trainer_state(trainer):
-    """The canonical state of a Trainer: its first context's updater's (each context has one, with update_on_kvstore
-    False; all hold the same buffers). _updaters is what save_states itself reads."""
-    return updater_state(trainer._updaters[0], trainer.names)
-
-
 class Trainer(gluon.Trainer):
     """A gluon.Trainer that clips by global norm: its optimizer's clip_gradient clips each element. step() is
     Trainer.step's own two halves with the clipping between them, as its docstring advises for clipping: the
@@ -254,6 +248,12 @@ def get_trainer(params, optimizer, port="canonical", state=None, **kwargs):
                                  else mx_state(state, optimizer, name, weight.context))
             updater.states_synced[i] = True
     return trainer
+
+
+def canonical_state(trainer):
+    """The canonical state of a Trainer: its first context's updater's (each context has one, with update_on_kvstore
+    False; all hold the same buffers). _updaters is what save_states itself reads."""
+    return updater_state(trainer._updaters[0], trainer.names)
 
 
 def mx_state(state, optimizer, name, context):

@@ -89,6 +89,30 @@ class Trainer(typing.NamedTuple):
         Adam's step count per parameter) and the scheduler's (its last_epoch is the steps done: SGD counts none)."""
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
+    def load(self, state):
+        """Put the canonical `state` into this new trainer, so that its next update is step state["step"] of the run.
+        The buffers go in through the optimizer's load_state_dict as they are, in the model's layout (to_layout: a
+        channels-last kernel's buffer is channels-last, as torch.optim's own are, so the update runs the same kernels;
+        a buffer of the wrong shape is saved as given, for the harness's read_state to name); Adam and AdamW also count
+        the steps per parameter (their bias corrections). The scheduler is stepped to the state's step, as the
+        interrupted run stepped it: the warm-up's and the cosine's rates are each computed from the previous one, so
+        only the same steps give the same rates, bit for bit."""
+        optimizer, step = self.optimizer, state["step"]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        slots = sorted({key.split(".", 1)[0] for key in state if key != "step"})
+        saved = optimizer.state_dict()
+        saved["state"] = {}
+        for i, (p, name) in enumerate(zip(params, PARAM_NAMES)):
+            buffers = {slot: to_layout(torch.tensor(state[f"{slot}.{name}"], device=p.device)) for slot in slots}
+            if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+                buffers["step"] = torch.tensor(float(step))   # torch.optim's own form: a float32 tensor on the CPU
+            saved["state"][i] = buffers
+        optimizer.load_state_dict(saved)
+        with warnings.catch_warnings():   # no update between these scheduler steps: that is the point here
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
+            for _ in range(step):
+                self.scheduler.step()
+
 
 def get_schedule(torch_optimizer, optimizer):
     """common/optim.py's rates from torch's stock schedulers, one scheduler.step() after each update. LinearLR's
@@ -111,7 +135,7 @@ def get_schedule(torch_optimizer, optimizer):
 def get_trainer(parameters, optimizer, state=None):
     """torch.optim's own classes with the spec's hyperparameters and its defaults for the rest (dampening 0, no
     amsgrad): plain sgd is SGD without momentum; weight_decay is L2 in the gradient, except in AdamW. With a
-    canonical `state` (a checkpoint's), the trainer goes on from it (load_state)."""
+    canonical `state` (a checkpoint's), the trainer goes on from it (Trainer.load)."""
     o = optimizer
     if o.name in ("sgd", "momentum", "nesterov"):
         torch_optimizer = torch.optim.SGD(parameters, lr=o.lr, momentum=0.0 if o.name == "sgd" else o.momentum,
@@ -121,33 +145,8 @@ def get_trainer(parameters, optimizer, state=None):
         torch_optimizer = adam(parameters, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
     trainer = Trainer(torch_optimizer, get_schedule(torch_optimizer, o), o.clip_norm)
     if state is not None:
-        load_state(trainer, state)
+        trainer.load(state)
     return trainer
-
-
-def load_state(trainer, state):
-    """Put the canonical `state` into a new trainer, so that its next update is step state["step"] of the run.
-    The buffers go in through the optimizer's load_state_dict as they are, in the model's layout (to_layout: a
-    channels-last kernel's buffer is channels-last, as torch.optim's own are, so the update runs the same kernels;
-    a buffer of the wrong shape is saved as given, for the harness's read_state to name); Adam and AdamW also count
-    the steps per parameter (their bias corrections). The scheduler is stepped to the state's step, as the
-    interrupted run stepped it: the warm-up's and the cosine's rates are each computed from the previous one, so
-    only the same steps give the same rates, bit for bit."""
-    optimizer, step = trainer.optimizer, state["step"]
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    slots = sorted({key.split(".", 1)[0] for key in state if key != "step"})
-    saved = optimizer.state_dict()
-    saved["state"] = {}
-    for i, (p, name) in enumerate(zip(params, PARAM_NAMES)):
-        buffers = {slot: to_layout(torch.tensor(state[f"{slot}.{name}"], device=p.device)) for slot in slots}
-        if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-            buffers["step"] = torch.tensor(float(step))   # torch.optim's own form: a float32 tensor on the CPU
-        saved["state"][i] = buffers
-    optimizer.load_state_dict(saved)
-    with warnings.catch_warnings():   # no update between these scheduler steps: that is the point here
-        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
-        for _ in range(step):
-            trainer.scheduler.step()
 
 
 def canonical_state(saved):

@@ -12,7 +12,7 @@ from common.interface import Model, RosettaError
 from . import distributed as dist
 from .idiomatic import evaluate as evaluate_keras, loss_fn, to_numpy as keras_to_numpy
 from .lenet import build_model
-from .optimizer import follows_its_schedule, keras_optimizer, keras_state, load_state
+from .optimizer import follows_its_schedule, get_trainer, canonical_state, load_state
 
 EXEC = "tf.function"
 COMPILES = "whole step"
@@ -40,7 +40,7 @@ def get_model(weights, devices, optimizer=None, state=None):
         if optimizer is None or optimizer.is_recipe:
             trainer = tf.keras.optimizers.SGD(learning_rate=0.0)
         else:
-            trainer = keras_optimizer(optimizer)
+            trainer = get_trainer(optimizer)
         trainer.build(net.trainable_variables)
         if state is not None:
             load_state(trainer, state)
@@ -84,7 +84,7 @@ def to_numpy(model):
 
 
 def optimizer_state(model):
-    return keras_state(model.trainer)   # the first replica's copy: the replicas' are equal
+    return canonical_state(model.trainer)   # the first replica's copy: the replicas' are equal
 
 
 def evaluate(model, X, y):

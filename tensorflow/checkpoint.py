@@ -18,7 +18,7 @@ from common.layouts import to_channels_last
 from common.lenet import PARAM_NAMES, PARAM_SHAPES, init_weights
 
 from .lenet import build_model
-from .optimizer import keras_optimizer, load_state
+from .optimizer import get_trainer, load_state
 
 KEYS = {f"{layer}.{part}": f"layers/{group}/vars/{i}"
         for layer, group in (("conv1", "conv2d"), ("conv2", "conv2d_1"), ("fc1", "dense"), ("fc2", "dense_1"))
@@ -50,7 +50,7 @@ def read(path):
 
 
 def save_state(state, optimizer, path):
-    """Keras's optimizer for `optimizer`, as the built-in and idiomatic modes make it (keras_optimizer), started from
+    """Keras's optimizer for `optimizer`, as the built-in and idiomatic modes make it (get_trainer), started from
     the canonical `state` and written as TensorFlow writes it. Keras builds it over the model's variables, making
     each buffer in the shape of its variable and in their order (PARAM_NAMES): here over stand-ins named after the
     parameters, zeros in the buffers' shapes as given (a wrong one included: the harness's read_state names it; but
@@ -59,7 +59,7 @@ def save_state(state, optimizer, path):
     a native restore of it into a model's optimizer, tf.train.Checkpoint(optimizer=model.optimizer).read, restores
     the buffers and the step count (on every replica, under a strategy) and zeroes the model's weights: load_weights
     after it."""
-    trainer = keras_optimizer(optimizer)
+    trainer = get_trainer(optimizer)
     shapes = {name: np.shape(state[f"{optimizer.slots[0]}.{name}"]) if optimizer.slots else PARAM_SHAPES[name]
               for name in PARAM_NAMES}
     trainer.build([tf.keras.Variable(to_channels_last(name, np.zeros(shape, np.float32)), name=name)

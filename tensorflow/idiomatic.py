@@ -7,7 +7,7 @@ import tensorflow as tf
 from common.interface import Model, Unavailable
 
 from .lenet import build_model, to_numpy as params_to_numpy
-from .optimizer import follows_its_schedule, keras_optimizer, keras_state, load_state
+from .optimizer import follows_its_schedule, get_trainer, canonical_state, load_state
 
 EXEC = "tf.function"
 COMPILES = "whole step"
@@ -20,7 +20,7 @@ loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduct
 def get_model(weights, devices, optimizer=None, state=None, port="canonical"):
     """The recipe's SGD (optimizer None or the recipe's), or Keras's optimizer and schedule for a
     common.optim.Optimizer: computing its update ("canonical"), or as a straightforward port has it ("stock":
-    optimizer.keras_optimizer says what differs); from a checkpoint's canonical `state` if given."""
+    optimizer.get_trainer says what differs); from a checkpoint's canonical `state` if given."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     with tf.device(devices[0]):
@@ -28,7 +28,7 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical"):
         if optimizer is None or optimizer.is_recipe:
             trainer = tf.keras.optimizers.SGD(learning_rate=0.0)
         else:
-            trainer = keras_optimizer(optimizer, port)
+            trainer = get_trainer(optimizer, port)
         trainer.build(net.trainable_variables)
         if state is not None:
             load_state(trainer, state)
@@ -66,7 +66,7 @@ def to_numpy(model):
 
 
 def optimizer_state(model):
-    return keras_state(model.trainer)
+    return canonical_state(model.trainer)
 
 
 def evaluate(model, X, y, batch_size=1000):

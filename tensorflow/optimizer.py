@@ -1,7 +1,7 @@
 """The optimizer in TensorFlow, two ways: common/optim.py's canonical update written by hand for the scratch step
 (apply: a replica's state is tf.Variables beside its weights, assigned in place), and Keras's own optimizers and
-schedules for the built-in and idiomatic modes (keras_optimizer), subclassed only where Keras computes another
-update; a Keras trainer's state goes in and out in the canonical form (load_state, keras_state)."""
+schedules for the built-in and idiomatic modes (get_trainer), subclassed only where Keras computes another
+update; a Keras trainer's state goes in and out in the canonical form (load_state, canonical_state)."""
 import tensorflow as tf
 
 from common.layouts import to_channels_last
@@ -158,7 +158,7 @@ class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
         return tf.where(step < self.warmup_steps, self.lr * (step + 1) / self.warmup_steps, after)
 
 
-def schedule(o):
+def get_schedule(o):
     """The spec's rate as a Keras schedule: CosineDecay (alpha 0: torch's CosineAnnealingLR to 0) or
     PiecewiseConstantDecay (which moves on AFTER a boundary step: the boundaries are the milestones - 1) over the steps
     after the warm-up, behind WarmUp. The optimizer's own step count (its `iterations`) drives it."""
@@ -173,7 +173,7 @@ def schedule(o):
 
 def canonical(o):
     """The spec's update through Keras's optimizer API: the subclasses above, on the spec's schedule."""
-    options = {"learning_rate": schedule(o), "global_clipnorm": o.clip_norm}
+    options = {"learning_rate": get_schedule(o), "global_clipnorm": o.clip_norm}
     if o.name == "adamw":
         return AdamW(weight_decay=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps, **options)
     if o.name == "adam":
@@ -208,7 +208,7 @@ def stock(o):
 PORTS = {"canonical": canonical, "stock": stock}
 
 
-def keras_optimizer(optimizer, port="canonical"):
+def get_trainer(optimizer, port="canonical"):
     """Keras's optimizer and schedule for a common.optim.Optimizer, as `port` makes them (PORTS). The trainer keeps
     the optimizer as `spec`: the steps feed such a trainer the global batch's mean gradient and let its schedule
     set the rate."""
@@ -218,7 +218,7 @@ def keras_optimizer(optimizer, port="canonical"):
 
 
 def follows_its_schedule(trainer):
-    """True for keras_optimizer's trainers; False for the recipe's SGD, whose rate the step sets (lr / batch size on
+    """True for get_trainer's trainers; False for the recipe's SGD, whose rate the step sets (lr / batch size on
     the summed gradient)."""
     return hasattr(trainer, "spec")
 
@@ -229,7 +229,7 @@ SLOTS = {"momentum_buffer": "momentums", "exp_avg": "_momentums", "exp_avg_sq": 
 
 
 def load_state(trainer, state):
-    """Starts a built keras_optimizer trainer from a canonical state: its iterations at the state's step count, so
+    """Starts a built get_trainer trainer from a canonical state: its iterations at the state's step count, so
     that its schedule gives the rate of step state["step"] next and Adam's bias corrections use t = step + 1, and
     its buffers in Keras's layout, as the weights are. Under a strategy each assign sets every replica's copy."""
     trainer.iterations.assign(state["step"])
@@ -238,8 +238,8 @@ def load_state(trainer, state):
             variable.assign(to_channels_last(name, state[f"{slot}.{name}"]))
 
 
-def keras_state(trainer):
-    """A keras_optimizer trainer's state, canonical (common.optim.init_state's form): the step count is its
+def canonical_state(trainer):
+    """A get_trainer trainer's state, canonical (common.optim.init_state's form): the step count is its
     iterations; lenet.to_numpy converts the buffers as it converts the weights."""
     state = {"step": int(trainer.iterations.numpy())}
     for slot in trainer.spec.slots:

@@ -21,7 +21,7 @@ def fw():
 @pytest.mark.parametrize("warmup", [0, 1, 5])
 def test_the_keras_schedule_is_the_spec_rate_at_every_step(fw, schedule, warmup):
     o = optim.Optimizer("momentum", 0.02, schedule=schedule, warmup_steps=warmup, total_steps=24)
-    rate = load_module("tensorflow", "optimizer").schedule(o)
+    rate = load_module("tensorflow", "optimizer").get_schedule(o)
     for step in range(o.total_steps):
         got = float(rate(step)) if callable(rate) else rate
         assert got == pytest.approx(o.learning_rate(step), rel=1e-6, abs=1e-9), step
