@@ -159,6 +159,8 @@ def flax_key(name):
 def stored_state(tree):
     """The canonical state's entries in a pure dict of an nnx.Optimizer's state, arrays as stored (Flax's layout).
     Its counts (nnx.Optimizer's step and Optax's) must agree."""
+    if not isinstance(tree, dict) or not {"step", "opt_state"} <= set(tree):
+        raise ValueError("not an nnx.Optimizer's state (no step and opt_state): a model's weights, perhaps")
     counts = {int(tree["step"]), *(int(c) for c in find(tree["opt_state"], "count"))}
     if len(counts) != 1:
         raise ValueError(f"step counts {sorted(counts)} disagree")
