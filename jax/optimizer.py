@@ -1,6 +1,8 @@
 """The optimizer in JAX: common/optim.py's update by hand for the scratch step, functional like the recipe's sgd
 (new arrays; the replica's and the state's lists re-pointed at them), and built from Optax's own transformations
-and schedules for the built-in and idiomatic modes, whose compiled steps take Optax's state in and give it back."""
+and schedules for the built-in and idiomatic modes, whose compiled steps take Optax's state in and give it back.
+A checkpoint's canonical state goes into Optax's state (the built-in's) or an nnx.Optimizer's (the idiomatic's and
+the file's, checkpoint.py) and comes back out of it by Optax's names for the buffers and counts."""
 import collections
 import contextlib
 
@@ -177,13 +179,14 @@ def load_state(trainer, state):
     """Put the canonical `state` into an nnx.Optimizer: its pure dict with the buffers (channels-last, as the
     weights are: to_channels_last) and every count replaced, then replace_by_pure_dict (Flax's own restore). Buffers
     go in as given, a wrong shape too (for the harness's read_state to name)."""
+    slots = {field: slot for slot, field in FIELDS.items()}
+
     def replace(tree):
         for key, value in tree.items():
-            if key in FIELDS.values():
-                slot = next(s for s, f in FIELDS.items() if f == key)
+            if key in slots:
                 for name in PARAM_NAMES:
                     layer, part = flax_key(name)
-                    value[layer][part] = jnp.asarray(to_channels_last(name, state[f"{slot}.{name}"]))
+                    value[layer][part] = jnp.asarray(to_channels_last(name, state[f"{slots[key]}.{name}"]))
             elif key == "count":
                 tree[key] = jnp.asarray(state["step"], value.dtype)
             elif isinstance(value, dict):
