@@ -24,7 +24,7 @@ from common.lenet import PARAM_NAMES
 from .data_parallel import evaluate as evaluate_params
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .lenet import forward, held, to_numpy as params_to_numpy
-from .optimizer import transformation
+from .optimizer import optax_canonical, optax_state, transformation
 
 EXEC = "jax.jit+NamedSharding"
 COMPILES = "whole step"
@@ -112,18 +112,28 @@ class OptaxTrainer:
         return net, rows
 
 
-def get_model(weights, devices, optimizer=None, form="jit"):
+def get_model(weights, devices, optimizer=None, state=None, form="jit"):
     """The recipe's plain SGD (optimizer None or its is_recipe) is today's step; any other optimizer is Optax's
-    transformation (optimizer.py), its state made by a compiled tx.init: global arrays replicated over the mesh,
-    across processes too."""
+    transformation (optimizer.py), its state made by a compiled tx.init, or holding the canonical `state` of a
+    checkpoint (buffers laid out as the parameters, every count at its step): global arrays replicated over the
+    mesh, across processes too."""
     mesh = mesh_of(devices)
     replicated = NamedSharding(mesh, P())   # every device holds the whole parameter
-    params = [jax.make_array_from_callback(w.shape, replicated, lambda index, w=w: w[index])
-              for w in (held(name, weights[name]) for name in PARAM_NAMES)]
+
+    def replicate(a):
+        a = np.asarray(a)
+        return jax.make_array_from_callback(a.shape, replicated, lambda index: a[index])
+
+    host = [held(name, weights[name]) for name in PARAM_NAMES]
+    params = [replicate(w) for w in host]
     if optimizer is None or optimizer.is_recipe:
         return Model(params, compile_step(mesh, form), mesh)
     tx = transformation(optimizer)
-    opt_state = jax.jit(tx.init, out_shardings=replicated)(params)
+    if state is None:
+        opt_state = jax.jit(tx.init, out_shardings=replicated)(params)
+    else:
+        laid_out = lambda arrays: [held(name, arrays[name]) for name in PARAM_NAMES]   # noqa: E731
+        opt_state = jax.tree.map(replicate, optax_state(state, tx.init(host), laid_out))
     return Model(params, OptaxTrainer(compile_optax_step(mesh, form, tx), opt_state), mesh)
 
 
@@ -146,6 +156,12 @@ def local_params(model):
 
 def to_numpy(model):
     return params_to_numpy(local_params(model))
+
+
+def optimizer_state(model):
+    """The canonical state of the model's Optax state: this process's copy, converted as the weights are."""
+    local = jax.tree.map(lambda a: a.addressable_data(0), model.trainer.opt_state)
+    return optax_canonical(local, params_to_numpy)
 
 
 def evaluate(model, X, y):

@@ -2,7 +2,10 @@
 model's state as a plain nested dict (nnx.to_pure_dict, Flax's recipe for Orbax), a directory,
 restored into a model of the same structure with nnx.replace_by_pure_dict. The arrays are saved as numpy
 arrays: in a multi-process run Orbax refuses host-local jax.Arrays. Orbax writes a temporary directory and
-renames it when complete. The weights are stored in Flax's channels-last layout."""
+renames it when complete. The weights are stored in Flax's channels-last layout.
+The optimizer's state is a second Orbax directory, as Flax's checkpointing guide saves an nnx.Optimizer: the pure
+dict of its state (nnx.Optimizer's step and the Optax state of optimizer.py's transformation, the buffers in the
+model's tree, channels-last like the weights), restored without a target."""
 import os
 
 import jax
@@ -13,10 +16,12 @@ from flax import nnx
 from common.lenet import LAYERS, init_weights
 
 from .lenet import build_model
+from .optimizer import load_state, stored_state, transformation
 
 KEYS = {f"{layer}.{part}": f"{layer}/{name}" for layer in LAYERS for part, name in (("weight", "kernel"),
                                                                                     ("bias", "bias"))}
 CHANNELS_LAST = True
+STATE_SUFFIX = ".optimizer.orbax"   # lenet-epoch3.orbax's state: lenet-epoch3.optimizer.orbax
 
 
 def checkpointer():
@@ -58,6 +63,21 @@ def flatten(tree, prefix=""):
             yield from flatten(value, f"{prefix}{key}/")
         else:
             yield f"{prefix}{key}", np.asarray(value)
+
+
+def save_state(state, optimizer, path):
+    """The idiomatic mode's nnx.Optimizer for `optimizer` (over a Flax model: its buffers in the module's tree),
+    started from the canonical `state` and saved as save() saves the model."""
+    trainer = nnx.Optimizer(build_model(init_weights()), transformation(optimizer), wrt=nnx.Param)
+    load_state(trainer, state)
+    with checkpointer() as saver:
+        saver.save(os.path.abspath(path), jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(trainer))))
+
+
+def read_state(path):
+    """The canonical state's entries as stored: the step count, the buffers by canonical name in Flax's layout."""
+    with checkpointer() as restorer:
+        return stored_state(restorer.restore(os.path.abspath(path)))
 
 
 def logits(model, X):

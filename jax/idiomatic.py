@@ -3,24 +3,27 @@ nnx.Optimizer and an nnx.jit step on one device, no harness. The benchmark times
 step to show what the from-scratch recipe costs."""
 
 import jax
+import numpy as np
 import optax
 from flax import nnx
 
 from common.interface import Model, Unavailable
+from common.layouts import to_canonical
 
 from .lenet import build_model, model_to_numpy
-from .optimizer import transformation
+from .optimizer import load_state, stored_state, transformation
 
 EXEC = "nnx.jit"
 COMPILES = "whole step"
 LAYOUT = "NHWC (Flax)"
 
 
-def get_model(weights, devices, optimizer=None, port="canonical"):
+def get_model(weights, devices, optimizer=None, state=None, port="canonical"):
     """The recipe's plain SGD (optimizer None or its is_recipe): optax.inject_hyperparams makes the learning rate
     a value of the optimizer state, so a step can set it without recompiling (the recipe's lr / batch size changes
     on an epoch's last, smaller batch). Any other optimizer: optimizer.py's Optax transformation, its own
-    schedule driven by its own step count; port="stock", what a straightforward port builds (optimizer.py)."""
+    schedule driven by its own step count, from the canonical `state` of a checkpoint if given (its buffers and
+    counts: the next update is step state["step"]); port="stock", what a straightforward port builds (optimizer.py)."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     recipe = optimizer is None or optimizer.is_recipe
@@ -28,6 +31,8 @@ def get_model(weights, devices, optimizer=None, port="canonical"):
         net = build_model(weights)
         tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0) if recipe else transformation(optimizer, port)
         trainer = nnx.Optimizer(net, tx, wrt=nnx.Param)
+        if state is not None and not recipe:
+            load_state(trainer, state)
     return Model(net, trainer)
 
 
@@ -68,6 +73,13 @@ def train_step(model, X, y, devices, lr, batch_size=None):
 
 def to_numpy(model):
     return model_to_numpy(model.net)
+
+
+def optimizer_state(model):
+    """The canonical state of the model's nnx.Optimizer (its buffers converted as the weights are)."""
+    state = stored_state(nnx.to_pure_dict(nnx.state(model.trainer)))
+    return {key: value if key == "step" else np.ascontiguousarray(to_canonical(key.split(".", 1)[1], value))
+            for key, value in state.items()}
 
 
 @nnx.jit

@@ -1,13 +1,18 @@
 """The optimizer in JAX: common/optim.py's update by hand for the scratch step, functional like the recipe's sgd
 (new arrays; the replica's and the state's lists re-pointed at them), and built from Optax's own transformations
-and schedules for the built-in and idiomatic modes, whose compiled steps take Optax's state in and give it back."""
+and schedules for the built-in and idiomatic modes, whose compiled steps take Optax's state in and give it back.
+A checkpoint's canonical state goes into Optax's state (the built-in's) or an nnx.Optimizer's (the idiomatic's and
+the file's, checkpoint.py) and comes back out of it by Optax's names for the buffers and counts."""
 import collections
 import contextlib
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+from flax import nnx
 
+from common.layouts import to_channels_last
 from common.lenet import PARAM_NAMES
 from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer
 
@@ -120,3 +125,85 @@ def transformation(optimizer, port="canonical"):
         return optax.chain(*clip, *decay, optax.adam(rate, *o.betas, o.eps))
     momentum = None if o.name == "sgd" else o.momentum
     return optax.chain(*clip, *decay, optax.sgd(rate, momentum, nesterov=o.name == "nesterov"))
+
+
+# A state's buffers by Optax's names (fields of TraceState and ScaleByAdamState) and torch.optim's (the canonical
+# slots); every Optax state counts its updates in `count` (the schedule's and Adam's), which is the step.
+FIELDS = {"momentum_buffer": "trace", "exp_avg": "mu", "exp_avg_sq": "nu"}
+
+
+def optax_state(state, opt_state, params):
+    """The Optax state `opt_state` (tx.init's, the built-in mode's) holding the canonical `state`: its buffers as
+    params(canonical arrays) lays them out (the parameters' own pytree), every count at the step."""
+    buffers = {FIELDS[slot]: params({name: state[f"{slot}.{name}"] for name in PARAM_NAMES})
+               for slot in FIELDS if f"{slot}.{PARAM_NAMES[0]}" in state}
+    return optax.tree_utils.tree_set(opt_state, count=jnp.int32(state["step"]), **buffers)
+
+
+def optax_canonical(opt_state, to_canonical):
+    """The canonical state an Optax state holds: to_canonical(the parameters' pytree) -> arrays by name."""
+    (step,) = {int(count) for _, count in optax.tree_utils.tree_get_all_with_path(opt_state, "count")}
+    state = {"step": step}
+    for slot, field in FIELDS.items():
+        for _, buffers in optax.tree_utils.tree_get_all_with_path(opt_state, field):
+            state.update({f"{slot}.{name}": a for name, a in to_canonical(buffers).items()})
+    return state
+
+
+# The idiomatic mode's nnx.Optimizer and its file, as the plain nested dict nnx.to_pure_dict makes of its state:
+# {"step": n, "opt_state": {<chain position>: {"count": n, "mu": {"conv1": {"kernel": ..., "bias": ...}, ...}}}}.
+def flax_key(name):
+    """conv1.weight -> (conv1, kernel): where a parameter's buffer is in the Flax module's tree."""
+    layer, part = name.split(".")
+    return layer, "kernel" if part == "weight" else part
+
+
+def stored_state(tree):
+    """The canonical state's entries in a pure dict of an nnx.Optimizer's state, arrays as stored (Flax's layout).
+    Its counts (nnx.Optimizer's step and Optax's) must agree."""
+    if not isinstance(tree, dict) or not {"step", "opt_state"} <= set(tree):
+        raise ValueError("not an nnx.Optimizer's state (no step and opt_state): a model's weights, perhaps")
+    counts = {int(tree["step"]), *(int(c) for c in find(tree["opt_state"], "count"))}
+    if len(counts) != 1:
+        raise ValueError(f"step counts {sorted(counts)} disagree")
+    state = {"step": counts.pop()}
+    for slot, field in FIELDS.items():
+        for buffers in find(tree["opt_state"], field):
+            for name in PARAM_NAMES:
+                layer, part = flax_key(name)
+                state[f"{slot}.{name}"] = np.asarray(buffers[layer][part])
+    return state
+
+
+def load_state(trainer, state):
+    """Put the canonical `state` into an nnx.Optimizer: its pure dict with the buffers (channels-last, as the
+    weights are: to_channels_last) and every count replaced, then replace_by_pure_dict (Flax's own restore). Buffers
+    go in as given, a wrong shape too (for the harness's read_state to name)."""
+    slots = {field: slot for slot, field in FIELDS.items()}
+
+    def replace(tree):
+        for key, value in tree.items():
+            if key in slots:
+                for name in PARAM_NAMES:
+                    layer, part = flax_key(name)
+                    value[layer][part] = jnp.asarray(to_channels_last(name, state[f"{slots[key]}.{name}"]))
+            elif key == "count":
+                tree[key] = jnp.asarray(state["step"], value.dtype)
+            elif isinstance(value, dict):
+                replace(value)
+
+    pure = nnx.to_pure_dict(nnx.state(trainer))
+    pure["step"] = jnp.asarray(state["step"], pure["step"].dtype)
+    replace(pure["opt_state"])
+    saved = nnx.state(trainer)
+    nnx.replace_by_pure_dict(saved, pure)
+    nnx.update(trainer, saved)
+
+
+def find(tree, key):
+    """Every value under `key` in a nested dict."""
+    for k, value in tree.items():
+        if k == key:
+            yield value
+        elif isinstance(value, dict):
+            yield from find(value, key)
