@@ -24,7 +24,7 @@ from common.lenet import PARAM_NAMES
 from .data_parallel import evaluate as evaluate_params
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .lenet import forward, held, to_numpy as params_to_numpy
-from .optimizer import optax_canonical, optax_state, transformation
+from .optimizer import optax_canonical, optax_state, get_trainer
 
 EXEC = "jax.jit+NamedSharding"
 COMPILES = "whole step"
@@ -128,7 +128,7 @@ def get_model(weights, devices, optimizer=None, state=None, form="jit"):
     params = [replicate(w) for w in host]
     if optimizer is None or optimizer.is_recipe:
         return Model(params, compile_step(mesh, form), mesh)
-    tx = transformation(optimizer)
+    tx = get_trainer(optimizer)
     if state is None:
         opt_state = jax.jit(tx.init, out_shardings=replicated)(params)
     else:

@@ -16,7 +16,7 @@ from flax import nnx
 from common.lenet import LAYERS, init_weights
 
 from .lenet import build_model
-from .optimizer import load_state, stored_state, transformation
+from .optimizer import load_state, canonical_state, get_trainer
 
 KEYS = {f"{layer}.{part}": f"{layer}/{name}" for layer in LAYERS for part, name in (("weight", "kernel"),
                                                                                     ("bias", "bias"))}
@@ -68,7 +68,7 @@ def flatten(tree, prefix=""):
 def save_state(state, optimizer, path):
     """The idiomatic mode's nnx.Optimizer for `optimizer` (over a Flax model: its buffers in the module's tree),
     started from the canonical `state` and saved as save() saves the model."""
-    trainer = nnx.Optimizer(build_model(init_weights()), transformation(optimizer), wrt=nnx.Param)
+    trainer = nnx.Optimizer(build_model(init_weights()), get_trainer(optimizer), wrt=nnx.Param)
     load_state(trainer, state)
     with checkpointer() as saver:
         saver.save(os.path.abspath(path), jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(trainer))))
@@ -77,7 +77,7 @@ def save_state(state, optimizer, path):
 def read_state(path):
     """The canonical state's entries as stored: the step count, the buffers by canonical name in Flax's layout."""
     with checkpointer() as restorer:
-        return stored_state(restorer.restore(os.path.abspath(path)))
+        return canonical_state(restorer.restore(os.path.abspath(path)))
 
 
 def logits(model, X):

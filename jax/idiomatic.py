@@ -11,7 +11,7 @@ from common.interface import Model, Unavailable
 from common.layouts import to_canonical
 
 from .lenet import build_model, model_to_numpy
-from .optimizer import load_state, stored_state, transformation
+from .optimizer import load_state, canonical_state, get_trainer
 
 EXEC = "nnx.jit"
 COMPILES = "whole step"
@@ -29,7 +29,7 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical"):
     recipe = optimizer is None or optimizer.is_recipe
     with jax.default_device(devices[0]):
         net = build_model(weights)
-        tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0) if recipe else transformation(optimizer, port)
+        tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0) if recipe else get_trainer(optimizer, port)
         trainer = nnx.Optimizer(net, tx, wrt=nnx.Param)
         if state is not None and not recipe:
             load_state(trainer, state)
@@ -77,7 +77,7 @@ def to_numpy(model):
 
 def optimizer_state(model):
     """The canonical state of the model's nnx.Optimizer (its buffers converted as the weights are)."""
-    state = stored_state(nnx.to_pure_dict(nnx.state(model.trainer)))
+    state = canonical_state(nnx.to_pure_dict(nnx.state(model.trainer)))
     return {key: value if key == "step" else np.ascontiguousarray(to_canonical(key.split(".", 1)[1], value))
             for key, value in state.items()}
 

@@ -83,7 +83,7 @@ UNITS = {"update": update}
 update = jax.jit(update)   # at import, what the default level makes it
 
 
-def schedule(optimizer, port="canonical"):
+def get_schedule(optimizer, port="canonical"):
     """common/optim.py's rates from Optax's stock schedules, as a function of Optax's step count (0 at the first
     update, like the spec's step): the warm-up lr * (count + 1) / W is a line from lr / W to lr over W - 1 counts;
     join_schedules hands the schedule after it count - W. port="stock": Optax's usual warm-up, a line from 0 over
@@ -106,7 +106,7 @@ def schedule(optimizer, port="canonical"):
     return optax.join_schedules([warmup, after], [o.warmup_steps])
 
 
-def transformation(optimizer, port="canonical"):
+def get_trainer(optimizer, port="canonical"):
     """common/optim.py's update as one Optax transformation, in the spec's order: clip by the global norm, the L2
     decay added to the gradient (before the momentum trace: torch's g + wd * w), the update at the schedule's
     rate. Optax's momentum keeps the rate outside the buffer (trace, then scale by -lr) as torch does, and its
@@ -116,7 +116,7 @@ def transformation(optimizer, port="canonical"):
     ~1e-7 relative difference on the steps that clip. Its input must be the global batch's mean gradient.
     port="stock" (idiomatic.py's, for the conventions table): what a straightforward port from torch.optim builds,
     the same hyperparameters in the same stock classes; only Optax's usual warm-up differs (schedule)."""
-    o, rate = optimizer, schedule(optimizer, port)
+    o, rate = optimizer, get_schedule(optimizer, port)
     clip = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm is not None else []
     if o.decoupled:
         return optax.chain(*clip, optax.adamw(rate, *o.betas, o.eps, weight_decay=o.weight_decay, mask=None))
@@ -158,7 +158,7 @@ def flax_key(name):
     return layer, "kernel" if part == "weight" else part
 
 
-def stored_state(tree):
+def canonical_state(tree):
     """The canonical state's entries in a pure dict of an nnx.Optimizer's state, arrays as stored (Flax's layout).
     Its counts (nnx.Optimizer's step and Optax's) must agree."""
     if not isinstance(tree, dict) or not {"step", "opt_state"} <= set(tree):

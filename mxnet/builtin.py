@@ -59,12 +59,12 @@ def params(net):
     return [p.list_data()[0] for p in net.collect_params().values()]
 
 
-def optimizer_state(model):
-    return canonical_state(model.trainer)
-
-
 def to_numpy(model):
     return params_to_numpy(params(model.net))
+
+
+def optimizer_state(model):
+    return canonical_state(model.trainer)
 
 
 def evaluate(model, X, y):

@@ -50,12 +50,12 @@ def train_step(model, X, y, devices, lr, batch_size=None):
     return float(loss.sum().asscalar()) / len(X)
 
 
-def optimizer_state(model):
-    return canonical_state(model.trainer)
-
-
 def to_numpy(model):
     return params_to_numpy([p.data() for p in model.net.collect_params().values()])
+
+
+def optimizer_state(model):
+    return canonical_state(model.trainer)
 
 
 def evaluate(model, X, y, batch_size=1000):

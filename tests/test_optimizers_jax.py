@@ -72,7 +72,7 @@ def test_optax_computes_the_spec(jax_fw, name):
     o, grads = problem(name)
     want, _ = spec(o, grads)
     (device,) = jax_fw.get_devices(1)
-    tx = optimizer.transformation(o)
+    tx = optimizer.get_trainer(o)
     params = jax_fw.get_params(init_weights(0), device)
     opt_state = tx.init(params)
     for g in grads:
@@ -88,7 +88,7 @@ def test_optax_schedules_give_the_spec_rates(jax_fw, schedule, warmup, total):
     short run both of the step schedule's milestones can fall on one step."""
     optimizer = load_module("jax", "optimizer")
     o = optim.Optimizer("sgd", 0.02, schedule=schedule, warmup_steps=warmup, total_steps=total)
-    rate = optimizer.schedule(o)
+    rate = optimizer.get_schedule(o)
     got = np.array([float(rate(t)) for t in range(total)])
     want = [o.learning_rate(t) for t in range(total)]
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * o.lr)   # Optax's cosine is float32
@@ -99,7 +99,7 @@ def test_the_stock_port_warms_up_from_zero(jax_fw):
     the first update does nothing and the rest of the warm-up runs a step behind."""
     optimizer = load_module("jax", "optimizer")
     o = optim.Optimizer("momentum", 0.02, schedule="cosine", warmup_steps=4, total_steps=20)
-    stock = optimizer.schedule(o, "stock")
+    stock = optimizer.get_schedule(o, "stock")
     assert [float(stock(t)) for t in range(5)] == pytest.approx([0, 0.005, 0.01, 0.015, 0.02])
     after = [o.learning_rate(t) for t in range(4, 20)]
     assert [float(stock(t)) for t in range(4, 20)] == pytest.approx(after, abs=1e-6 * o.lr)
