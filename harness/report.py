@@ -232,12 +232,13 @@ def unwritable(path):
 
 
 def optimizer_line(args):
+    from common.optim import DEFAULT_LR
     """The training options above the table, unless they are the recipe's (plain SGD, constant rate): None then."""
     if (args.optimizer, args.lr_schedule, args.warmup_epochs, args.weight_decay, args.clip_norm) == \
             ("sgd", "constant", 0, 0, None):
         return None
     parts = [args.optimizer + (f" {args.momentum:g}" if args.optimizer in ("momentum", "nesterov") else ""),
-             "lr " + (f"{args.lr:g}" if args.lr is not None else "default")
+             f"lr {args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]:g}"
              + (f" x batch / {args.reference_batch}" if args.lr_scaling == "linear" else ""),
              f"{args.lr_schedule} schedule"]
     if args.warmup_epochs:
