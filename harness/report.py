@@ -11,6 +11,7 @@ import tempfile
 from common.interface import FRAMEWORKS
 
 from .loader import installed_version
+from common.optim import DEFAULT_LR
 
 COLUMNS = ("framework", "mode", "exec", "layout", "devices", "processes", "epochs", "train s", "images/s",
            "test acc", "final loss", "|Δ step-1 loss|", "status")
@@ -232,7 +233,6 @@ def unwritable(path):
 
 
 def optimizer_line(args):
-    from common.optim import DEFAULT_LR
     """The training options above the table, unless they are the recipe's (plain SGD, constant rate): None then."""
     if (args.optimizer, args.lr_schedule, args.warmup_epochs, args.weight_decay, args.clip_norm) == \
             ("sgd", "constant", 0, 0, None):
