@@ -9,9 +9,9 @@ import sys
 import tempfile
 
 from common.interface import FRAMEWORKS
+from common.optim import DEFAULT_LR
 
 from .loader import installed_version
-from common.optim import DEFAULT_LR
 
 COLUMNS = ("framework", "mode", "exec", "layout", "devices", "processes", "epochs", "train s", "images/s",
            "test acc", "final loss", "|Δ step-1 loss|", "status")
