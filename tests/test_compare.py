@@ -162,7 +162,8 @@ def test_help_shows_every_default():
     assert proc.returncode == 0
     flat = " ".join(proc.stdout.split())
     for shown in ("--frameworks FRAMEWORKS comma-separated (default: pytorch,", "(default: scratch)",
-                  "(default: digits)", "(default: 256)", "(default: 0.2)", "(default: 1800)", "(default: 300)",
+                  "(default: digits)", "(default: 256)", "default by --optimizer: sgd 0.2, momentum 0.02",
+                  "(default: sgd)", "(default: constant)", "(default: 1800)", "(default: 300)",
                   f"(default: {os.cpu_count()})", "default 30 for digits, 10 otherwise"):
         assert shown in flat, shown
     assert "(default: None)" not in flat and "(default: False)" not in flat
