@@ -29,6 +29,7 @@ def traced(runner, data, epochs, batch_size, optimizer, seed=0, min_size=1):
 
 
 def copies(weights):
+    """Copies, not views: PyTorch's to_numpy hands out views of the live tensors."""
     return {name: np.array(w) for name, w in weights.items()}
 
 

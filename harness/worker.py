@@ -97,6 +97,7 @@ def run(spec, started):
         return scaling_inputs(fw, spec)
     import numpy as np
     from .checkpoints import resume_point, saver
+    from .stepcheck import copies
     from common.data import load_dataset
     from .training import MODES, steps_per_epoch, train
     data = load_dataset(spec.dataset, spec.data_dir, spec.n_synthetic, spec.seed)
@@ -121,8 +122,7 @@ def run(spec, started):
                        spec.init, rank, world, min_size=spec.devices, progress=progress,
                        max_steps=spec.max_steps, weights=weights, first_epoch=first_epoch,
                        after_epoch=saver(spec, rank, optimizer), optimizer=optimizer, state=state,
-                       before_step=None if trace is None else lambda steps, runner: trace.append(
-                           {name: np.array(w) for name, w in runner.weights().items()}))   # copies, not views
+                       before_step=None if trace is None else lambda steps, runner: trace.append(copies(runner.weights())))
         # What the framework holds while it trains: the peak since the reset, less the harness's own copy of the data
         data_bytes = sum(a.nbytes for a in (data.X_train, data.y_train, data.X_test, data.y_test))
         record["train_memory_bytes"] = peak_rss() - data_bytes if fresh_peak else None
