@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from common.interface import Model, RosettaError
 
-from .data_parallel import evaluate as evaluate_params
+from .data_parallel import evaluate as evaluate_params, sgd
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
 from .optimizer import Trainer, canonical_state, get_trainer
@@ -59,6 +59,23 @@ def train_step(model, batch, lr, batch_size):
         for group in trainer.param_groups:
             group["lr"] = lr
     trainer.step()
+    return loss.item() / len(X)
+
+
+def primitives_step(net, X, y, devices, lr, batch_size):
+    """nn.DataParallel's step with its four primitives called by hand (GPU only: they refuse CPU devices), then the
+    recipe's update; `net` is the plain module on devices[0]. scatter cuts the batch as torch.chunk does (10 rows over
+    3 devices: 4, 4, 2, where split_and_load cuts 4, 3, 3: the same step, the loss being summed). replicate's copies
+    are differentiable: backward sums their gradients into net's parameters, so there is no allreduce to call. The
+    outputs are gathered on the first device, where the whole batch's loss is. Returns the mean loss."""
+    ids = [d.index for d in devices]
+    X_shards = nn.parallel.scatter(X, ids)
+    replicas = nn.parallel.replicate(net, ids[:len(X_shards)])
+    outputs = nn.parallel.parallel_apply(replicas, X_shards, devices=ids[:len(X_shards)])
+    logits = nn.parallel.gather(outputs, ids[0])
+    loss = loss_sum(logits, y.to(logits.device))
+    params = list(net.parameters())
+    sgd(params, torch.autograd.grad(loss, params), lr, batch_size)
     return loss.item() / len(X)
 
 

@@ -1,4 +1,4 @@
-"""PyTorch's in-process engine, nn.DataParallel, on simulated GPUs.
+"""PyTorch's in-process engine, nn.DataParallel, and its step written with the four primitives, on simulated GPUs.
 
 There is no GPU here. The CUDA calls are recorded instead of made (the device count, the module's move to cuda:0,
 DataParallel's balance check), and the four primitives are CPU stand-ins that keep their semantics: scatter cuts
@@ -85,7 +85,7 @@ def simulate(torch, monkeypatch):
             monkeypatch.setattr(parallel["data_parallel"], name, stand_in)   # what DataParallel calls
         for name, stand_in in (("scatter", scatter), ("replicate", replicate), ("parallel_apply", parallel_apply),
                                ("gather", gather)):
-            monkeypatch.setattr(nn.parallel, name, stand_in)                 # what code calling them by hand calls
+            monkeypatch.setattr(nn.parallel, name, stand_in)                 # what primitives_step calls
         return calls
     return start
 
@@ -143,6 +143,21 @@ def test_data_parallel_steps_are_the_spec_steps_on_simulated_gpus(torch, simulat
         weights = builtin.to_numpy(model)
         assert_spec(weights, want, loss, want_loss)
         monkeypatch.undo()   # the CPU as it is, for the next spec step
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_four_primitives_step_is_the_spec_step(torch, simulate, digits, n):
+    weights = init_weights(4)
+    X, y = digits.X_train[:97], digits.y_train[:97]
+    want, want_loss = spec_step(weights, X, y)
+    net = load_module("pytorch", "lenet").build_model(weights)   # where devices[0] would hold it
+    calls = simulate(n)
+    builtin = load_module("pytorch", "builtin")
+    devices = framework_or_skip("pytorch").get_devices(n)
+    ids = list(range(n))
+    loss = builtin.primitives_step(net, *batch_tensors(torch, X, y), devices, LR, len(X))
+    assert calls == [("scatter", ids), ("replicate", ids), ("parallel_apply", ids), ("gather", 0)]
+    assert_spec(load_module("pytorch", "lenet").to_numpy(list(net.parameters())), want, loss, want_loss)
 
 
 def test_on_the_cpu_data_parallel_does_nothing_so_the_engine_refuses_it(torch):
