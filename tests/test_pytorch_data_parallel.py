@@ -203,3 +203,24 @@ def test_the_built_in_row_runs_in_one_process_only_on_gpus(monkeypatch, visible,
     assert uses_engine(pytorch) == (world > 1) and (mxnet.processes, uses_engine(mxnet)) == (processes, processes > 1)
     assert process_per_device("pytorch", "builtin", processes, gpus=["0", "4"] if visible else []) == (world > 1)
     assert not process_per_device("pytorch", "scratch", 1, gpus=[])
+
+
+def test_cuda_visible_devices_0_4_is_device_ids_0_1(torch, simulate, monkeypatch):
+    """The articles' CUDA_VISIBLE_DEVICES=0,4 with device_ids=[0, 1]: CUDA shows the process GPUs 0 and 4 as cuda:0
+    and cuda:1. The launcher hands out the physical ids; the placement rule gives a one-process run both visible
+    GPUs; get_devices names them cuda:0 and cuda:1, and nn.DataParallel runs on device_ids [0, 1]. Two processes:
+    local rank r owns cuda:r, physical GPU 0, then 4."""
+    from common.placement import local_devices, machine_gpus, my_gpus, worker_env
+    fw = framework_or_skip("pytorch")
+    environ = {"CUDA_VISIBLE_DEVICES": "0,4"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,4")
+    assert machine_gpus(environ) == ["0", "4"] and not process_per_device("pytorch", "builtin", 1)
+    simulate(2)   # what CUDA reports to a process started with CUDA_VISIBLE_DEVICES=0,4
+    gpus = my_gpus("pytorch", fw.gpu_count(), 2, 1, environ)
+    devices = local_devices(fw, gpus, 2)
+    assert gpus == [0, 1] and devices == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert load_module("pytorch", "builtin").get_model(init_weights(0), devices).net.device_ids == [0, 1]
+    for rank in (0, 1):   # compare.py's two workers: torchrun's variables, every GPU left visible
+        env = {**environ, **worker_env("pytorch", rank, 2, 1, machine_gpus(environ))}
+        assert env["CUDA_VISIBLE_DEVICES"] == "0,4" and env["LOCAL_RANK"] == str(rank)
+        assert local_devices(fw, my_gpus("pytorch", 2, 1, 2, env), 1) == [torch.device("cuda", rank)]
