@@ -6,7 +6,7 @@ dim 0 as torch.chunk does (comm.scatter without chunk sizes), replicate is PyTor
 differentiable copies (so backward sums the replicas' gradients into the module's parameters, as Broadcast's
 backward does), parallel_apply calls each replica on its shard, gather concatenates on the output device. The
 tests check the calls (which, on which devices, in which order) and the numbers: one step is the spec's step
-(common/optim.py's SGD on the batch's mean gradient: lr / batch x the summed gradient) to 1e-6."""
+(common/optim.py's SGD on the batch's mean gradient: lr / batch x the summed gradient) within TOLERANCE."""
 import importlib
 
 import numpy as np
@@ -20,6 +20,10 @@ from harness.stepcheck import mean_gradient
 from conftest import framework_or_skip
 
 LR = 0.2
+# A step's weights, as tests/test_engines.py checks the built-in engines: float32 rounding of the chunked sums is up
+# to 1.3e-6 here (measured at one thread: conv1.bias, 97 x 26 x 26 terms per channel that nearly cancel), and a
+# convention slip (the loss divided by the per-device batch) moves a step by 2.5e-2.
+TOLERANCE = 1e-5
 
 
 @pytest.fixture
@@ -111,7 +115,7 @@ def batch_tensors(torch, X, y):
 
 def assert_spec(got, want, loss, want_loss):
     for name, value in want.items():
-        np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(got[name], value, rtol=0, atol=TOLERANCE, err_msg=name)
     assert loss == pytest.approx(want_loss, abs=1e-6)
 
 
