@@ -21,14 +21,22 @@ from .loader import ROOT
 from .spec import RunSpec
 
 POLL_SECONDS = 0.2
-# DistributedDataParallel is PyTorch's only working data parallelism on the CPU: one process per device,
-# and a process group even for a single device.
-PROCESS_PER_DEVICE = {("pytorch", "builtin")}
+
+
+def process_per_device(framework, mode, processes, gpus=None):
+    """Whether a run is one process per device whatever `processes` asks: PyTorch's built-in engine, but for a
+    one-process run on GPUs. DistributedDataParallel is PyTorch's only data parallelism that works on the CPU (a
+    process group even for one device); nn.DataParallel, its in-process engine, replicates onto CUDA devices only,
+    so on a machine with GPUs (`gpus`, default machine_gpus()) a one-process run is nn.DataParallel in that process."""
+    if (framework, mode) != ("pytorch", "builtin"):
+        return False
+    gpus = machine_gpus() if gpus is None else gpus
+    return not gpus or processes > 1
 
 
 def uses_engine(spec):
     """Whether the run's processes join their framework's multi-process engine."""
-    return spec.processes > 1 or (spec.framework, spec.mode) in PROCESS_PER_DEVICE
+    return spec.processes > 1 or process_per_device(spec.framework, spec.mode, spec.processes)
 
 
 def free_ports(n):

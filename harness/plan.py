@@ -6,7 +6,7 @@ import os
 from common.interface import RosettaError
 
 from .cores import per_device_threads
-from .launch import PROCESS_PER_DEVICE
+from .launch import process_per_device
 from .spec import RunSpec
 
 EXEC_OPTIONS = ("default", "eager", "graph", "xla")
@@ -50,7 +50,7 @@ def run_specs(args):
     seen = {}
     for mode, levels, shapes, cores, layouts in args.plan:
         for level, layout, (devices, processes), name in itertools.product(levels, layouts, shapes, args.frameworks):
-            world = devices if (name, mode) in PROCESS_PER_DEVICE else processes
+            world = devices if process_per_device(name, mode, processes) else processes
             threads = share * devices // world if cores == "per-device" else args.threads // world
             spec = RunSpec(framework=name, mode=mode, exec=level, layout=layout, devices=devices, processes=world,
                            cores=cores, threads=max(1, threads), dataset=args.dataset, data_dir=args.data_dir,

@@ -109,6 +109,11 @@ class Builtin(Scratch):
     def spread(self):
         return None   # the engine keeps its replicas itself; equality is tested through to_numpy
 
+    def exec_name(self):
+        """The engine's EXEC; a framework with two built-in engines (PyTorch) names each by its model's class."""
+        names = self.engine.EXEC
+        return names[type(self.model.net)] if isinstance(names, dict) else names
+
 
 class Idiomatic(Builtin):
     """The framework's minimal single-device loop (its folder's idiomatic.py: net, trainer, loss):

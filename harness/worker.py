@@ -110,7 +110,7 @@ def run(spec, started):
         execution = load_module(fw.name, "execution") if spec.mode == "scratch" else None
         # the built-in engines and reference loops run their own way, in their own layout
         layout_name = execution.use_layout(spec.layout) if execution else runner.engine.LAYOUT
-        exec_name = execution.use(spec.exec) if execution else runner.engine.EXEC
+        exec_name = execution.use(spec.exec) if execution else None   # an engine's: once it has built its model
         compiles = execution.COMPILES[exec_name] if execution else runner.engine.COMPILES
         per_epoch = steps_per_epoch(len(data.y_train), spec.batch_size, spec.devices)
         optimizer = spec.canonical_optimizer(per_epoch)
@@ -123,6 +123,7 @@ def run(spec, started):
                        max_steps=spec.max_steps, weights=weights, first_epoch=first_epoch,
                        after_epoch=saver(spec, rank, optimizer), optimizer=optimizer, state=state,
                        before_step=None if trace is None else lambda steps, runner: trace.append(copies(runner.weights())))
+        exec_name = exec_name or runner.exec_name()
         # What the framework holds while it trains: the peak since the reset, less the harness's own copy of the data
         data_bytes = sum(a.nbytes for a in (data.X_train, data.y_train, data.X_test, data.y_test))
         record["train_memory_bytes"] = peak_rss() - data_bytes if fresh_peak else None

@@ -1,34 +1,41 @@
-"""PyTorch's own data parallelism: DistributedDataParallel, one process per device. PyTorch has no
-working in-process data parallelism on the CPU (nn.DataParallel silently does nothing there), so the
-built-in mode always runs processes, even for a run that asks for one."""
+"""PyTorch's own data parallelism: DistributedDataParallel, one process per device, and nn.DataParallel, one process
+over all its GPUs. nn.DataParallel replicates onto CUDA devices only (on the CPU it silently runs the plain module),
+so the CPU's built-in engine is always DistributedDataParallel, even for a run of one device; on GPUs a one-process
+run is nn.DataParallel (harness/launch.py's process_per_device decides). primitives_step is nn.DataParallel's step
+written out with its four primitives, side by side with the recipe (docs/rosetta.md)."""
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from common.interface import Model, RosettaError
 
-from .data_parallel import evaluate as evaluate_params
+from .data_parallel import evaluate as evaluate_params, sgd
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
 from .optimizer import Trainer, canonical_state, get_trainer
 
-EXEC = "eager"
+EXEC = {DistributedDataParallel: "eager+DDP", nn.DataParallel: "eager+DataParallel"}   # by the engine that ran
 COMPILES = "nothing"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, pipeline.py's batches
 
 
 def get_model(weights, devices, optimizer=None, state=None):
-    """The recipe's plain SGD (optimizer None or is_recipe) is torch.optim.SGD at the harness's rate; any other
-    optimizer is optimizer.py's Trainer: torch.optim's class, its scheduler and the clipping norm, over the
-    parameters of the module DistributedDataParallel wraps, going on from a checkpoint's canonical `state` if
-    given (every process loads the same one)."""
-    if not dist.is_initialized() or len(devices) != 1:
-        raise RosettaError("DistributedDataParallel runs one process per device: start it through compare.py "
-                           "or torchrun (README)")
+    """In a process group (distributed.py joined one), DistributedDataParallel over this process's one device;
+    otherwise nn.DataParallel over its GPUs, the module on the first one, as its documentation requires. The
+    recipe's plain SGD (optimizer None or is_recipe) is torch.optim.SGD at the harness's rate; any other optimizer
+    is optimizer.py's Trainer: torch.optim's class, its scheduler and the clipping norm, over the parameters of
+    the wrapped module, going on from a checkpoint's canonical `state` if given (every process loads the same one)."""
     device = devices[0]
-    net = DistributedDataParallel(build_model(weights).to(device),
-                                  device_ids=[device.index] if device.type == "cuda" else None)
+    if dist.is_initialized() and len(devices) == 1:
+        net = DistributedDataParallel(build_model(weights).to(device),
+                                      device_ids=[device.index] if device.type == "cuda" else None)
+    elif not dist.is_initialized() and device.type == "cuda":
+        net = nn.DataParallel(build_model(weights).to(device), device_ids=[d.index for d in devices])
+    else:
+        raise RosettaError("PyTorch's built-in engine is DistributedDataParallel, one process per device, or on "
+                           "GPUs nn.DataParallel in one process: start it through compare.py or torchrun (README)")
     if optimizer is None or optimizer.is_recipe:
         return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), device)
     return Model(net, get_trainer(net.parameters(), optimizer, state), device)
@@ -36,15 +43,18 @@ def get_model(weights, devices, optimizer=None, state=None):
 
 def train_step(model, batch, lr, batch_size):
     """DDP averages gradients over processes; scaling each summed loss by world / global batch makes that
-    average the recipe's sum / global batch, exactly, even when the shards differ in size. The batch is
-    this process's part, on its device, from pipeline.py's DataLoader. DDP all-reduces the gradients during
-    backward, so a Trainer clips the global batch's mean gradient, the same on every process. A Trainer's
-    scheduler sets the rate; the recipe's SGD takes the harness's `lr`."""
+    average the recipe's sum / global batch, exactly, even when the shards differ in size. nn.DataParallel
+    gathers the replicas' outputs on the first device, so the loss is the whole batch's, and its backward sums
+    the replicas' gradients into the module's parameters: world is 1. The batch is this process's part, on its
+    (first) device, from pipeline.py's DataLoader. Both have the summed gradient by the end of backward, so a
+    Trainer clips the global batch's mean gradient, the same on every process. A Trainer's scheduler sets the
+    rate; the recipe's SGD takes the harness's `lr`."""
     net, trainer, _ = model
     X, y = batch
+    world = dist.get_world_size() if dist.is_initialized() else 1
     loss = loss_sum(net(X), y)
     trainer.zero_grad()
-    (loss * dist.get_world_size() / batch_size).backward()
+    (loss * world / batch_size).backward()
     if not isinstance(trainer, Trainer):
         for group in trainer.param_groups:
             group["lr"] = lr
@@ -52,8 +62,25 @@ def train_step(model, batch, lr, batch_size):
     return loss.item() / len(X)
 
 
+def primitives_step(net, X, y, devices, lr, batch_size):
+    """nn.DataParallel's step with its four primitives called by hand (GPU only: they refuse CPU devices), then the
+    recipe's update; `net` is the plain module on devices[0]. scatter cuts the batch as torch.chunk does (10 rows over
+    3 devices: 4, 4, 2, where split_and_load cuts 4, 3, 3: the same step, the loss being summed). replicate's copies
+    are differentiable: backward sums their gradients into net's parameters, so there is no allreduce to call. The
+    outputs are gathered on the first device, where the whole batch's loss is. Returns the mean loss."""
+    ids = [d.index for d in devices]
+    X_shards = nn.parallel.scatter(X, ids)
+    replicas = nn.parallel.replicate(net, ids[:len(X_shards)])
+    outputs = nn.parallel.parallel_apply(replicas, X_shards, devices=ids[:len(X_shards)])
+    logits = nn.parallel.gather(outputs, ids[0])
+    loss = loss_sum(logits, y.to(logits.device))
+    params = list(net.parameters())
+    sgd(params, torch.autograd.grad(loss, params), lr, batch_size)
+    return loss.item() / len(X)
+
+
 def to_numpy(model):
-    return params_to_numpy(list(model.net.module.parameters()))   # the module DistributedDataParallel wraps
+    return params_to_numpy(list(model.net.module.parameters()))   # the module DDP or DataParallel wraps
 
 
 def optimizer_state(model):

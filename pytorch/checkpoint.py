@@ -1,10 +1,14 @@
 """PyTorch checkpoints: the model's state_dict, written with torch.save and read with torch.load +
 load_state_dict. weights_only=True: the file is read as plain tensors, and no pickled code in it runs.
-build_model names its layers as common.lenet does, so the keys are the canonical names.
+build_model names its layers as common.lenet does, so the keys are the canonical names. A model wrapped in
+nn.DataParallel or DistributedDataParallel saves every key under its `module.` attribute (`module.conv1.weight`);
+such a file is read through PyTorch's own consume_prefix_in_state_dict_if_present, and nothing here writes one.
 The optimizer's state is a second file, as PyTorch's "saving and loading a general checkpoint" writes it: the
 optimizer's and the scheduler's state_dicts in one torch.save (optimizer.py's Trainer.state_dict)."""
 import torch
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
+from common.interface import RosettaError
 from common.lenet import PARAM_NAMES, init_weights
 
 from .lenet import build_model
@@ -13,6 +17,7 @@ from .optimizer import canonical_state, get_trainer
 KEYS = {name: name for name in PARAM_NAMES}   # canonical name -> key in the file
 CHANNELS_LAST = False                          # PyTorch's layout is the canonical one
 STATE_SUFFIX = ".optimizer.pt"                 # lenet-epoch3.pt's state: lenet-epoch3.optimizer.pt
+WRAPPED = "module."                            # the prefix of a DataParallel or DDP model's keys
 
 
 def save(weights, path):
@@ -20,15 +25,23 @@ def save(weights, path):
 
 
 def load(path):
-    """The idiomatic model with the file's weights: nothing but PyTorch's own calls."""
-    model = build_model(init_weights())   # any weights: load_state_dict replaces every one (strict)
-    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    """The idiomatic model with the file's weights: nothing but PyTorch's own calls. Keys missing or left over
+    are one line (load_state_dict's strict error is a paragraph)."""
+    model = build_model(init_weights())   # any weights: load_state_dict replaces every one
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    consume_prefix_in_state_dict_if_present(state, WRAPPED)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        wrong = [f"{what} {', '.join(repr(key) for key in keys)}"
+                 for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
+        raise RosettaError(f"{path}: not this LeNet's state_dict: {'; '.join(wrong)}")
     return model.eval()
 
 
 def read(path):
-    """The file's arrays by key, as stored."""
+    """The file's arrays by key, as stored but for a wrapped model's prefix."""
     state = torch.load(path, map_location="cpu", weights_only=True)
+    consume_prefix_in_state_dict_if_present(state, WRAPPED)
     return {key: value.numpy() for key, value in state.items()}
 
 

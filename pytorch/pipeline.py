@@ -17,7 +17,8 @@ class SharedOrderSampler(ProcessBatches, Sampler):
 
 
 def make_loader(data, order, rank, world, model, devices):
-    """DistributedDataParallel runs one device per process: the loader feeds that one."""
+    """The loader feeds the process's first device: DistributedDataParallel's only one, or the one nn.DataParallel
+    scatters the batch from."""
     dataset = TensorDataset(torch.from_numpy(data.X_train), torch.from_numpy(data.y_train))
     loader = DataLoader(dataset, batch_sampler=SharedOrderSampler(order, rank, world),
                         pin_memory=devices[0].type == "cuda")   # page-locked: the copy below can overlap
@@ -32,6 +33,7 @@ def batches(loader, epoch):
 
 
 def per_device(batch):
-    """What each of this process's devices holds of a batch, as numpy (X, y): for tests and readers."""
+    """What each of this process's devices holds of a batch, as numpy (X, y): for tests and readers. (Under
+    nn.DataParallel the first device holds the whole batch, which the forward scatters.)"""
     X, y = batch
     return [(X.cpu().numpy(), y.cpu().numpy())]

@@ -211,3 +211,14 @@ def follow(proc):
     out = proc.stdout.read()
     proc.wait(timeout=30)
     return out, err
+
+
+@pytest.fixture
+def gloo_group(tmp_path):
+    """A torch.distributed process group of this one process (gloo, on the CPU): DistributedDataParallel in the
+    test's own process, with no worker to start. Destroyed afterwards."""
+    framework_or_skip("pytorch")
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/gloo-store", rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
