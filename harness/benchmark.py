@@ -5,6 +5,7 @@ import statistics
 
 from common.lenet import flops_per_image
 
+from .provenance import CSV_COLUMNS
 from .report import replaced_atomically
 
 ROW_KEY = ("framework", "mode", "exec", "layout", "devices", "processes", "cores")
@@ -100,10 +101,12 @@ def add_scaling(rows):
         r["scaling_base_images_per_second"] = base["images_per_second"] if ok else None
 
 
-def write_csv(path, rows):
-    table = [{name: rounded(value(r), decimals) for name, value, decimals in CSV_FIELDS} for r in rows]
+def write_csv(path, rows, env):
+    """One line a row, each with the run's provenance (`env`'s CSV_COLUMNS): a CSV travels without its JSON."""
+    where = {name: env.get(name) for name in CSV_COLUMNS}
+    table = [{**{name: rounded(value(r), decimals) for name, value, decimals in CSV_FIELDS}, **where} for r in rows]
     columns = [name for name, _, _ in CSV_FIELDS
-               if name not in OPTIONAL_CSV_FIELDS or any(t[name] is not None for t in table)]
+               if name not in OPTIONAL_CSV_FIELDS or any(t[name] is not None for t in table)] + list(CSV_COLUMNS)
     with replaced_atomically(path, newline="") as f:
         writer = csv.DictWriter(f, columns, extrasaction="ignore")
         writer.writeheader()

@@ -26,6 +26,7 @@ from common.lenet import init_weights
 
 from .cli import name_list
 from .loader import load_framework, load_module
+from .provenance import provenance, provenance_line
 from .stepcheck import step_errors, traced
 from .training import Idiomatic, steps_per_epoch
 
@@ -92,7 +93,8 @@ def main(argv=None):
     from common.data import load_dataset
     data = load_dataset("digits")
     print(f"digits, batch {BATCH}, {args.epochs} epochs, warm-up {WARMUP_EPOCHS} epoch then cosine, weight decay "
-          f"{DECAY['momentum']:g} (adamw {DECAY['adamw']:g}); the stock classes against the canonical update:\n")
+          f"{DECAY['momentum']:g} (adamw {DECAY['adamw']:g}); the stock classes against the canonical update. Made at "
+          f"{provenance_line(provenance())}.\n")
     print("| framework | optimizer | one step's largest error: this repo | the stock port | last-epoch loss: this repo "
           "| the stock port |")
     print("|---|---|---|---|---|---|")

@@ -11,7 +11,6 @@ three runs' .json (--resume goes on with an interrupted one). The frameworks com
 test_optimizers.py), so one framework answers for all four.
 """
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .loader import ROOT  # noqa: E402
+from .provenance import provenance, provenance_line  # noqa: E402
 from .report import replaced_atomically  # noqa: E402
 
 DEVICES = "1,2,4,8"
@@ -66,16 +66,11 @@ def accuracies(path):
     return {r["devices"]: (r["test_accuracy"], r["epoch_losses"][-1]) for r in runs if r["status"] == "ok"}
 
 
-def commit():
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
-
-
 def table(args, results):
     devices = [int(d) for d in DEVICES.split(",")]
     lines = [f"Fashion-MNIST, {args.framework} scratch, {args.optimizer} 0.9, base rate {args.lr:g} for a batch of "
              f"{args.per_device_batch}, {args.per_device_batch} images per device, {args.epochs} epochs; test accuracy "
-             f"(final training loss). Commit {commit()}, {datetime.date.today()}.", "",
+             f"(final training loss). Made at {provenance_line(provenance())}.", "",
              "| setting | " + " | ".join(f"{d} device(s), batch {d * args.per_device_batch}, lr" for d in devices) + " |",
              "|---|" + "---|" * len(devices)]
     for name, result in results.items():

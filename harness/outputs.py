@@ -52,7 +52,7 @@ def write_files(args, content, rows):
     if args.json and (final or not is_stream(args.json)):
         write_json(args.json, content)
     if args.csv and (final or not is_stream(args.csv)):
-        write_csv(args.csv, rows)
+        write_csv(args.csv, rows, content["environment"])
     if args.benchmark:
         env, runs = content["environment"], content["runs"]
         with replaced_atomically(BENCHMARK_MD) as f:

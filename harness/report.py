@@ -12,6 +12,7 @@ from common.interface import FRAMEWORKS
 from common.optim import DEFAULT_LR
 
 from .loader import installed_version
+from .provenance import provenance, provenance_line
 
 COLUMNS = ("framework", "mode", "exec", "layout", "devices", "processes", "epochs", "train s", "images/s",
            "test acc", "final loss", "|Δ step-1 loss|", "status")
@@ -31,17 +32,6 @@ def progress_bar(label):
     return show
 
 
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def gpu_names():
     """GPUs as nvidia-smi lists them (no framework import needed); empty on CPU-only machines."""
     if not shutil.which("nvidia-smi"):
@@ -55,11 +45,11 @@ def gpu_names():
 
 
 def environment():
+    """The machine, the versions and the command, with the provenance every output records (harness/provenance)."""
     return {
+        **provenance(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "cpu": cpu_name(),
-        "cpu_count": os.cpu_count(),
         "frameworks": {name: installed_version(name) for name in FRAMEWORKS},
         "numpy": installed_version_of("numpy"),
         "gpus": gpu_names(),
@@ -69,7 +59,7 @@ def environment():
 
 def environment_line(env):
     versions = ", ".join(f"{name} {v}" for name, v in env["frameworks"].items() if v)
-    line = (f"{env['cpu']} ({env['cpu_count']} cores), {', '.join(env['gpus']) or 'no GPU'}; Python {env['python']}, "
+    line = (f"{provenance_line(env)}; {', '.join(env['gpus']) or 'no GPU'}; Python {env['python']}, "
             f"{versions}, numpy {env['numpy']}; {env['platform']}")
     calibration, load = env.get("calibration"), env.get("load")
     if calibration:

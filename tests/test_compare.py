@@ -18,7 +18,7 @@ def test_small_pytorch_run_writes_the_documented_json(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     env = report["environment"]
-    assert {"python", "platform", "cpu", "frameworks", "gpus"} <= set(env)
+    assert {"python", "platform", "cpu", "frameworks", "gpus", "commit", "tree_modified", "date", "load_average"} <= set(env)
     assert env["frameworks"]["pytorch"].startswith("2.13")
     assert report["dataset"]["name"] == "digits" and report["dataset"]["n_train"] == 1437
     assert len(report["dataset"]["fingerprint"]) == 16
