@@ -1,7 +1,7 @@
 """Train the same LeNet, data-parallel, in every framework on identical data and compare.
 
     python compare.py                          # all frameworks, digits, 2 devices
-    python compare.py --dataset fashion-mnist  # the recipe's data set (see README)
+    python compare.py --dataset fashion-mnist  # the recipe's data set (see docs/usage.md)
     python compare.py --mode scratch,builtin --processes 1,2   # the frameworks' own engines too
     python compare.py --benchmark              # the timing table: table, CSV, JSON and PNG
     python compare.py --list-devices           # what each framework sees
@@ -55,7 +55,7 @@ def parse_args(argv):
     p.add_argument("--cores", type=name_list(CORES, "cores setting"), default=default("cores"),
                    help="shared (every op may use all of --threads) or per-device (each device pinned to cores "
                         "of its own: --threads / the most devices; see harness/cores.py); comma-separated")
-    p.add_argument("--dataset", choices=DATASETS, default=default("dataset"), help="the data set (see README)")
+    p.add_argument("--dataset", choices=DATASETS, default=default("dataset"), help="the data set (see docs/usage.md)")
     p.add_argument("--data-dir", help="folder with the IDX files (fashion-mnist, mnist)")
     p.add_argument("--n-synthetic", type=int, default=default("n_synthetic"), help="training images of the synthetic set")
     p.add_argument("--epochs", type=int, help="default 30 for digits, 10 otherwise")

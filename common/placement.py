@@ -19,7 +19,7 @@ LAUNCHER_VARS = {"pytorch": ("LOCAL_RANK", "LOCAL_WORLD_SIZE")}
 HIDES_GPUS = {"tensorflow", "jax"}
 HIDE = "CUDA_VISIBLE_DEVICES"
 HOW = (f"start each worker with its own GPUs in {HIDE}, or with {OURS[0]} and {OURS[1]} "
-       "(torchrun's LOCAL_RANK and LOCAL_WORLD_SIZE for PyTorch); see README")
+       "(torchrun's LOCAL_RANK and LOCAL_WORLD_SIZE for PyTorch); see docs/usage.md")
 
 
 def local_slot(framework, world, environ=os.environ):

@@ -3,7 +3,7 @@
 A run is one worker process, or for a multi-process engine `processes` workers (plus MXNet's
 scheduler and server), all on 127.0.0.1 with free ports. Each worker is started with exactly the
 variables the framework's own launcher would set (torchrun, TF_CONFIG, DMLC_*), so the same workers
-can also be started by hand (see README).
+can also be started by hand (see docs/usage.md).
 """
 import json
 import os

@@ -1,6 +1,6 @@
 """One run, named once: every field a run has and its default. compare.py plans runs of this type, the launcher
 starts workers with it, a worker reads it back from JSON, --merge and --resume compare them. A hand-launched
-worker's JSON may give only some fields (README: "Multi-process runs by hand"); the rest take these defaults."""
+worker's JSON may give only some fields (docs/usage.md: "Multi-process runs by hand"); the rest take these defaults."""
 import dataclasses
 import json
 

@@ -44,11 +44,11 @@ def init_process(gpus):
     global _joined
     missing = [v for v in VARIABLES if v not in os.environ]
     if missing:
-        raise RosettaError(f"a multi-process JAX run needs {', '.join(missing)} (see README)")
+        raise RosettaError(f"a multi-process JAX run needs {', '.join(missing)} (see docs/usage.md)")
     if gpus != list(range(gpu_count())):
         raise RosettaError(f"a JAX process computes on every GPU it sees: this one sees {gpu_count()} and owns "
                            f"{len(gpus)}; start each process with CUDA_VISIBLE_DEVICES (or JAX_LOCAL_DEVICE_IDS) "
-                           f"set to its own GPUs (README)")
+                           f"set to its own GPUs (docs/usage.md)")
     if backend(gpus) == "gloo":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),

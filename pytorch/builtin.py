@@ -35,7 +35,7 @@ def get_model(weights, devices, optimizer=None, state=None):
         net = nn.DataParallel(build_model(weights).to(device), device_ids=[d.index for d in devices])
     else:
         raise RosettaError("PyTorch's built-in engine is DistributedDataParallel, one process per device, or on "
-                           "GPUs nn.DataParallel in one process: start it through compare.py or torchrun (README)")
+                           "GPUs nn.DataParallel in one process: start it through compare.py or torchrun (docs/usage.md)")
     if optimizer is None or optimizer.is_recipe:
         return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), device)
     return Model(net, get_trainer(net.parameters(), optimizer, state), device)

@@ -45,7 +45,7 @@ def init_process(gpus):
     if gpus != list(range(gpu_count())):
         raise RosettaError(f"MultiWorkerMirroredStrategy replicates onto every GPU a worker sees: this one sees "
                            f"{gpu_count()} and owns {len(gpus)}; start each worker with CUDA_VISIBLE_DEVICES "
-                           f"set to its own GPUs (README)")
+                           f"set to its own GPUs (docs/usage.md)")
     options = tf.distribute.experimental.CommunicationOptions(implementation=backend(gpus),
                                                               timeout_seconds=TIMEOUT)
     STRATEGY = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)

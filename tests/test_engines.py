@@ -122,7 +122,7 @@ def test_a_timeout_ends_every_process(tag):
 
 
 def launch_by_hand(framework, spec, folder):
-    """The README's hand launches on one machine: torchrun; TF_CONFIG per worker; DMLC_* for a
+    """The hand launches of docs/usage.md on one machine: torchrun; TF_CONFIG per worker; DMLC_* for a
     scheduler, a server and the workers; JAX_* per process. Nothing from compare.py or harness.launch."""
     import json
     from harness.launch import free_ports
@@ -175,7 +175,7 @@ def merge(*paths):
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_hand_launched_workers_compute_the_same_step(framework, hand_launched, reference):
-    """The README's hand launch gives the in-process step, and --merge turns its files into the row."""
+    """The hand launch of docs/usage.md gives the in-process step, and --merge turns its files into the row."""
     files, weights = hand_launched(framework)
     ref_loss, ref_weights = reference(framework)
     for name, value in ref_weights.items():

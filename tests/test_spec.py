@@ -16,7 +16,7 @@ def test_a_spec_round_trips_through_json():
 
 
 def test_defaults_fill_a_hand_launched_spec():
-    """The README's SPEC gives a few fields; the rest are RunSpec's defaults (digits: 30 epochs)."""
+    """docs/usage.md's SPEC gives a few fields; the rest are RunSpec's defaults (digits: 30 epochs)."""
     spec = RunSpec.of('{"framework": "pytorch", "devices": 2, "processes": 2, "dataset": "digits"}')
     assert (spec.mode, spec.exec, spec.layout, spec.cores, spec.epochs, spec.batch_size, spec.lr, spec.seed,
             spec.init, spec.n_synthetic, spec.threads, spec.per_process) == \
