@@ -88,12 +88,24 @@ def extract(root, framework, spec):
     return Snippet(path, name, node.lineno, "\n".join(line[indent:] for line in lines) + "\n")
 
 
+def code_of(concept, framework):
+    """A concept's code entries for one framework: `code` is one list for all four, or a table with a list per
+    framework (every framework named: an empty list says on purpose that it has nothing to show)."""
+    code = concept["code"]
+    if isinstance(code, list):
+        return code
+    if set(code) != set(FRAMEWORKS):
+        raise SiteError(f"concept {concept['id']!r}: its code table names {sorted(code)}, not the four frameworks "
+                        f"{list(FRAMEWORKS)} ({SOURCE})")
+    return code[framework]
+
+
 def load(root=ROOT):
     """The source, with every concept's snippets: {framework: [Snippet]} under each concept's "snippets"."""
     with open(os.path.join(root, SOURCE), "rb") as f:
         source = tomllib.load(f)
     for concept in source["concept"]:
-        concept["snippets"] = {fw: [extract(root, fw, spec) for spec in concept["code"]] for fw in FRAMEWORKS}
+        concept["snippets"] = {fw: [extract(root, fw, spec) for spec in code_of(concept, fw)] for fw in FRAMEWORKS}
     return source
 
 
@@ -101,7 +113,8 @@ def load(root=ROOT):
 
 def default_row(concept):
     """The table row of a concept that has no rows of its own: its title and links to its functions."""
-    cells = [", ".join(f"[`{s.name}`](../{s.path}#L{s.line})" for s in concept["snippets"][fw]) for fw in FRAMEWORKS]
+    cells = [", ".join(f"[`{s.name}`](../{s.path}#L{s.line})" for s in concept["snippets"][fw]) or "(none)"
+             for fw in FRAMEWORKS]
     title = concept["title"]
     return {"label": title[0].lower() + title[1:], **dict(zip(FRAMEWORKS, cells))}
 

@@ -73,11 +73,42 @@ def test_the_page_holds_every_snippet_and_every_link_reaches_a_file(source):
             assert os.path.exists(os.path.join(ROOT, site.SITE, path)), target
 
 
-def test_a_missing_function_name_stops_the_generator_with_one_clear_line(tmp_path, capsys):
+def copy_of_the_repo(tmp_path):
+    """The repo's sources in tmp_path/repo (no site, no venv), and its docs/rosetta.toml."""
     shutil.copytree(ROOT, tmp_path / "repo", ignore=shutil.ignore_patterns(".venv", ".git", "site", "__pycache__"))
-    toml = tmp_path / "repo" / "docs" / "rosetta.toml"
+    return str(tmp_path / "repo"), tmp_path / "repo" / "docs" / "rosetta.toml"
+
+
+NEW_CONCEPT = """
+[[concept]]
+id = "primitives"
+title = "nn.DataParallel's primitives"
+code = {pytorch = ["builtin.py:get_model"], mxnet = [], tensorflow = [], jax = ["data_parallel.py:split_and_load"]}
+note = "A concept some frameworks have nothing for."
+"""
+
+
+def test_adding_a_concept_is_adding_one_entry(tmp_path, capsys):
+    """One [[concept]] entry, its code a table per framework (two with nothing to show), makes a section on the
+    page and a row of docs/rosetta.md; a table that leaves a framework out stops the generator."""
+    root, toml = copy_of_the_repo(tmp_path)
+    toml.write_text(toml.read_text() + NEW_CONCEPT)
+    files = site.build(root)
+    page, rosetta = files[os.path.join(site.SITE, "index.html")], files[site.ROSETTA]
+    assert '<section id="primitives">' in page and 'href="../../pytorch/builtin.py#L' in page.split("primitives")[-1]
+    assert "| nn.DataParallel's primitives | [`get_model`](../pytorch/builtin.py#L" in rosetta
+    assert "| (none) | (none) | [`split_and_load`](../jax/data_parallel.py#L" in rosetta
+    toml.write_text(toml.read_text().replace(", jax = [\"data_parallel.py:split_and_load\"]}", "}"))
+    assert site.main([], root=root) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "harness.site: concept 'primitives': its code table names ['mxnet', 'pytorch', 'tensorflow'], not the four "
+        "frameworks ['pytorch', 'mxnet', 'tensorflow', 'jax'] (docs/rosetta.toml)"]
+
+
+def test_a_missing_function_name_stops_the_generator_with_one_clear_line(tmp_path, capsys):
+    root, toml = copy_of_the_repo(tmp_path)
     toml.write_text(toml.read_text().replace('"data_parallel.py:allreduce"', '"data_parallel.py:allreduce_nowhere"'))
-    assert site.main([], root=str(tmp_path / "repo")) == 1
+    assert site.main([], root=root) == 1
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
         "harness.site: pytorch/data_parallel.py has no top-level def, class or assignment named 'allreduce_nowhere' "
