@@ -155,6 +155,32 @@ def inline(text):
     return "".join(out) + html.escape(text[last:])
 
 
+def blocks(text):
+    """docs/rosetta.md's closing sections as HTML: ## headings (with GitHub's anchors), paragraphs, "- " lists
+    whose items run on over indented lines, and pipe tables; their inline Markdown as `inline` does it."""
+    out = []
+    for chunk in re.split(r"\n[ \t]*\n", text.strip()):
+        lines = chunk.splitlines()
+        if lines[0].startswith("## "):
+            title = lines.pop(0)[3:]
+            anchor = re.sub(r"[^\w -]", "", title.replace("`", "").lower()).replace(" ", "-")
+            out.append(f'<h2 id="{anchor}">{inline(title)}</h2>')
+        if not lines:
+            continue
+        if lines[0].startswith("- "):
+            items = re.split(r"\n- ", "\n".join(lines)[2:])
+            out.append("<ul>" + "".join(f"<li>{inline(' '.join(i.split()))}</li>" for i in items) + "</ul>")
+        elif lines[0].startswith("|"):
+            rows = [[c.strip() for c in line.strip()[1:-1].split(" | ")] for line in lines
+                    if not re.fullmatch(r"\|[-| ]+\|", line.strip())]
+            cells = lambda row, tag: "".join(f"<{tag}>{inline(c)}</{tag}>" for c in row)
+            out.append('<div class="wide"><table><thead><tr>' + cells(rows[0], "th") + "</tr></thead><tbody>"
+                       + "".join(f"<tr>{cells(row, 'td')}</tr>" for row in rows[1:]) + "</tbody></table></div>")
+        else:
+            out.append(f"<p>{inline(' '.join(chunk.split()))}</p>")
+    return "\n".join(out)
+
+
 def column(concept, fw):
     """One framework's column of a section: its rows' cells, then its code, each block linked to its line."""
     parts = [f'<div class="fw" data-fw="{fw}">', f"<h3>{LABELS[fw]}</h3>"]
@@ -190,7 +216,9 @@ def controls():
 
 
 def index_html(source):
-    toc = "".join(f'<li><a href="#{c["id"]}">{inline(c["title"])}</a></li>' for c in source["concept"])
+    toc = "".join(f'<li><a href="#{c["id"]}">{inline(c["title"])}</a></li>' for c in source["concept"]) \
+        + '<li><a href="#what-a-migrating-user-must-know">What a migrating user must know</a></li>' \
+        + '<li><a href="#gpus-and-processes">GPUs and processes</a></li>'
     body = "\n".join(section(c) for c in source["concept"])
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -212,11 +240,12 @@ its line. The same prose, as one table: <a href="../rosetta.md">docs/rosetta.md<
 <main>
 <nav class="toc" aria-label="Concepts"><ol>{toc}</ol></nav>
 {body}
+<section class="notes">
+{blocks(source["rosetta"]["after"])}
+</section>
 </main>
-<footer><p>Also on <a href="../rosetta.md">the Rosetta page</a>:
-<a href="../rosetta.md#what-a-migrating-user-must-know">what a migrating user must know</a>,
-<a href="../rosetta.md#gpus-and-processes">GPUs and processes</a>. Generated from docs/rosetta.toml and the
-framework folders by <code>python -m harness.site</code>; do not edit by hand.</p></footer>
+<footer><p>Generated from docs/rosetta.toml and the framework folders by <code>python -m harness.site</code>;
+do not edit by hand.</p></footer>
 </body>
 </html>
 """

@@ -55,6 +55,8 @@ def test_every_concept_shows_each_frameworks_real_function(source):
 def test_the_page_holds_every_snippet_and_every_link_reaches_a_file(source):
     page = site.index_html(source)
     assert "http://" not in page and "https://" not in page, "the page must load nothing from elsewhere"
+    for anchor in ("what-a-migrating-user-must-know", "gpus-and-processes"):   # rosetta.md's closing sections
+        assert f'<h2 id="{anchor}">' in page and f'href="#{anchor}"' in page
     for concept in source["concept"]:
         assert f'<section id="{concept["id"]}">' in page
         for fw in FRAMEWORKS:
@@ -164,7 +166,7 @@ def open_page(browser, width):
     return browser
 
 
-SHOWN = """return Object.fromEntries(Array.from(document.querySelectorAll("section"), s => [s.id,
+SHOWN = """return Object.fromEntries(Array.from(document.querySelectorAll("section[id]"), s => [s.id,
     Array.from(s.querySelectorAll(".fw")).filter(c => c.offsetParent !== null)
          .map(c => [c.getBoundingClientRect(), c.dataset.fw])
          .sort((a, b) => a[0].top - b[0].top || a[0].left - b[0].left).map(p => p[1])]));"""
