@@ -226,6 +226,7 @@ def index_html(source):
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(source["title"])}</title>
+<link rel="icon" href="data:,">
 <link rel="stylesheet" href="style.css">
 <script src="site.js" defer></script>
 </head>

@@ -72,7 +72,7 @@ def test_the_page_holds_every_snippet_and_every_link_reaches_a_file(source):
     parser.feed(page)
     for target in parser.found:
         path = target.partition("#")[0]
-        if path:
+        if path and not path.startswith("data:"):   # data:, the empty icon that saves a request for favicon.ico
             assert os.path.exists(os.path.join(ROOT, site.SITE, path)), target
 
 
@@ -177,17 +177,46 @@ def shown(browser):
     return browser.execute_script(SHOWN)
 
 
-def test_the_page_loads_from_the_file_system_with_no_console_error_and_no_failed_request(browser):
+def loaded_cleanly(browser, origin):
+    """The page just loaded logged no console error or warning, no request failed or left `origin`, and its
+    stylesheet and script both took effect."""
     import json
-    open_page(browser, 1400)
     console = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
     assert console == [], console
     events = [json.loads(e["message"])["message"] for e in browser.get_log("performance")]
     requested = [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"]
     failed = [e["params"] for e in events if e["method"] == "Network.loadingFailed"]
     assert failed == [], failed
-    assert all(url.startswith("file://") for url in requested), requested
+    assert all(url.startswith(origin) for url in requested), requested
     assert {url.rsplit("/", 1)[1] for url in requested} >= {"index.html", "style.css", "site.js"}
+    assert browser.execute_script("return getComputedStyle(document.querySelector('.cols')).display") == "grid"
+    assert browser.execute_script("return document.body.dataset.view") == "all"   # site.js ran
+
+
+def test_the_page_loads_from_the_file_system_with_no_console_error_and_no_failed_request(browser):
+    open_page(browser, 1400)
+    loaded_cleanly(browser, "file://")
+
+
+def test_the_page_serves_as_is_from_a_static_host(browser):
+    """Served by a plain static file server (the repo root, as GitHub Pages or any host would serve it)."""
+    import functools
+    import http.server
+    import threading
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=ROOT)
+    handler.func.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        origin = f"http://127.0.0.1:{server.server_address[1]}/"
+        browser.set_window_size(1400, 1000)
+        browser.get(origin + "docs/site/index.html")
+        browser.get_log("browser"), browser.get_log("performance")
+        browser.refresh()
+        loaded_cleanly(browser, origin)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_wide_shows_four_columns_and_a_tab_switches_every_section(browser, source):
