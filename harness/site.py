@@ -100,11 +100,21 @@ def code_of(concept, framework):
     return code[framework]
 
 
+def check_entry(concept):
+    """An entry lacking a key, or a row lacking a framework, stops the generator with one line naming it."""
+    missing = [key for key in ("id", "title", "code", "note") if key not in concept]
+    missing += [f"row {n}'s {key}" for n, row in enumerate(concept.get("row", []), 1)
+                for key in ("label",) + FRAMEWORKS if key not in row]
+    if missing:
+        raise SiteError(f"concept {concept.get('id', concept.get('title'))!r} lacks {', '.join(missing)} ({SOURCE})")
+
+
 def load(root=ROOT):
     """The source, with every concept's snippets: {framework: [Snippet]} under each concept's "snippets"."""
     with open(os.path.join(root, SOURCE), "rb") as f:
         source = tomllib.load(f)
     for concept in source["concept"]:
+        check_entry(concept)
         concept["snippets"] = {fw: [extract(root, fw, spec) for spec in code_of(concept, fw)] for fw in FRAMEWORKS}
     return source
 

@@ -93,7 +93,8 @@ note = "A concept some frameworks have nothing for."
 
 def test_adding_a_concept_is_adding_one_entry(tmp_path, capsys):
     """One [[concept]] entry, its code a table per framework (two with nothing to show), makes a section on the
-    page and a row of docs/rosetta.md; a table that leaves a framework out stops the generator."""
+    page and a row of docs/rosetta.md; an entry without its note, or a table that leaves a framework out, stops
+    the generator with one line."""
     root, toml = copy_of_the_repo(tmp_path)
     toml.write_text(toml.read_text() + NEW_CONCEPT)
     files = site.build(root)
@@ -101,7 +102,12 @@ def test_adding_a_concept_is_adding_one_entry(tmp_path, capsys):
     assert '<section id="primitives">' in page and 'href="../../pytorch/builtin.py#L' in page.split("primitives")[-1]
     assert "| nn.DataParallel's primitives | [`get_model`](../pytorch/builtin.py#L" in rosetta
     assert "| (none) | (none) | [`split_and_load`](../jax/data_parallel.py#L" in rosetta
-    toml.write_text(toml.read_text().replace(", jax = [\"data_parallel.py:split_and_load\"]}", "}"))
+    toml.write_text(toml.read_text().replace('note = "A concept some', 'notes = "A concept some'))
+    assert site.main([], root=root) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "harness.site: concept 'primitives' lacks note (docs/rosetta.toml)"]
+    toml.write_text(toml.read_text().replace('notes = "A concept some', 'note = "A concept some')
+                    .replace(", jax = [\"data_parallel.py:split_and_load\"]}", "}"))
     assert site.main([], root=root) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         "harness.site: concept 'primitives': its code table names ['mxnet', 'pytorch', 'tensorflow'], not the four "
