@@ -4,6 +4,9 @@
     python docs/links.py --fix    re-points every code link at its line, then checks (--write says the same;
                                   --check is accepted and only checks, as the default does)
 
+The pages are the README, docs/*.md and docs/rosetta.toml (docs/rosetta.md's source: after --fix there, run
+`python -m harness.site` to regenerate the page).
+
 A link [`code`](../pytorch/data_parallel.py#L12) promises that line 12 of that file is a line of code
 holding `code`: not a docstring, a comment, a blank line or an import (continuation lines included), and
 not `code` only in the line's trailing comment. Of the lines that qualify, it must be the one --fix picks:
@@ -43,9 +46,11 @@ Link = namedtuple("Link", "text code target start end")   # code: the backticked
 
 
 def pages(root=ROOT):
-    """The README and every page in docs/."""
+    """The README, every page in docs/, and docs/rosetta.toml: the prose docs/rosetta.md is generated from, so
+    --fix re-points the links there (then `python -m harness.site` regenerates the page)."""
     found = [os.path.join(root, "README.md")] if os.path.exists(os.path.join(root, "README.md")) else []
-    return found + sorted(glob.glob(os.path.join(root, "docs", "*.md")))
+    source = os.path.join(root, "docs", "rosetta.toml")
+    return found + sorted(glob.glob(os.path.join(root, "docs", "*.md"))) + [source] * os.path.exists(source)
 
 
 PAGES = pages()

@@ -24,10 +24,12 @@ def test_rosetta_links_point_at_their_code():
     """Every link of the README and of every docs/*.md page points where it says (python docs/links.py)."""
     links = load_links_tool()
     pages = links.pages()
-    assert set(pages) == {os.path.join(ROOT, "README.md")} | set(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+    assert set(pages) == {os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "rosetta.toml")} \
+        | set(glob.glob(os.path.join(ROOT, "docs", "*.md")))
     for page in pages:
-        assert links.problems(page) == [], f"code moved under {page}'s links: run `python docs/links.py --fix`"
-    for name in ("rosetta.md", "migration.md"):
+        assert links.problems(page) == [], \
+            f"code moved under {page}'s links: run `python docs/links.py --fix`, then `python -m harness.site`"
+    for name in ("rosetta.md", "rosetta.toml", "migration.md"):
         found = links.find_links(open(os.path.join(ROOT, "docs", name)).read())
         assert sum(link.code is not None and ".py#L" in link.target for link in found) >= 30, name
 

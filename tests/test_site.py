@@ -1,0 +1,279 @@
+"""The generated Rosetta site (python -m harness.site): its code is the code, it is current, and it works in a
+real browser (headless Chromium from the distribution, driven by Selenium) opened from the file system.
+
+The browser tests skip, saying so, where Chromium or its driver is missing; under .ci/run
+(ROSETTA_REQUIRE_ALL_FRAMEWORKS=1) they fail instead. They load a static page and start no worker process, so
+they are in the fast tier. The screenshots go to SHOTS (printed by the test) for a person to look at."""
+import ast
+import re
+import importlib.util
+import os
+import shutil
+import tempfile
+from html.parser import HTMLParser
+
+import pytest
+
+from common import FRAMEWORKS
+from conftest import REQUIRE_ALL, ROOT
+from harness import site
+
+SHOTS = os.environ.get("ROSETTA_SCREENSHOTS", os.path.join(tempfile.gettempdir(), "rosetta-site-screenshots"))
+
+
+@pytest.fixture(scope="module")
+def source():
+    return site.load()
+
+
+def test_the_committed_site_and_rosetta_page_are_what_the_generator_makes_now():
+    for path, text in site.build().items():
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            assert f.read() == text, f"{path} is stale: run `python -m harness.site` and commit the result"
+
+
+def test_every_concept_shows_each_frameworks_real_function(source):
+    """Each snippet is the source of the def/class/assignment its file has under that name, compared through
+    ast with the file itself (a branch snippet: the `if` statement of the function that holds it)."""
+    assert len(source["concept"]) >= 16
+    for concept in source["concept"]:
+        assert any(concept["snippets"].values()), f"{concept['id']} shows no code at all"
+        for fw in FRAMEWORKS:
+            snippets = concept["snippets"][fw]
+            assert len(snippets) == len(site.code_of(concept, fw)), (concept["id"], fw)
+            for snippet in snippets:
+                with open(os.path.join(ROOT, snippet.path), encoding="utf-8") as f:
+                    text = f.read()
+                nodes = [n for n in ast.walk(ast.parse(text)) if getattr(n, "lineno", None) == snippet.line
+                         and isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign, ast.If))]
+                assert nodes, (concept["id"], fw, snippet.path, snippet.line)
+                shown = ast.parse(snippet.code).body
+                assert len(shown) == 1 and ast.dump(shown[0]) == ast.dump(nodes[0]), (concept["id"], fw, snippet.name)
+                names = {getattr(nodes[0], "name", None)} | {t.id for t in getattr(nodes[0], "targets", [])}
+                assert isinstance(nodes[0], ast.If) or snippet.name in names, snippet
+
+
+def test_the_page_holds_every_snippet_and_every_link_reaches_a_file(source):
+    page = site.index_html(source)
+    # Nothing loads from elsewhere: no script, style, image or font from another host (a plain link a reader may
+    # follow, to PyTorch's documentation say, loads nothing; the browser tests also watch every request).
+    loads = re.findall(r'<(?:script|link|img|iframe|source)\b[^>]*\b(?:src|href)="(https?:)?//', page) + \
+        re.findall(r"url\(\s*['\"]?(?:https?:)?//", page) + re.findall(r"@import", page)
+    assert not loads, "the page must load nothing from elsewhere"
+    for anchor in ("what-a-migrating-user-must-know", "gpus-and-processes"):   # rosetta.md's closing sections
+        assert f'<h2 id="{anchor}">' in page and f'href="#{anchor}"' in page
+    for concept in source["concept"]:
+        assert f'<section id="{concept["id"]}">' in page
+        for fw in FRAMEWORKS:
+            for snippet in concept["snippets"][fw]:
+                assert f'href="../../{snippet.path}#L{snippet.line}"' in page, snippet
+
+    class Links(HTMLParser):
+        found = []
+
+        def handle_starttag(self, tag, attrs):
+            self.found += [v for k, v in attrs if k in ("href", "src")]
+    parser = Links()
+    parser.feed(page)
+    for target in parser.found:
+        path = target.partition("#")[0]
+        if path and not path.startswith(("data:", "https://")):   # data: the empty icon that saves a request for
+            # favicon.ico; https: a reference a reader may follow (the documentation PyTorch's advice is quoted from)
+            assert os.path.exists(os.path.join(ROOT, site.SITE, path)), target
+
+
+def copy_of_the_repo(tmp_path):
+    """The repo's sources in tmp_path/repo (no site, no venv), and its docs/rosetta.toml."""
+    shutil.copytree(ROOT, tmp_path / "repo", ignore=shutil.ignore_patterns(".venv", ".git", "site", "__pycache__"))
+    return str(tmp_path / "repo"), tmp_path / "repo" / "docs" / "rosetta.toml"
+
+
+NEW_CONCEPT = """
+[[concept]]
+id = "primitives"
+title = "nn.DataParallel's primitives"
+code = {pytorch = ["builtin.py:get_model"], mxnet = [], tensorflow = [], jax = ["data_parallel.py:split_and_load"]}
+note = "A concept some frameworks have nothing for."
+"""
+
+
+def test_adding_a_concept_is_adding_one_entry(tmp_path, capsys):
+    """One [[concept]] entry, its code a table per framework (two with nothing to show), makes a section on the
+    page and a row of docs/rosetta.md; an entry without its note, or a table that leaves a framework out, stops
+    the generator with one line."""
+    root, toml = copy_of_the_repo(tmp_path)
+    toml.write_text(toml.read_text() + NEW_CONCEPT)
+    files = site.build(root)
+    page, rosetta = files[os.path.join(site.SITE, "index.html")], files[site.ROSETTA]
+    assert '<section id="primitives">' in page and 'href="../../pytorch/builtin.py#L' in page.split("primitives")[-1]
+    assert "| nn.DataParallel's primitives | [`get_model`](../pytorch/builtin.py#L" in rosetta
+    assert "| (none) | (none) | [`split_and_load`](../jax/data_parallel.py#L" in rosetta
+    toml.write_text(toml.read_text().replace('note = "A concept some', 'notes = "A concept some'))
+    assert site.main([], root=root) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "harness.site: concept 'primitives' lacks note (docs/rosetta.toml)"]
+    toml.write_text(toml.read_text().replace('notes = "A concept some', 'note = "A concept some')
+                    .replace(", jax = [\"data_parallel.py:split_and_load\"]}", "}"))
+    assert site.main([], root=root) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "harness.site: concept 'primitives': its code table names ['mxnet', 'pytorch', 'tensorflow'], not the four "
+        "frameworks ['pytorch', 'mxnet', 'tensorflow', 'jax'] (docs/rosetta.toml)"]
+
+
+def test_a_missing_function_name_stops_the_generator_with_one_clear_line(tmp_path, capsys):
+    root, toml = copy_of_the_repo(tmp_path)
+    toml.write_text(toml.read_text().replace('"data_parallel.py:allreduce"', '"data_parallel.py:allreduce_nowhere"'))
+    assert site.main([], root=root) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "harness.site: pytorch/data_parallel.py has no top-level def, class or assignment named 'allreduce_nowhere' "
+        "(docs/rosetta.toml asks for it)"], err
+    assert not (tmp_path / "repo" / "docs" / "site").exists(), "nothing is written when a name is missing"
+
+
+# ---- in a real browser ----
+
+def skip_or_fail(reason):
+    """Locally a missing browser skips the browser tests; under .ci/run, which installs it, it fails them."""
+    if REQUIRE_ALL:
+        pytest.fail(f"{reason}; ROSETTA_REQUIRE_ALL_FRAMEWORKS=1 (.ci/run) requires the browser tests to run",
+                    pytrace=False)
+    pytest.skip(reason)
+
+
+def chromium():
+    """Paths of the distribution's Chromium and chromedriver, or a skip (a failure under .ci/run) naming what
+    is missing."""
+    if importlib.util.find_spec("selenium") is None:
+        skip_or_fail("selenium is not installed (pip install -r requirements.txt)")
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not browser or not driver:
+        skip_or_fail("Chromium or chromedriver is missing (apt-get install chromium chromium-driver)")
+    return browser, driver
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium for the module, its console log and network events recorded."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    binary, driver = chromium()
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--hide-scrollbars", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    chrome = webdriver.Chrome(service=Service(driver), options=options)
+    yield chrome
+    chrome.quit()
+
+
+def open_page(browser, width):
+    browser.set_window_size(width, 1000)
+    browser.get("file://" + os.path.join(ROOT, site.SITE, "index.html"))
+    browser.get_log("browser"), browser.get_log("performance")   # start both logs from this load
+    browser.refresh()
+    return browser
+
+
+SHOWN = """return Object.fromEntries(Array.from(document.querySelectorAll("section[id]"), s => [s.id,
+    Array.from(s.querySelectorAll(".fw")).filter(c => c.offsetParent !== null)
+         .map(c => [c.getBoundingClientRect(), c.dataset.fw])
+         .sort((a, b) => a[0].top - b[0].top || a[0].left - b[0].left).map(p => p[1])]));"""
+
+
+def shown(browser):
+    """{section id: the frameworks it shows now, left to right, top to bottom}, read in one call."""
+    return browser.execute_script(SHOWN)
+
+
+def loaded_cleanly(browser, origin):
+    """The page just loaded logged no console error or warning, no request failed or left `origin`, and its
+    stylesheet and script both took effect."""
+    import json
+    console = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+    assert console == [], console
+    events = [json.loads(e["message"])["message"] for e in browser.get_log("performance")]
+    requested = [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"]
+    failed = [e["params"] for e in events if e["method"] == "Network.loadingFailed"]
+    assert failed == [], failed
+    assert all(url.startswith(origin) for url in requested), requested
+    assert {url.rsplit("/", 1)[1] for url in requested} >= {"index.html", "style.css", "site.js"}
+    assert browser.execute_script("return getComputedStyle(document.querySelector('.cols')).display") == "grid"
+    assert browser.execute_script("return document.body.dataset.view") == "all"   # site.js ran
+
+
+def test_the_page_loads_from_the_file_system_with_no_console_error_and_no_failed_request(browser):
+    open_page(browser, 1400)
+    loaded_cleanly(browser, "file://")
+
+
+def test_the_page_serves_as_is_from_a_static_host(browser):
+    """Served by a plain static file server (the repo root, as GitHub Pages or any host would serve it)."""
+    import functools
+    import http.server
+    import threading
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=ROOT)
+    handler.func.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        origin = f"http://127.0.0.1:{server.server_address[1]}/"
+        browser.set_window_size(1400, 1000)
+        browser.get(origin + "docs/site/index.html")
+        browser.get_log("browser"), browser.get_log("performance")
+        browser.refresh()
+        loaded_cleanly(browser, origin)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_wide_shows_four_columns_and_a_tab_switches_every_section(browser, source):
+    open_page(browser, 1400)
+    ids = [c["id"] for c in source["concept"]]
+    assert shown(browser) == {i: list(FRAMEWORKS) for i in ids}
+    row = {c.location["y"] for c in browser.find_elements("css selector", f"#{ids[0]} .fw")}
+    assert len(row) == 1, "four columns side by side on a wide screen"
+    for fw in FRAMEWORKS:
+        browser.find_element("css selector", f'.tab[data-fw="{fw}"]').click()
+        assert shown(browser) == {i: [fw] for i in ids}, fw
+        assert browser.find_element("css selector", f'.tab[data-fw="{fw}"]').get_attribute("aria-pressed") == "true"
+    browser.find_element("css selector", '.tab[data-fw="all"]').click()
+    assert shown(browser) == {i: list(FRAMEWORKS) for i in ids}
+
+
+def test_any_two_frameworks_side_by_side(browser, source):
+    from selenium.webdriver.support.ui import Select
+    open_page(browser, 1400)
+    Select(browser.find_element("id", "left")).select_by_value("jax")
+    Select(browser.find_element("id", "right")).select_by_value("mxnet")
+    assert shown(browser) == {c["id"]: ["jax", "mxnet"] for c in source["concept"]}
+    first, second = browser.find_elements("css selector", f'#{source["concept"][0]["id"]} .fw:not([hidden])')
+    assert first.location["y"] == second.location["y"], "the two are side by side"
+    assert browser.find_element("id", "compare").get_attribute("aria-pressed") == "true"
+
+
+def test_narrow_starts_on_a_tab_and_the_keyboard_reaches_the_controls(browser, source):
+    from selenium.webdriver.common.keys import Keys
+    open_page(browser, 420)
+    ids = [c["id"] for c in source["concept"]]
+    assert shown(browser) == {i: ["pytorch"] for i in ids}, "a narrow screen shows one tab"
+    browser.find_element("css selector", '.tab[data-fw="tensorflow"]').send_keys(Keys.SPACE)   # a real button
+    assert shown(browser) == {i: ["tensorflow"] for i in ids}
+    assert browser.execute_script("return document.activeElement.matches('.tab:focus-visible')")
+
+
+def test_screenshots_at_1400_and_420_pixels(browser):
+    """The top of the page and the allreduce section, at each width, for a person to look at."""
+    os.makedirs(SHOTS, exist_ok=True)
+    for width in (1400, 420):
+        open_page(browser, width)
+        for where in ("top", "allreduce"):
+            if where != "top":
+                browser.execute_script(f"document.getElementById('{where}').scrollIntoView()")
+            path = os.path.join(SHOTS, f"site-{width}px-{where}.png")
+            assert browser.save_screenshot(path) and os.path.getsize(path) > 10000
+            print(f"screenshot: {path}")
