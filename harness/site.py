@@ -1,5 +1,5 @@
-"""The Rosetta stone as a static page: `python -m harness.site` writes docs/site/ (index.html, style.css,
-site.js) and docs/rosetta.md from docs/rosetta.toml (the prose, in one place) and the framework folders.
+"""The Rosetta stone as a static page: `python -m harness.site` writes docs/site/index.html (and
+pygments.css, the highlighting's colours) and docs/rosetta.md from docs/rosetta.toml (the prose, in one place) and the framework folders.
 
 Every code block on the page is a function (or class, or assignment) taken from the source BY NAME through
 `ast`, so the page cannot show code that is not the code: a name the file does not define stops the generator
@@ -27,7 +27,6 @@ from .loader import ROOT
 SOURCE = os.path.join("docs", "rosetta.toml")
 SITE = os.path.join("docs", "site")
 ROSETTA = os.path.join("docs", "rosetta.md")
-ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site_assets")
 LABELS = {"pytorch": "PyTorch", "mxnet": "MXNet", "tensorflow": "TensorFlow", "jax": "JAX"}
 STYLE = "friendly"   # a Pygments style with enough contrast on a white page
 
@@ -238,6 +237,7 @@ def index_html(source):
 <title>{html.escape(source["title"])}</title>
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="style.css">
+<link rel="stylesheet" href="pygments.css">
 <script src="site.js" defer></script>
 </head>
 <body>
@@ -263,14 +263,13 @@ do not edit by hand.</p></footer>
 
 
 def build(root=ROOT):
-    """Every file the generator writes, {path from the repo root: text}; writes nothing."""
+    """Every file the generator writes, {path from the repo root: text}; writes nothing. The page's own style.css
+    and site.js are written by hand and live in docs/site/ as they are served."""
     source = load(root)
-    with open(os.path.join(ASSETS, "style.css"), encoding="utf-8") as f:
-        css = f.read() + "\n/* Pygments, style " + STYLE + " */\n" + HtmlFormatter(style=STYLE).get_style_defs(".code")
-    with open(os.path.join(ASSETS, "site.js"), encoding="utf-8") as f:
-        js = f.read()
-    return {os.path.join(SITE, "index.html"): index_html(source), os.path.join(SITE, "style.css"): css + "\n",
-            os.path.join(SITE, "site.js"): js, ROSETTA: rosetta_md(source)}
+    colours = f"/* Pygments, style {STYLE}: made by python -m harness.site */\n" + \
+        HtmlFormatter(style=STYLE).get_style_defs(".code") + "\n"
+    return {os.path.join(SITE, "index.html"): index_html(source), os.path.join(SITE, "pygments.css"): colours,
+            ROSETTA: rosetta_md(source)}
 
 
 def main(argv=None, root=ROOT):

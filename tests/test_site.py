@@ -200,7 +200,7 @@ def loaded_cleanly(browser, origin):
     failed = [e["params"] for e in events if e["method"] == "Network.loadingFailed"]
     assert failed == [], failed
     assert all(url.startswith(origin) for url in requested), requested
-    assert {url.rsplit("/", 1)[1] for url in requested} >= {"index.html", "style.css", "site.js"}
+    assert {url.rsplit("/", 1)[1] for url in requested} >= {"index.html", "style.css", "pygments.css", "site.js"}
     assert browser.execute_script("return getComputedStyle(document.querySelector('.cols')).display") == "grid"
     assert browser.execute_script("return document.body.dataset.view") == "all"   # site.js ran
 
