@@ -9,6 +9,7 @@ The output holds no date or commit, so the committed site is current exactly whe
 (tests/test_site.py checks it).
 """
 import ast
+import functools
 import html
 import os
 import re
@@ -60,6 +61,14 @@ def top_level(tree, name):
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def parsed(path):
+    """A file's text and syntax tree, read once per build however many concepts show its functions."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    return text, ast.parse(text)
+
+
 def extract(root, framework, spec):
     """The Snippet a code entry names: "file.py:name" in the framework folder, "dir/file.py:name" from the
     repo root, "file.py:name[key]" for the `if ... == "key":` branch inside name."""
@@ -69,9 +78,8 @@ def extract(root, framework, spec):
     name, _, key = name.partition("[")
     if not os.path.exists(os.path.join(root, path)):
         raise SiteError(f"{path} does not exist ({SOURCE} asks for {spec!r})")
-    with open(os.path.join(root, path), encoding="utf-8") as f:
-        text = f.read()
-    node = top_level(ast.parse(text), name)
+    text, tree = parsed(os.path.join(root, path))
+    node = top_level(tree, name)
     if node is None:
         raise SiteError(f"{path} has no top-level def, class or assignment named {name!r} ({SOURCE} asks for it)")
     if key:
@@ -110,6 +118,7 @@ def check_entry(concept):
 
 def load(root=ROOT):
     """The source, with every concept's snippets: {framework: [Snippet]} under each concept's "snippets"."""
+    parsed.cache_clear()   # the files may have changed since the last load in this process
     with open(os.path.join(root, SOURCE), "rb") as f:
         source = tomllib.load(f)
     for concept in source["concept"]:
