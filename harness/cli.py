@@ -37,3 +37,10 @@ def name_list(choices, what):
                                              f"choose from {', '.join(choices)}")
         return names
     return parse
+
+
+def host_list(text):
+    hosts = [h.strip() for h in text.split(",") if h.strip()]
+    if len(hosts) < 2 or len(set(hosts)) != len(hosts):
+        raise argparse.ArgumentTypeError(f"expected two or more different hosts, comma-separated, got {text!r}")
+    return hosts

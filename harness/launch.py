@@ -1,21 +1,22 @@
 """Starting worker processes and making sure they all end, however the run ends (see `run_workers`).
 
 A run is one worker process, or for a multi-process engine `processes` workers (plus MXNet's
-scheduler and server), all on 127.0.0.1 with free ports. Each worker is started with exactly the
-variables the framework's own launcher would set (torchrun, TF_CONFIG, DMLC_*), so the same workers
-can also be started by hand (see docs/usage.md).
+scheduler and server), on 127.0.0.1 with free ports, or this host's share of them when the run spans
+several hosts (harness/cluster.py). Each worker is started with exactly the variables the framework's own
+launcher would set (torchrun, TF_CONFIG, DMLC_*, JAX_*), so the same workers can also be started by hand
+(see docs/usage.md).
 """
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-from common.placement import machine_gpus, worker_env
+from common.placement import machine_gpus
 
+from .cluster import ONE_HOST, engine_env
 from .cores import CPUS_VARIABLE, worker_cpus
 from .loader import ROOT
 from .spec import RunSpec
@@ -37,44 +38,6 @@ def process_per_device(framework, mode, processes, gpus=None):
 def uses_engine(spec):
     """Whether the run's processes join their framework's multi-process engine."""
     return spec.processes > 1 or process_per_device(spec.framework, spec.mode, spec.processes)
-
-
-def free_ports(n):
-    """n ports that are free right now (the OS picks them; we release them just before use)."""
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def engine_env(framework, world, devices=None, gpus=None):
-    """(per-worker environments, [(name, environment)] of helper processes) for one run of `devices` in
-    all. Every worker is on this machine: its local rank is its rank, and it gets its share of the
-    machine's GPUs (`gpus`, default machine_gpus()) by common.placement's rule."""
-    gpus = machine_gpus() if gpus is None else gpus
-    per_process = RunSpec(framework, devices=devices or world, processes=world).per_process
-    place = [worker_env(framework, r, world, per_process, gpus) for r in range(world)]
-    ports = free_ports(world + 1)
-    if framework == "pytorch":   # what `torchrun --standalone --nproc-per-node=N` sets
-        base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports[0]), "WORLD_SIZE": str(world),
-                "GLOO_SOCKET_IFNAME": "lo"}
-        return [{**base, "RANK": str(r), **place[r]} for r in range(world)], []
-    if framework == "tensorflow":   # MultiWorkerMirroredStrategy reads the cluster from TF_CONFIG
-        cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
-        return [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": r}}), **place[r]}
-                for r in range(world)], []
-    if framework == "mxnet":   # ps-lite: a scheduler, one server, N workers
-        base = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(ports[0]), "DMLC_NUM_SERVER": "1",
-                "DMLC_NUM_WORKER": str(world), "DMLC_NODE_HOST": "127.0.0.1", "DMLC_INTERFACE": "lo"}
-        helpers = [(role, {**base, "DMLC_ROLE": role}) for role in ("scheduler", "server")]
-        return [{**base, "DMLC_ROLE": "worker", **place[r]} for r in range(world)], helpers
-    if framework == "jax":   # jax.distributed: process 0 serves the coordinator
-        base = {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{ports[0]}", "JAX_NUM_PROCESSES": str(world)}
-        return [{**base, "JAX_PROCESS_ID": str(r), **place[r]} for r in range(world)], []
-    raise ValueError(framework)
 
 
 # The signals that end a run: Ctrl-C, `kill`/`timeout`/CI job limits/batch schedulers, a closed terminal.
@@ -145,22 +108,25 @@ def last_progress(path):
     return int(step), int(steps)
 
 
-def run_workers(spec, timeout=None, progress=None, stall_timeout=None):
-    """Run one spec in its `processes` fresh `python -m harness.worker` processes; return their result dicts
-    in rank order, or one failed result. Never raises for a failed run: a crash, a dead worker or helper
+def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=ONE_HOST):
+    """Run one spec in its `processes` fresh `python -m harness.worker` processes (this host's share of them,
+    on a `cluster` of several hosts); return their result dicts in rank order, or one failed result. Never raises for a failed run: a crash, a dead worker or helper
     (MXNet's scheduler, server), a timeout, a stall (no new progress line for `stall_timeout` seconds)
     becomes status 'failed' with the reason, and every process of the run is gone when this returns or
     raises (Interrupted included). progress(step, steps), if given, is called as the first worker reports."""
     spec = RunSpec.of(spec)
     processes = spec.processes
-    worker_envs, helper_envs = (engine_env(spec.framework, processes, spec.devices)
-                                if uses_engine(spec) else ([{}], []))
-    if spec.cores == "per-device":   # each worker pinned to cores of its own (harness/cores.py)
-        worker_envs = [{**env, CPUS_VARIABLE: ",".join(map(str, worker_cpus(r, spec.threads)))}
-                       for r, env in enumerate(worker_envs)]
+    if uses_engine(spec):
+        worker_envs, helper_envs = engine_env(spec.framework, processes, spec.devices, cluster=cluster)
+        ranks = list(cluster.ranks(processes))
+    else:
+        worker_envs, helper_envs, ranks = [{}], [], [0]
+    if spec.cores == "per-device":   # each worker pinned to cores of its own on its host (harness/cores.py)
+        worker_envs = [{**env, CPUS_VARIABLE: ",".join(map(str, worker_cpus(local, spec.threads)))}
+                       for local, env in enumerate(worker_envs)]
     n = len(helper_envs)   # procs, logs and names: the helpers first, then the workers in rank order
     names = [f"{spec.framework} {name}" for name, _ in helper_envs]
-    names += [f"worker {r} of {processes}" if processes > 1 else "worker" for r in range(processes)]
+    names += [f"worker {r} of {processes}" if processes > 1 else "worker" for r in ranks]
     with tempfile.TemporaryDirectory(prefix="rosetta-") as tmp:
         procs, logs = [], []
 
@@ -177,12 +143,12 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None):
             with open(logs[i], errors="replace") as f:
                 return f.read()[-4000:]
 
-        outs = [os.path.join(tmp, f"rank{r}.json") for r in range(processes)]
+        outs = [os.path.join(tmp, f"rank{r}.json") for r in ranks]
         try:
             for name, env in helper_envs:
                 start(name, env, [os.path.join(tmp, f"{name}.json")])
-            for r, env in enumerate(worker_envs):
-                start(f"worker{r}", env, [outs[r]])
+            for r, env, out in zip(ranks, worker_envs, outs):
+                start(f"worker{r}", env, [out])
             started = time.monotonic()
             reported, reported_at = None, started
             while True:
@@ -213,11 +179,11 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None):
         finally:
             kill_all(procs)   # also on Ctrl-C, SIGTERM, SIGHUP: Interrupted propagates after the kill
         results = []
-        for r, out in enumerate(outs):
+        for i, (r, out) in enumerate(zip(ranks, outs)):
             if not os.path.exists(out):
-                return [{"status": "failed", "error": f"worker {r} wrote no result", "log": log_tail(n + r)}]
+                return [{"status": "failed", "error": f"worker {r} wrote no result", "log": log_tail(n + i)}]
             with open(out) as f:
                 results.append(json.load(f))
             if results[-1]["status"] == "failed":
-                results[-1]["log"] = log_tail(n + r)
+                results[-1]["log"] = log_tail(n + i)
         return results

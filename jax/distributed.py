@@ -51,10 +51,23 @@ def init_process(gpus):
                            f"set to its own GPUs (docs/usage.md)")
     if backend(gpus) == "gloo":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        bind_gloo_to(os.environ.get("GLOO_SOCKET_IFNAME"))
     jax.distributed.initialize(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
                                process_id=int(os.environ["JAX_PROCESS_ID"]), initialization_timeout=TIMEOUT)
     _joined = True
     return jax.process_index(), jax.process_count()
+
+
+def bind_gloo_to(interface):
+    """JAX 0.7 builds its CPU collectives with gloo's default device, which binds to the address this machine's
+    hostname resolves to: 127.0.0.1 on many machines, or nothing at all ("Unable to find address for: <hostname>"),
+    and two hosts then never meet. JAX has no option for the interface (PyTorch reads GLOO_SOCKET_IFNAME), but the
+    gloo factory it calls takes one: hand it the launcher's (harness/cluster.py) before the backend is built."""
+    if not interface:
+        return
+    from jax._src.lib import xla_client
+    make = xla_client._xla.make_gloo_tcp_collectives
+    xla_client._xla.make_gloo_tcp_collectives = functools.partial(make, interface=interface)
 
 
 def shutdown():

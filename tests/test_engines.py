@@ -128,7 +128,7 @@ def launch_by_hand(framework, spec, folder):
     """The hand launches of docs/usage.md on one machine: torchrun; TF_CONFIG per worker; DMLC_* for a
     scheduler, a server and the workers; JAX_* per process. Nothing from compare.py or harness.launch."""
     import json
-    from harness.launch import free_ports
+    from harness.cluster import free_ports
     worker = [sys.executable, "-m", "harness.worker", json.dumps(spec)]
     out = str(folder / "out-{rank}.json")
     ports = free_ports(3)

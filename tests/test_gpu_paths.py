@@ -11,7 +11,7 @@ import pytest
 
 from common.interface import RosettaError
 from harness.loader import load_module
-from harness.launch import engine_env
+from harness.cluster import engine_env
 from harness.training import summarize
 from conftest import framework_or_skip, run_processes
 
