@@ -15,6 +15,7 @@ interrupted run keeps its finished rows (--resume goes on).
 import os
 import signal
 import sys
+import time
 
 from common.data import DATASETS, load_dataset
 from common.interface import FRAMEWORKS, RosettaError
@@ -22,8 +23,9 @@ from common.lenet import INITS
 from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, SCHEDULES
 from harness.benchmark import add_scaling
 from harness.calibration import LoadRecord, matmul_peak, warning
-from harness.checkpoints import check_resume
-from harness.cli import HelpFormatter, Parser, int_list, name_list
+from harness.checkpoints import check_resume, epoch_of, latest_checkpoint
+from harness.cli import HelpFormatter, Parser, host_list, int_list, name_list
+from harness.cluster import DEFAULT_PORT, ONE_HOST, Cluster
 from harness.cores import CORES
 from harness.launch import raise_on_signals, run_workers
 from harness.merge import merge_files, merge_records
@@ -99,6 +101,17 @@ def parse_args(argv):
     p.add_argument("--resume-from", metavar="CHECKPOINT",
                    help="start from a checkpoint saved after epoch k (its name says k) and train epochs k+1.. "
                         "--epochs in the batch order the uninterrupted run would see; one framework only")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="with --checkpoint-dir: when a process of a run dies, stop the run's others and start it "
+                        "again from its last complete checkpoint, up to N times (torchrun's --max-restarts)")
+    p.add_argument("--hosts", type=host_list, metavar="A,B,...",
+                   help="spread each run's processes over these hosts (addresses or names; the first is the "
+                        "coordinator): run the same command on every host, each with its own --node-rank")
+    p.add_argument("--node-rank", type=int, default=0, help="with --hosts: this host's place in the list")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help="with --hosts: the coordinator's port; TensorFlow's workers listen on the next ones")
+    p.add_argument("--interface", help="with --hosts: this host's network interface (default: the one holding its "
+                                       "address)")
     p.add_argument("--benchmark", action="store_true",
                    help="the timing benchmark: synthetic 30,000 images, batch 256, every exec mode, the "
                         "idiomatic references, both --cores settings, 3 trials; "
@@ -137,10 +150,35 @@ def parse_args(argv):
         p.error(f"--batch-size {args.batch_size} is smaller than {max(args.devices)} devices")
     if args.checkpoint_every is not None and (args.checkpoint_every < 1 or not args.checkpoint_dir):
         p.error("--checkpoint-every needs --checkpoint-dir and N >= 1")
+    if args.max_restarts < 0 or (args.max_restarts and not args.checkpoint_dir):
+        p.error("--max-restarts needs --checkpoint-dir (a restart starts from the last checkpoint) and N >= 0")
+    args.cluster = cluster(p, args)
     for name in ("data_dir", "checkpoint_dir", "resume_from"):   # the workers run from the repo root
         if getattr(args, name):
             setattr(args, name, os.path.abspath(getattr(args, name)))
     return args
+
+
+def cluster(p, args):
+    """The hosts a run spans (harness/cluster.py): this one alone unless --hosts names several."""
+    if not args.hosts:
+        if args.node_rank or args.interface or args.port != DEFAULT_PORT:
+            p.error("--node-rank, --port and --interface go with --hosts")
+        return ONE_HOST
+    if args.benchmark or args.merge or args.list_devices:
+        p.error("--hosts runs training: not with --benchmark, --merge or --list-devices")
+    odd = [n for n in args.processes if n % len(args.hosts)]
+    if odd:
+        p.error(f"--hosts spreads each run's processes evenly over {len(args.hosts)} hosts: --processes "
+                f"{odd[0]} is not a multiple of {len(args.hosts)}")
+    if not 0 <= args.node_rank < len(args.hosts):
+        p.error(f"--node-rank must be between 0 and {len(args.hosts) - 1}")
+    if not 0 < args.port < 65536 - max(args.processes):
+        p.error("--port must leave room for a port per process below 65536")
+    try:
+        return Cluster(tuple(args.hosts), args.node_rank, args.port, args.interface)
+    except RosettaError as err:
+        p.error(str(err))
 
 
 def list_devices(args):
@@ -212,11 +250,39 @@ def compare(args):
 
 
 def run_one(spec, dataset, args, label):
-    """One trial of one row: launch its processes and merge their records."""
-    results = run_workers(spec, args.timeout, progress=progress_bar(label), stall_timeout=args.stall_timeout)
-    if sys.stdout.isatty():
-        print("\r\033[K", end="", flush=True)   # the bar's line, cleared for the table
-    return merge_records(results, dataset["fingerprint"])
+    """One trial of one row: launch its processes (this host's, with --hosts) and merge their records. With
+    --max-restarts, a run whose process died is stopped whole and started again from its last complete checkpoint,
+    as torchrun restarts a group: the row counts the restarts and the time they cost."""
+    started, restarts, attempt = time.monotonic(), 0, spec
+    while True:
+        attempt_started = time.monotonic()
+        results = run_workers(attempt, args.timeout, progress=progress_bar(label), stall_timeout=args.stall_timeout,
+                              cluster=args.cluster)
+        if sys.stdout.isatty():
+            print("\r\033[K", end="", flush=True)   # the bar's line, cleared for the table
+        result = merge_records(results, dataset["fingerprint"])
+        if result["status"] != "failed" or restarts == args.max_restarts:
+            break
+        restarts += 1
+        attempt = spec.replace(resume_from=latest_checkpoint(spec, say))
+        print(f"  failed: {result['error']}\n  restart {restarts} of {args.max_restarts}, from "
+              f"{os.path.basename(attempt.resume_from) if attempt.resume_from else 'the start'}", file=sys.stderr)
+    if args.max_restarts:
+        result["restarts"] = restarts
+        if result["status"] == "ok":   # the wall time beyond what the last attempt and the epochs it skipped took
+            skipped = result["first_epoch"] - (epoch_of(spec.resume_from) if spec.resume_from else 0)
+            result["lost_seconds"] = max(0.0, attempt_started - started - skipped * result["epoch_seconds_median"])
+    if args.cluster.nnodes > 1 and result["status"] == "ok":   # see host_sums
+        result.update(hosts=list(args.cluster.hosts), node_rank=args.cluster.node_rank, **host_sums(results))
+    return result
+
+
+def host_sums(records):
+    """A host sees its own processes' records only, so its row's losses are over its share of every batch. Its
+    row keeps their sums, so that the run's losses are all hosts' sums added up (the final weights, test
+    accuracy and digest are the run's on every host)."""
+    return {key: [float(sum(values)) for values in zip(*(r[key] for r in records))]
+            for key in ("epoch_loss_sums", "epoch_sizes", "step_loss_sums", "step_sizes")}
 
 
 def merge(args):
@@ -234,6 +300,9 @@ def report(args, env, dataset, runs):
     if getattr(args, "optimizer", None) and optimizer_line(args):
         print(optimizer_line(args))
     print(format_table(runs, timing=args.repeats > 1 or args.benchmark))
+    if args.cluster.nnodes > 1:
+        print(f"(host {args.cluster.node_rank} of {args.cluster.nnodes}: the losses are over this host's processes; "
+              "the weights and the accuracy are the run's)")
     if args.benchmark:
         print(f"\n{format_scaling(runs)}\n\n{environment_line(env)}")
     if args.plot:

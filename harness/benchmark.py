@@ -21,8 +21,10 @@ CSV_FIELDS = (
     ("layout", lambda r: r.get("layout"), None),
     ("cores", lambda r: r.get("cores"), None), ("threads_per_process", lambda r: r.get("threads"), None),
     ("devices", lambda r: r["devices"], None), ("processes", lambda r: r["processes"], None),
+    ("hosts", lambda r: len(r["hosts"]) if r.get("hosts") else None, None),
     ("epochs", lambda r: r.get("epochs"), None), ("trials", lambda r: r.get("trials"), None),
     ("status", lambda r: r["status"], None),
+    ("restarts", lambda r: r.get("restarts"), None), ("lost_seconds", lambda r: r.get("lost_seconds"), 1),
     ("images_per_second", lambda r: r.get("images_per_second"), 1),
     ("images_per_second_min", lambda r: r.get("images_per_second_min"), 1),
     ("images_per_second_max", lambda r: r.get("images_per_second_max"), 1),
@@ -43,7 +45,8 @@ CSV_FIELDS = (
     ("error", lambda r: r.get("error"), None),
 )
 # Left out of a file when no row has a value: device memory exists only on GPUs, errors only when a row failed.
-OPTIONAL_CSV_FIELDS = ("peak_device_memory_mib", "error", "scaling_base")
+# So are the hosts (only a run over several has them) and the restarts (only with --max-restarts).
+OPTIONAL_CSV_FIELDS = ("peak_device_memory_mib", "error", "scaling_base", "hosts", "restarts", "lost_seconds")
 
 
 def mib(n):

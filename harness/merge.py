@@ -19,7 +19,7 @@ def merge_records(records, fingerprint):
         return {"status": "failed", "error": "a worker saw different data (fingerprint mismatch)"}
     if len({r["digest"] for r in records}) != 1:
         return {"status": "failed", "error": "the processes ended with different weights"}
-    return {"status": "ok", "error": None, "fingerprint": fingerprint,
+    return {"status": "ok", "error": None, "fingerprint": fingerprint, "digest": records[0]["digest"],
             "device_names": sum((r["device_names"] for r in records), []), **summarize(records)}
 
 

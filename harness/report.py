@@ -85,7 +85,8 @@ def add_parity(runs):
     """Each ok run's distance from the first ok run's first-step loss. The first step is the same
     arithmetic in every framework, mode, exec level and device or process count (the same weights, the
     same first global batch), so anything above float32 round-off is a translation bug."""
-    ok = [r for r in runs if r["status"] == "ok" and r.get("step_losses")]
+    ok = [r for r in runs if r["status"] == "ok" and r.get("step_losses") and not r.get("first_epoch")]   # a resumed
+    # run's first step is another batch's
     for run in ok:
         run["step1_loss_diff"] = abs(run["step_losses"][0] - ok[0]["step_losses"][0])
         run["parity_reference"] = f"{ok[0]['framework']} {ok[0]['mode']} {ok[0]['devices']}d/{ok[0]['processes']}p"
@@ -96,13 +97,23 @@ def fmt(value, spec):
 
 
 def status(r):
-    return r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error')}"
+    text = r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error')}"
+    if r.get("restarts"):   # --max-restarts: the run came back from its last checkpoint
+        lost = f", {r['lost_seconds']:.1f} s lost" if r.get("lost_seconds") is not None else ""
+        text += f" after {r['restarts']} restart(s){lost}"
+    return text
+
+
+def processes_cell(r):
+    """The run's processes, and over how many hosts when more than one (--hosts)."""
+    hosts = len(r.get("hosts") or ())
+    return f"{r['processes']} on {hosts} hosts" if hosts > 1 else str(r["processes"])
 
 
 def row_cells(r):
     ok = r["status"] == "ok"
     return [r["framework"], r["mode"], r.get("exec") or "-", r.get("layout") or "-", str(r["devices"]),
-            str(r["processes"]), str(r["epochs"]),
+            processes_cell(r), str(r["epochs"]),
             fmt(r.get("train_seconds"), ".1f"), fmt(r.get("images_per_second"), ",.0f"),
             fmt(r.get("test_accuracy"), ".4f"),
             fmt(r["epoch_losses"][-1] if ok and r.get("epoch_losses") else None, ".4f"),
@@ -116,7 +127,7 @@ def timing_cells(r):
     memory = r.get("train_memory_bytes")
     return [r["framework"], r["mode"], r.get("exec") or "-", r.get("compiles") or "-", r.get("layout") or "-",
             cores_cell(r),
-            str(r["devices"]), str(r["processes"]), ips,
+            str(r["devices"]), processes_cell(r), ips,
             fmt(r.get("epoch_seconds_median"), ".2f"), input_cell(r), fmt(r.get("first_step_seconds"), ".2f"),
             fmt(r.get("startup_seconds"), ".1f"), fmt(r.get("gflops"), ".1f"),
             fmt(100 * r["peak_fraction"] if r.get("peak_fraction") else None, ".0f") + ("%" if r.get("peak_fraction") else ""),
