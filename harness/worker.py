@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import resource
+import subprocess
 import sys
 import time
 import traceback
@@ -176,13 +177,28 @@ def exit_with_parent():
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
+def start_helpers(spec, helpers):
+    """MXNet's scheduler and server for a task of a SLURM job (harness/slurm.py): children of this worker, writing to
+    its output, that end with it (exit_with_parent). Never waited for: they exit once every worker has passed the
+    kvstore's barrier at exit, which this worker reaches only as its process ends."""
+    from .launch import PARENT_VARIABLE
+    return [subprocess.Popen([sys.executable, "-m", "harness.worker", spec.to_json(), os.devnull],
+                             env={**os.environ, **env, PARENT_VARIABLE: str(os.getpid())}, start_new_session=True)
+            for _, env in helpers]
+
+
 def main(spec_json, out_path):
     started = time.perf_counter()
     exit_with_parent()
     from common.interface import RosettaError, Unavailable
+    from . import slurm
     from .spec import RunSpec
     try:
         spec = RunSpec.of(spec_json)
+        if slurm.started_by_srun():   # srun started this task: its engine's variables come from the job
+            env, helper_envs = slurm.task_env(spec)
+            os.environ.update(env)
+            start_helpers(spec, helper_envs)
         set_threads(spec)
         if spec.framework == "jax":   # its own share of the run's devices (common.placement)
             set_virtual_devices(spec.per_process)
