@@ -16,6 +16,7 @@ import glob
 import os
 import re
 import shutil
+import sys
 
 import numpy as np
 
@@ -228,6 +229,8 @@ def resume_point(spec, optimizer, steps_per_epoch):
     """(weights, optimizer state or None, epochs done) of the checkpoint a run resumes from, or (None, None, 0)
     for a fresh run. A stateful optimizer needs the state saved with the weights, at the epoch's step count."""
     path = spec.resume_from
+    if path == LATEST:
+        path = latest_checkpoint(spec, lambda line: print(line, file=sys.stderr, flush=True))
     if not path:
         return None, None, 0
     framework, epoch = framework_of(path), epoch_of(path)
@@ -239,6 +242,31 @@ def resume_point(spec, optimizer, steps_per_epoch):
         raise RosettaError(f"{path}: its optimizer state has done {state['step']} steps, not the {epoch} epochs x "
                            f"{steps_per_epoch} steps of this run: another batch size or data set")
     return weights, state, epoch
+
+
+LATEST = "latest"   # resume_from: the newest complete checkpoint in checkpoint_dir, if any (a group restarted by torchrun)
+
+
+def latest_checkpoint(spec, warn):
+    """The newest checkpoint of this run in its checkpoint_dir that is complete and reads back (weights, and the
+    optimizer's state for anything but the recipe's SGD), or the run's own resume_from if none is newer, or None:
+    where a restarted run starts again. One that is incomplete or corrupt is never chosen: `warn` gets a line
+    naming it, and the one before it is tried."""
+    given = None if spec.resume_from == LATEST else spec.resume_from
+    start = epoch_of(given) if given else 0
+    optimizer = Optimizer(spec.optimizer)
+    for epoch in range(spec.epochs - 1, start, -1):
+        path = os.path.join(spec.checkpoint_dir, checkpoint_name(spec, epoch))
+        if not os.path.exists(path):
+            continue
+        try:
+            read_weights(spec.framework, path)
+            if optimizer.slots or has_state(spec.framework, path):   # a state is written first, then its weights
+                read_state(spec.framework, path, optimizer)
+            return path
+        except RosettaError as err:
+            warn(f"warning: not resuming from {os.path.basename(path)}: {err}; trying the one before it")
+    return given
 
 
 def check_resume(path, frameworks, epochs):
