@@ -1,0 +1,97 @@
+"""Every engine across two real hosts (harness/hosts.py: two network namespaces joined by a veth pair, addresses
+10.77.0.1 and 10.77.0.2, neither reachable from anywhere else): launched one command per host as compare.py's
+--hosts does it, and as a SLURM job of 2 nodes x 2 tasks starts it. The weights at the end are the one-host run's,
+bit for bit."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from common import FRAMEWORKS
+from harness import hosts
+from harness.launch import run_workers
+from harness.merge import merge_files
+from harness.spec import RunSpec
+from conftest import ROOT, framework_or_skip
+
+pytestmark = pytest.mark.slow   # real worker processes, on both hosts
+
+ADDRESSES = ",".join(hosts.ADDRESSES)
+# What the two-host row trains: AdamW (a state on every process) over the engine's own data pipeline, 1 epoch.
+TRAINING = {"mode": "builtin", "devices": 2, "processes": 2, "dataset": "digits", "epochs": 1, "batch_size": 256,
+            "seed": 3, "threads": 1, "optimizer": "adamw", "weight_decay": 0.01}
+
+
+def options(spec):
+    return ["--frameworks", spec.framework, "--mode", spec.mode, "--devices", str(spec.devices), "--processes",
+            str(spec.processes), "--epochs", str(spec.epochs), "--seed", str(spec.seed), "--threads", str(spec.threads),
+            "--optimizer", spec.optimizer, "--weight-decay", str(spec.weight_decay)]
+
+
+def on_hosts(commands, timeout=240):
+    """Run one command per host, all at once: [(host, argv, environment)] -> their (returncode, output)."""
+    procs = [hosts.run_in(host, argv, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True) for host, argv, env in commands]
+    try:
+        return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_every_engine_trains_across_two_hosts_as_on_one(framework, two_hosts, tmp_path):
+    """compare.py on each host with --hosts and its --node-rank: the coordinator on 10.77.0.1, every engine told the
+    host's own interface. Both hosts end with the one-host run's weights; their losses add up to the one-host run's."""
+    framework_or_skip(framework)
+    spec = RunSpec(framework, **TRAINING)
+    rows = []
+    commands = [(h, [sys.executable, "compare.py", *options(spec), "--hosts", ADDRESSES, "--node-rank", str(h),
+                     "--port", "29610", "--json", str(tmp_path / f"host{h}.json")], {}) for h in (0, 1)]
+    for code, output in on_hosts(commands):
+        assert code == 0, output[-3000:]
+    for h in (0, 1):
+        with open(tmp_path / f"host{h}.json") as f:
+            (row,) = json.load(f)["runs"]
+        assert row["hosts"] == list(hosts.ADDRESSES) and row["node_rank"] == h
+        rows.append(row)
+    records = run_workers(spec, timeout=240)   # the same run on this one host, over loopback
+    assert all(r["status"] == "ok" for r in records), records[0].get("error")
+    assert {r["digest"] for r in records} == {rows[0]["digest"]} == {rows[1]["digest"]}
+    for key in ("step_loss_sums", "step_sizes"):
+        assert [a + b for a, b in zip(rows[0][key], rows[1][key])] == [sum(s) for s in zip(*(r[key] for r in records))]
+
+
+SLURM_JOB = {"SLURM_JOB_NODELIST": "rosetta-h[0-1]", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": "4242",
+             "SLURM_NNODES": "2", "SLURM_NTASKS": "4"}
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_slurm_job_of_two_nodes_by_two_tasks_starts_every_engine(framework, two_hosts, tmp_path):
+    """What `srun -N2 --ntasks-per-node=2 python -m harness.worker SPEC out-{rank}.json` starts: four tasks that know
+    only SLURM's variables (the node list by host name, resolved by each host's own hosts file). Each maps the job to
+    its engine; MXNet's first task on each node starts the node's server, task 0 the scheduler. The four ranks train
+    together: the merged row is ok, one set of weights."""
+    framework_or_skip(framework)
+    spec = RunSpec(framework, mode="builtin", devices=4, processes=4, dataset="digits", epochs=1, threads=1,
+                   max_steps=2)
+    commands = []
+    for rank in range(4):
+        node, local = divmod(rank, 2)
+        env = {**SLURM_JOB, "SLURM_PROCID": str(rank), "SLURM_NODEID": str(node), "SLURM_LOCALID": str(local)}
+        commands.append((node, [sys.executable, "-m", "harness.worker", spec.to_json(),
+                                str(tmp_path / "out-{rank}.json")], env))
+    for code, output in on_hosts(commands):
+        assert code == 0, output[-3000:]
+    outs = sorted(str(p) for p in tmp_path.glob("out-*.json"))
+    assert len(outs) == 4
+    _, (row,) = merge_files(outs)   # every rank once, the same data, the same weights
+    assert row["status"] == "ok", row.get("error")
+    records = [json.load(open(path)) for path in outs]
+    if framework != "mxnet":   # MXNet's scheduler hands out the ranks in the order the workers reach it
+        assert all(r["rank"] == int(os.path.basename(p)[4:-5]) for r, p in zip(records, outs))
