@@ -212,10 +212,12 @@ def published_copy(tmp_path):
 
 def test_a_published_run_is_its_files_and_one_entry(tmp_path):
     """A benchmark's JSON and plot under docs/results/ and one [[result]] entry are all it takes: the page shows
-    it in the timing view (the table compare.py --benchmark prints) and the plot is copied into the site."""
+    it in the timing view (the table compare.py --benchmark prints), says when its tree differed from its commit,
+    and the plot is copied into the site."""
     root, toml, first = published_copy(tmp_path)
     content = result_file(first)
     content["settings"]["benchmark"] = True
+    content["environment"]["tree_modified"] = True   # said: a run from a tree that differed from its commit
     with open(os.path.join(root, "docs", "results", "benchmark.json"), "w") as f:
         json.dump(content, f)
     shutil.copy(os.path.join(root, "docs", first["plot"]), os.path.join(root, "docs", "results", "benchmark.png"))
@@ -224,6 +226,7 @@ def test_a_published_run_is_its_files_and_one_entry(tmp_path):
     assert site.main([], root=root) == 0
     page = (tmp_path / "repo" / "docs" / "site" / "index.html").read_text()
     assert page_table(page, "benchmark")[0][:9] == list(TIMING_COLUMNS[:9])
+    assert f"commit {content['environment']['commit']} with local changes, " in page.split('id="result-benchmark"')[1]
     assert (tmp_path / "repo" / "docs" / "site" / "results" / "benchmark.png").read_bytes() == \
         (tmp_path / "repo" / "docs" / "results" / "benchmark.png").read_bytes()
     assert "### The timing benchmark" in (tmp_path / "repo" / "docs" / "results.md").read_text()
