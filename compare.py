@@ -32,7 +32,7 @@ from harness.merge import merge_files, merge_records
 from harness.outputs import check_outputs, output_paths, write_files, write_results
 from harness.plan import BENCHMARK, EXEC_OPTIONS, LAYOUT_OPTIONS, check_data, grid, row_label, run_specs
 from harness.report import add_parity, environment, environment_line, format_scaling, format_table, optimizer_line, \
-    progress_bar
+    progress_bar, timing_view
 from harness.resume import check_same_data, kept_trials, previous_run
 from harness.spec import default, default_epochs
 from harness.training import MODES
@@ -299,7 +299,7 @@ def report(args, env, dataset, runs):
     """The table on stdout and the plot; exit status 1 if a run failed."""
     if getattr(args, "optimizer", None) and optimizer_line(args):
         print(optimizer_line(args))
-    print(format_table(runs, timing=args.repeats > 1 or args.benchmark))
+    print(format_table(runs, timing=timing_view(vars(args))))
     if args.cluster.nnodes > 1:
         print(f"(host {args.cluster.node_rank} of {args.cluster.nnodes}: the losses are over this host's processes; "
               "the weights and the accuracy are the run's)")

@@ -57,7 +57,7 @@ def write_files(args, content, rows):
         env, runs = content["environment"], content["runs"]
         with replaced_atomically(BENCHMARK_MD) as f:
             f.write(f"Command: `python {env['command']}`\n\nEnvironment: {environment_line(env)}\n\n"
-                    f"{format_table(runs, timing=True)}\n")
+                    f"{format_table(runs, timing=True, markdown=True)}\n")
             if format_scaling(runs):
                 f.write(f"\nScaling (cores shared: every op may use every thread; a core per device: each device "
                         f"pinned to cores of its own):\n\n{format_scaling(runs)}\n")

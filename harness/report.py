@@ -153,13 +153,28 @@ def input_cell(r):
     return "-" if wait is None or not epoch else f"{wait:.3f} ({wait / epoch:.1%})"
 
 
-def format_table(runs, timing=False):
-    """A markdown table: the comparison (default) or the timing view (benchmarks, repeated trials)."""
+def timing_view(settings):
+    """Whether a run's table is the timing view: it repeated trials or was the benchmark. `settings` is the
+    command's options as a mapping (vars(args), or the "settings" its JSON file stores), so the printed table
+    and the one published from the file (harness/published.py) are the same view."""
+    return settings.get("repeats", 1) > 1 or bool(settings.get("benchmark"))
+
+
+def format_table(runs, timing=False, markdown=False):
+    """A markdown table: the comparison (default) or the timing view (benchmarks, repeated trials).
+    markdown=True escapes a `|` inside a cell (the |Δ step-1 loss| heading) as GitHub's tables need; the
+    terminal gets the plain text."""
     columns, cells = (TIMING_COLUMNS, timing_cells) if timing else (COLUMNS, row_cells)
     rows = [cells(r) for r in runs]
+    if markdown:
+        columns, rows = escape_pipes(columns), [escape_pipes(row) for row in rows]
     widths = [max([len(c)] + [len(row[i]) for row in rows]) for i, c in enumerate(columns)]
     line = lambda items: "| " + " | ".join(c.ljust(w) for c, w in zip(items, widths)) + " |"  # noqa: E731
     return "\n".join([line(columns), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
+
+
+def escape_pipes(cells):
+    return [c.replace("|", "\\|") for c in cells]
 
 
 def format_scaling(runs):

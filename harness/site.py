@@ -1,12 +1,15 @@
 """The Rosetta stone as a static page: `python -m harness.site` writes docs/site/index.html (and
 pygments.css, the highlighting's colours) and docs/rosetta.md from docs/rosetta.toml (the prose, in one place) and the framework folders.
+Its Results part, and the published runs of docs/results.md, come from the result files committed under
+docs/results/ (harness/published.py); their plots are copied into docs/site/results/, so that docs/site/ alone
+serves on a static host.
 
 Every code block on the page is a function (or class, or assignment) taken from the source BY NAME through
 `ast`, so the page cannot show code that is not the code: a name the file does not define stops the generator
 with one line saying which. The code is highlighted here, at build time (Pygments), and the page needs nothing
 from the network: no CDN, no web font, no script from elsewhere; it works opened from the file system.
-The output holds no date or commit, so the committed site is current exactly when a rebuild changes nothing
-(tests/test_site.py checks it).
+The output holds no date or commit of its own (only those the result files record), so the committed site is
+current exactly when a rebuild changes nothing (tests/test_site.py checks it).
 """
 import ast
 import functools
@@ -22,7 +25,9 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
 
 from common import FRAMEWORKS
+from common.interface import RosettaError
 
+from . import published
 from .loader import ROOT
 
 SOURCE = os.path.join("docs", "rosetta.toml")
@@ -34,7 +39,7 @@ STYLE = "friendly"   # a Pygments style with enough contrast on a white page
 Snippet = namedtuple("Snippet", "path name line code")   # path from the repo root; line: the def's line
 
 
-class SiteError(Exception):
+class SiteError(RosettaError):
     """The source asks for something the code does not have: the message is the one line the user sees."""
 
 
@@ -124,6 +129,7 @@ def load(root=ROOT):
     for concept in source["concept"]:
         check_entry(concept)
         concept["snippets"] = {fw: [extract(root, fw, spec) for spec in code_of(concept, fw)] for fw in FRAMEWORKS}
+    source["results"] = published.read_all(root, source.get("result", []))
     return source
 
 
@@ -174,29 +180,38 @@ def inline(text):
 
 
 def blocks(text):
-    """docs/rosetta.md's closing sections as HTML: ## headings (with GitHub's anchors), paragraphs, "- " lists
-    whose items run on over indented lines, and pipe tables; their inline Markdown as `inline` does it."""
+    """Markdown as HTML, for docs/rosetta.md's closing sections and the published results: ## and ### headings
+    (with GitHub's anchors), paragraphs, "- " lists whose items run on over indented lines, and pipe tables;
+    their inline Markdown as `inline` does it."""
     out = []
     for chunk in re.split(r"\n[ \t]*\n", text.strip()):
         lines = chunk.splitlines()
-        if lines[0].startswith("## "):
-            title = lines.pop(0)[3:]
+        heading = re.match(r"(#{2,3}) (.*)", lines[0])
+        if heading:
+            lines.pop(0)
+            level, title = len(heading.group(1)), heading.group(2)
             anchor = re.sub(r"[^\w -]", "", title.replace("`", "").lower()).replace(" ", "-")
-            out.append(f'<h2 id="{anchor}">{inline(title)}</h2>')
+            out.append(f'<h{level} id="{anchor}">{inline(title)}</h{level}>')
         if not lines:
             continue
         if lines[0].startswith("- "):
             items = re.split(r"\n- ", "\n".join(lines)[2:])
             out.append("<ul>" + "".join(f"<li>{inline(' '.join(i.split()))}</li>" for i in items) + "</ul>")
         elif lines[0].startswith("|"):
-            rows = [[c.strip() for c in line.strip()[1:-1].split(" | ")] for line in lines
-                    if not re.fullmatch(r"\|[-| ]+\|", line.strip())]
-            cells = lambda row, tag: "".join(f"<{tag}>{inline(c)}</{tag}>" for c in row)
-            out.append('<div class="wide"><table><thead><tr>' + cells(rows[0], "th") + "</tr></thead><tbody>"
-                       + "".join(f"<tr>{cells(row, 'td')}</tr>" for row in rows[1:]) + "</tbody></table></div>")
+            out.append(table(lines))
         else:
             out.append(f"<p>{inline(' '.join(chunk.split()))}</p>")
     return "\n".join(out)
+
+
+def table(lines):
+    """A pipe table as HTML: the first row its head, the |---| line skipped, `\\|` a `|` inside a cell (as
+    harness/report.py's markdown tables escape it)."""
+    rows = [[c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])] for line in lines
+            if not re.fullmatch(r"\|[-| ]+\|", line.strip())]
+    cells = lambda row, tag: "".join(f"<{tag}>{inline(c)}</{tag}>" for c in row)  # noqa: E731
+    return ('<div class="wide"><table><thead><tr>' + cells(rows[0], "th") + "</tr></thead><tbody>"
+            + "".join(f"<tr>{cells(row, 'td')}</tr>" for row in rows[1:]) + "</tbody></table></div>")
 
 
 def column(concept, fw):
@@ -233,10 +248,26 @@ def controls():
             '<button type="button" id="compare">Side by side</button></div></nav>')
 
 
+def results_section(source):
+    """The published runs (harness/published.py): each one's markdown, as docs/results.md holds it, then its
+    plot from the copy in docs/site/ (the same path relative to docs/site/ as the original's to docs/)."""
+    articles = []
+    for result in source["results"]:
+        plot = result.get("plot")
+        figure = (f'<figure><a href="{html.escape(plot)}"><img src="{html.escape(plot)}" alt="'
+                  f'{html.escape(published.plot_alt(result))}"></a></figure>') if plot else ""
+        articles.append(f'<article class="result" id="result-{result["id"]}">\n{blocks(published.markdown(result))}'
+                        f"\n{figure}</article>")
+    return "\n".join(['<section class="results" aria-labelledby="results">', '<h2 id="results">Results</h2>',
+                      f'<p class="note">{inline(" ".join(source["results_intro"].split()))}</p>'] + articles
+                     + ["</section>"])
+
+
 def index_html(source):
     toc = "".join(f'<li><a href="#{c["id"]}">{inline(c["title"])}</a></li>' for c in source["concept"]) \
         + '<li><a href="#what-a-migrating-user-must-know">What a migrating user must know</a></li>' \
-        + '<li><a href="#gpus-and-processes">GPUs and processes</a></li>'
+        + '<li><a href="#gpus-and-processes">GPUs and processes</a></li>' \
+        + '<li><a href="#results">Results</a></li>'
     body = "\n".join(section(c) for c in source["concept"])
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -254,7 +285,8 @@ def index_html(source):
 <h1>{html.escape(source["title"])}</h1>
 <p>Each section is one idea of the "multi-GPU from scratch" recipe: the real functions of the four frameworks,
 taken from the source by name when this page was generated (<code>python -m harness.site</code>), each linked to
-its line. The same prose, as one table: <a href="../rosetta.md">docs/rosetta.md</a>.</p>
+its line. The same prose, as one table: <a href="../rosetta.md">docs/rosetta.md</a>. At the end,
+<a href="#results">Results</a>: the published runs, from their files in docs/results/.</p>
 </header>
 {controls()}
 <main>
@@ -263,8 +295,10 @@ its line. The same prose, as one table: <a href="../rosetta.md">docs/rosetta.md<
 <section class="notes">
 {blocks(source["rosetta"]["after"])}
 </section>
+{results_section(source)}
 </main>
-<footer><p>Generated from docs/rosetta.toml and the framework folders by <code>python -m harness.site</code>;
+<footer><p>Generated from docs/rosetta.toml, the framework folders and docs/results/ by
+<code>python -m harness.site</code>;
 do not edit by hand.</p></footer>
 </body>
 </html>
@@ -272,25 +306,34 @@ do not edit by hand.</p></footer>
 
 
 def build(root=ROOT):
-    """Every file the generator writes, {path from the repo root: text}; writes nothing. The page's own style.css
-    and site.js are written by hand and live in docs/site/ as they are served."""
+    """Every file the generator writes, {path from the repo root: text, or bytes for a plot}; writes nothing. The
+    page's own style.css and site.js are written by hand and live in docs/site/ as they are served; docs/results.md
+    is written by hand but for its published runs."""
     source = load(root)
     colours = f"/* Pygments, style {STYLE}: made by python -m harness.site */\n" + \
         HtmlFormatter(style=STYLE).get_style_defs(".code") + "\n"
-    return {os.path.join(SITE, "index.html"): index_html(source), os.path.join(SITE, "pygments.css"): colours,
-            ROSETTA: rosetta_md(source)}
+    with open(os.path.join(root, published.RESULTS_MD), encoding="utf-8") as f:
+        results_md = published.results_md(f.read(), source["results_intro"], source["results"])
+    files = {os.path.join(SITE, "index.html"): index_html(source), os.path.join(SITE, "pygments.css"): colours,
+             ROSETTA: rosetta_md(source), published.RESULTS_MD: results_md}
+    for result in source["results"]:
+        if "plot" in result:
+            with open(os.path.join(root, "docs", result["plot"]), "rb") as f:
+                files[os.path.join(SITE, result["plot"])] = f.read()
+    return files
 
 
 def main(argv=None, root=ROOT):
     try:
         files = build(root)
-    except SiteError as error:
+    except RosettaError as error:
         print(f"harness.site: {error}", file=sys.stderr)
         return 1
-    for path, text in files.items():
+    for path, content in files.items():
         os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
-        with open(os.path.join(root, path), "w", encoding="utf-8") as f:
-            f.write(text)
+        binary = isinstance(content, bytes)
+        with open(os.path.join(root, path), "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            f.write(content)
         print(f"wrote {path}")
     return 0
 

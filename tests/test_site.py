@@ -5,6 +5,8 @@ The browser tests skip, saying so, where Chromium or its driver is missing; unde
 (ROSETTA_REQUIRE_ALL_FRAMEWORKS=1) they fail instead. They load a static page and start no worker process, so
 they are in the fast tier. The screenshots go to SHOTS (printed by the test) for a person to look at."""
 import ast
+import html
+import json
 import re
 import importlib.util
 import os
@@ -16,7 +18,8 @@ import pytest
 
 from common import FRAMEWORKS
 from conftest import REQUIRE_ALL, ROOT
-from harness import site
+from harness import published, site
+from harness.report import TIMING_COLUMNS
 
 SHOTS = os.environ.get("ROSETTA_SCREENSHOTS", os.path.join(tempfile.gettempdir(), "rosetta-site-screenshots"))
 
@@ -26,10 +29,17 @@ def source():
     return site.load()
 
 
-def test_the_committed_site_and_rosetta_page_are_what_the_generator_makes_now():
-    for path, text in site.build().items():
-        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
-            assert f.read() == text, f"{path} is stale: run `python -m harness.site` and commit the result"
+def test_the_committed_site_and_rosetta_page_are_what_the_generator_makes_now(source):
+    """Every file the generator writes, byte for byte: the page, docs/rosetta.md, docs/results.md's published
+    runs and the plots copied into docs/site/."""
+    files = site.build()
+    assert {published.RESULTS_MD} | {os.path.join(site.SITE, r["plot"]) for r in source["results"] if "plot" in r} \
+        <= set(files)
+    for path, content in files.items():
+        with open(os.path.join(ROOT, path), "rb") as f:
+            on_disk = f.read()
+        assert on_disk == (content if isinstance(content, bytes) else content.encode("utf-8")), \
+            f"{path} is stale: run `python -m harness.site` and commit the result"
 
 
 def test_every_concept_shows_each_frameworks_real_function(source):
@@ -131,6 +141,117 @@ def test_a_missing_function_name_stops_the_generator_with_one_clear_line(tmp_pat
     assert not (tmp_path / "repo" / "docs" / "site").exists(), "nothing is written when a name is missing"
 
 
+# ---- the published results ----
+
+def result_file(result):
+    with open(os.path.join(ROOT, "docs", result["file"]), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def page_table(page, result_id):
+    """The table of one result's article on the page: its rows of cell texts, the head first."""
+    article = page.split(f'<article class="result" id="result-{result_id}">', 1)[1].split("</article>", 1)[0]
+    return [[html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<t[hd]>(.*?)</t[hd]>", row)]
+            for row in re.findall(r"<tr>(.*?)</tr>", article.split("<table>", 1)[1].split("</table>", 1)[0])]
+
+
+def markdown_table(text, title):
+    """The first pipe table after `### title` in docs/results.md: its rows of cell texts, the head first."""
+    block = text.split(f"### {title}\n", 1)[1].split("\n### ", 1)[0].split(published.END, 1)[0]
+    table = next(chunk for chunk in block.split("\n\n") if chunk.startswith("|"))
+    return [[c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
+            for line in table.splitlines() if not re.fullmatch(r"\|[-|]+\|", line.strip())]
+
+
+def test_the_results_part_shows_every_published_run_with_the_commit_and_date_of_its_file(source):
+    assert source["results"], "docs/rosetta.toml publishes at least one run"
+    page = site.index_html(source)
+    with open(os.path.join(ROOT, published.RESULTS_MD), encoding="utf-8") as f:
+        results_md = f.read()
+    assert '<h2 id="results">Results</h2>' in page and '<a href="#results">Results</a>' in page
+    for result in source["results"]:
+        env = result_file(result)["environment"]
+        article = page.split(f'<article class="result" id="result-{result["id"]}">', 1)[1].split("</article>", 1)[0]
+        for shown in (article, results_md.split(f"### {result['title']}", 1)[1]):
+            assert f"commit {env['commit']}" in shown and env["date"] in shown, result["id"]
+            assert f"{env['cpu']} ({env['cpu_count']} cores), load average {env['load_average']:.2f}" in shown
+            assert html.escape(f"python {env['command']}") in shown or f"python {env['command']}" in shown
+        assert html.escape(result["title"]) in article
+        if "plot" in result:
+            assert f'<img src="{result["plot"]}"' in article
+            assert f"![{published.plot_alt(result)}]({result['plot']})" in results_md
+
+
+def test_a_row_on_the_page_holds_the_files_figures_and_results_md_the_same(source):
+    """Read from the JSON here, not through harness/report.py: a cell the generator renders wrong fails."""
+    page = site.index_html(source)
+    with open(os.path.join(ROOT, published.RESULTS_MD), encoding="utf-8") as f:
+        results_md = f.read()
+    expected = {"framework": lambda r: r["framework"], "test acc": lambda r: f"{r['test_accuracy']:.4f}",
+                "images/s": lambda r: f"{r['images_per_second']:,.0f}",
+                "final loss": lambda r: f"{r['epoch_losses'][-1]:.4f}",
+                "|Δ step-1 loss|": lambda r: f"{r['step1_loss_diff']:.1e}"}
+    for result in source["results"]:
+        runs = result_file(result)["runs"]
+        table = page_table(page, result["id"])
+        assert table == markdown_table(results_md, result["title"]), result["id"]
+        head, rows = table[0], table[1:]
+        assert len(rows) == len(runs)
+        checked = [column for column in expected if column in head]
+        assert {"framework", "test acc"} <= set(checked), head
+        for row, run in zip(rows, runs):
+            if run["status"] == "ok":
+                assert {c: row[head.index(c)] for c in checked} == {c: expected[c](run) for c in checked}, result["id"]
+
+
+def published_copy(tmp_path):
+    """A copy of the repo (copy_of_the_repo) and its first published result's entry."""
+    root, toml = copy_of_the_repo(tmp_path)
+    return root, toml, site.load(root)["results"][0]
+
+
+def test_a_published_run_is_its_files_and_one_entry(tmp_path):
+    """A benchmark's JSON and plot under docs/results/ and one [[result]] entry are all it takes: the page shows
+    it in the timing view (the table compare.py --benchmark prints), says when its tree differed from its commit,
+    and the plot is copied into the site."""
+    root, toml, first = published_copy(tmp_path)
+    content = result_file(first)
+    content["settings"]["benchmark"] = True
+    content["environment"]["tree_modified"] = True   # said: a run from a tree that differed from its commit
+    with open(os.path.join(root, "docs", "results", "benchmark.json"), "w") as f:
+        json.dump(content, f)
+    shutil.copy(os.path.join(root, "docs", first["plot"]), os.path.join(root, "docs", "results", "benchmark.png"))
+    toml.write_text(toml.read_text() + '\n[[result]]\nid = "benchmark"\ntitle = "The timing benchmark"\n'
+                    'file = "results/benchmark.json"\nplot = "results/benchmark.png"\nnote = "Quiet."\n')
+    assert site.main([], root=root) == 0
+    page = (tmp_path / "repo" / "docs" / "site" / "index.html").read_text()
+    assert page_table(page, "benchmark")[0][:9] == list(TIMING_COLUMNS[:9])
+    assert f"commit {content['environment']['commit']} with local changes, " in page.split('id="result-benchmark"')[1]
+    assert (tmp_path / "repo" / "docs" / "site" / "results" / "benchmark.png").read_bytes() == \
+        (tmp_path / "repo" / "docs" / "results" / "benchmark.png").read_bytes()
+    assert "### The timing benchmark" in (tmp_path / "repo" / "docs" / "results.md").read_text()
+
+
+def test_a_published_file_missing_or_without_provenance_stops_the_generator_with_one_line(tmp_path, capsys):
+    root, toml, first = published_copy(tmp_path)
+    text, name = toml.read_text(), first["id"]
+    toml.write_text(text.replace(f'file = "{first["file"]}"', 'file = "results/nowhere.json"'))
+    assert site.main([], root=root) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"harness.site: docs/results/nowhere.json does not exist (docs/rosetta.toml: result {name!r} names it as "
+        f"its file)"]
+    toml.write_text(text)
+    content = result_file(first)
+    del content["environment"]["commit"], content["environment"]["load_average"]
+    with open(os.path.join(root, "docs", first["file"]), "w") as f:
+        json.dump(content, f)
+    assert site.main([], root=root) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"harness.site: docs/{first['file']} lacks its provenance (commit, load_average missing from the file; "
+        f"write it with compare.py --json) (docs/rosetta.toml: result {name!r} names it)"]
+    assert not (tmp_path / "repo" / "docs" / "site").exists(), "nothing is written when a result is refused"
+
+
 # ---- in a real browser ----
 
 def skip_or_fail(reason):
@@ -203,6 +324,10 @@ def loaded_cleanly(browser, origin):
     assert {url.rsplit("/", 1)[1] for url in requested} >= {"index.html", "style.css", "pygments.css", "site.js"}
     assert browser.execute_script("return getComputedStyle(document.querySelector('.cols')).display") == "grid"
     assert browser.execute_script("return document.body.dataset.view") == "all"   # site.js ran
+    images = browser.execute_script("return Array.from(document.images, i => [i.src, i.complete && i.naturalWidth])")
+    assert images and all(loaded for _, loaded in images), images   # the plots: every one decoded
+    assert all("/docs/site/results/" in src for src, _ in images), "a plot from the site's own copy"
+    assert {src for src, _ in images} <= set(requested)
 
 
 def test_the_page_loads_from_the_file_system_with_no_console_error_and_no_failed_request(browser):
@@ -267,11 +392,11 @@ def test_narrow_starts_on_a_tab_and_the_keyboard_reaches_the_controls(browser, s
 
 
 def test_screenshots_at_1400_and_420_pixels(browser):
-    """The top of the page and the allreduce section, at each width, for a person to look at."""
+    """The top of the page, the allreduce section and the Results part, at each width, for a person to look at."""
     os.makedirs(SHOTS, exist_ok=True)
     for width in (1400, 420):
         open_page(browser, width)
-        for where in ("top", "allreduce"):
+        for where in ("top", "allreduce", "results"):
             if where != "top":
                 browser.execute_script(f"document.getElementById('{where}').scrollIntoView()")
             path = os.path.join(SHOTS, f"site-{width}px-{where}.png")
