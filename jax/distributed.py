@@ -10,7 +10,8 @@ By hand on one machine, from the repo root: one spec and coordinator for all pro
     JAX_PROCESS_ID=1 python -m harness.worker "$SPEC" out-{rank}.json
     python compare.py --merge out-*.json    # the run's table row
 On several machines: the same, one process per machine, JAX_COORDINATOR_ADDRESS naming process 0's
-machine. Start them in any order: each waits for the others.
+machine, and GLOO_SOCKET_IFNAME each machine's network interface (see bind_gloo_to). Start them in any order:
+each waits for the others.
 """
 import functools
 import os

@@ -1,5 +1,5 @@
 """TensorFlow across processes: MultiWorkerMirroredStrategy. A worker joins from TF_CONFIG (every
-worker's host:port and its own index); compare.py sets it, naming every worker on 127.0.0.1.
+worker's host:port and its own index); compare.py sets it (harness/cluster.py).
 
 By hand on one machine, from the repo root: one spec and one cluster for all workers, an index for each:
     SPEC='{"framework": "tensorflow", "mode": "builtin", "devices": 2, "processes": 2, "dataset": "digits",
