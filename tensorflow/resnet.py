@@ -80,7 +80,8 @@ def bn_state_to_numpy(bn_state):
 
 # canonical suffix -> the Keras variable's name in each kind of layer
 KERAS_NAMES = {"conv": {"weight": "kernel", "bias": "bias"}, "dense": {"weight": "kernel", "bias": "bias"},
-               "bn": {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}}
+               "bn": {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean",
+                      "running_var": "moving_variance"}}
 
 
 def keras_variables(model):
