@@ -181,6 +181,15 @@ def test_a_convention_slip_changes_the_spec(case):
 
 
 # ------------------------------------------------------------------------------------------ the translations
+def compiled(name, forward):
+    """JAX's forward under jax.jit (training and the convention static), as its training step will run it: op by
+    op, every new shape compiles on its own and the file would take twice as long. The others as written."""
+    if name != "jax":
+        return forward
+    import jax
+    return jax.jit(forward, static_argnums=(3, 4))
+
+
 @pytest.mark.parametrize("name", FRAMEWORKS)
 def test_functional_forward_equals_the_spec(name, case, in_layout):
     fw, module = resnet_of(name)
@@ -192,11 +201,12 @@ def test_functional_forward_equals_the_spec(name, case, in_layout):
         in_layout(module, layout)
         params, bn_state = module.get_params(weights, device), module.get_bn_state(state, device)
         assert_state_close(module.to_numpy(params), weights, 0)
-        logits, new_state = module.forward(params, bn_state, tensor(name, X), True)
+        forward = compiled(name, module.forward)
+        logits, new_state = forward(params, bn_state, tensor(name, X), True)
         assert_close(as_numpy(logits), want_logits, what=f"{layout} training logits")
         assert_state_close(module.bn_state_to_numpy(new_state), want_state)
         assert_state_close(module.bn_state_to_numpy(bn_state), state, 0)   # nothing updated in place
-        assert_close(as_numpy(module.forward(params, new_state, tensor(name, X), False)), want_eval,
+        assert_close(as_numpy(forward(params, new_state, tensor(name, X), False)), want_eval,
                      what=f"{layout} eval logits")
 
 
@@ -219,7 +229,8 @@ def gradients(name, module, params, bn_state, X, y):
         grads = tape.gradient(loss, params)
     else:
         import jax
-        grads = jax.grad(lambda ps: loss_sum(module.forward(ps, bn_state, tensor(name, X), True)[0], y))(params)
+        loss = lambda ps: loss_sum(module.forward(ps, bn_state, tensor(name, X), True)[0], y)   # noqa: E731
+        grads = jax.jit(jax.grad(loss))(params)   # compiled, as data_parallel.py will (twice as fast here)
     channels_last = name in ("tensorflow", "jax") and module.layout == "nhwc"   # PyTorch's NHWC is only strides
     return {n: to_canonical(n, as_numpy(g)) if channels_last else as_numpy(g) for n, g in zip(PARAM_NAMES, grads)}
 
@@ -278,8 +289,9 @@ def run_idiomatic(name, model, X, training):
         return out.asnumpy()
     if name == "tensorflow":
         return model(tensor(name, X), training=training).numpy()
+    from flax import nnx
     model.train() if training else model.eval()
-    return np.asarray(model(tensor(name, X)))
+    return np.asarray(nnx.jit(lambda model, X: model(X))(model, tensor(name, X)))   # nnx.jit: the state moves too
 
 
 @pytest.mark.parametrize("name", FRAMEWORKS)
