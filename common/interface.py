@@ -42,6 +42,29 @@ CONTRACT = {
 }
 
 
+# The models beside the recipe's LeNet: one file per model in every framework folder, each defining the functions of
+# MODEL_CONTRACT. They reuse lenet.py's names for other networks, so harness.loader does not merge them into the
+# framework's namespace: load_module(framework, model) gives the file (tests/test_interface.py checks the contract).
+MODELS = ("resnet",)
+
+MODEL_CONTRACT = {
+    # resnet.py: common/resnet.py's network with its BatchNorm state, in this framework's ops.
+    "get_params": "get_params(weights, device) -> replica: the canonical numpy weights, on one device, in PARAM_NAMES "
+                  "order and the framework's layout.",
+    "get_bn_state": "get_bn_state(state, device) -> the canonical numpy BatchNorm state (running means and variances), "
+                    "on one device, in BN_STATE_NAMES order.",
+    "forward": "forward(replica, bn_state, X, training, bn=CANONICAL_BN) -> logits of a canonical NCHW batch X on the "
+               "replica's device; training=True normalises by the batch's statistics and returns (logits, new "
+               "bn_state) under convention bn, updating nothing in place; training=False uses the running ones.",
+    "to_numpy": "to_numpy(replica) -> dict of float32 numpy arrays in canonical (PyTorch) layout.",
+    "bn_state_to_numpy": "bn_state_to_numpy(bn_state) -> dict of float32 numpy arrays, BN_STATE_NAMES order.",
+    "build_model": "build_model(weights, bn_state, bn=CANONICAL_BN) -> the idiomatic model (nn.Module, Gluon "
+                   "HybridBlock, Keras model, Flax NNX module) holding the canonical weights and state, its BatchNorm layers set to "
+                   "convention bn as far as the framework's arguments reach (common.resnet.layer_arguments).",
+    "model_to_numpy": "model_to_numpy(model) -> (weights, bn_state) of an idiomatic model, canonical numpy.",
+}
+
+
 class RosettaError(Exception):
     """A problem the user can fix (bad option, missing data, framework not installed): shown as one line."""
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from common import CONTRACT, RosettaError
+from common.interface import MODEL_CONTRACT, MODELS
 from common.lenet import PARAM_NAMES, PARAM_SHAPES, init_weights
 from harness.training import Scratch
 
@@ -28,6 +29,14 @@ def placement(t):
 
 def test_contract_is_complete(fw):
     assert all(callable(getattr(fw, name)) for name in CONTRACT)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_file_meets_its_contract(fw, model):
+    """The model files beside lenet.py (common.interface.MODELS), loaded on their own: their names are lenet.py's."""
+    from harness.loader import load_module
+    module = load_module(fw.name, model)
+    assert [name for name in MODEL_CONTRACT if not callable(getattr(module, name, None))] == []
 
 
 def test_get_devices(fw):

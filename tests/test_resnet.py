@@ -1,0 +1,427 @@
+"""d2l's ResNet-18: the spec (common/resnet.py) against d2l's numbers, each framework's functional forward and its
+idiomatic model against the spec's numpy forward, the gradients between frameworks, and the BatchNorm conventions
+measured on each framework's own BatchNorm layer. A tiny width and batch keep the file fast."""
+import numpy as np
+import pytest
+
+from common import FRAMEWORKS
+from common import resnet as spec
+from common.layouts import to_canonical
+from common.resnet import BN_STATE_NAMES, CANONICAL_BN, PARAM_NAMES, Convention
+from conftest import framework_or_skip
+from harness.loader import load_module
+
+# Width 8, not 4: PyTorch 2.13's CPU weight gradient of a channels-last 1x1 stride-2 convolution with fewer than 8
+# input channels is wrong (and writes past a buffer: later frees abort, or the process hangs), oneDNN's jit_1x1 AVX2
+# kernel (uxlfoundation/oneDNN#6035). At width 4, stage 2's projection has 4 input channels.
+WIDTH, BATCH = 8, 6
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def case():
+    """Weights with non-trivial BatchNorm gamma/beta and biases, a running state away from (0, 1), a batch."""
+    rng = np.random.default_rng(0)
+    weights = spec.init_weights(0, WIDTH)
+    for name in weights:
+        if name.endswith("bias") or ".bn" in name:
+            weights[name] = (weights[name] + rng.normal(0, 0.2, weights[name].shape)).astype(np.float32)
+    state = {name: (rng.normal(0, 0.3, shape) if name.endswith("mean") else rng.uniform(0.5, 2.0, shape))
+             .astype(np.float32) for name, shape in spec.bn_state_shapes(WIDTH).items()}
+    X = rng.normal(0, 1, (BATCH, *spec.IMAGE_SHAPE)).astype(np.float32)
+    y = rng.integers(0, spec.NUM_CLASSES, BATCH)
+    return weights, state, X, y
+
+
+def resnet_of(name):
+    fw = framework_or_skip(name)
+    return fw, load_module(name, "resnet")
+
+
+def tensor(name, a):
+    if name == "pytorch":
+        import torch
+        return torch.from_numpy(np.asarray(a))
+    if name == "mxnet":
+        from mxnet import nd
+        return nd.array(a, dtype=np.asarray(a).dtype)
+    if name == "tensorflow":
+        import tensorflow as tf
+        return tf.constant(a)
+    import jax.numpy as jnp
+    return jnp.asarray(a)
+
+
+def as_numpy(t):
+    if hasattr(t, "detach"):
+        t = t.detach()
+    return t.asnumpy() if hasattr(t, "asnumpy") else np.asarray(t)
+
+
+def assert_close(got, want, tol=TOL, what=""):
+    """Absolute for values near 1, relative for large ones."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    err = np.max(np.abs(got - want) / np.maximum(1.0, np.abs(want)))
+    assert err <= tol, f"{what}: off by {err:.2e} (tolerance {tol:.0e})"
+
+
+def assert_state_close(got, want, tol=TOL):
+    assert list(got) == list(want)
+    for name in want:
+        assert_close(got[name], want[name], tol, name)
+
+
+def differs(got, want, tol=TOL):
+    try:
+        assert_close(got, want, tol) if not isinstance(want, dict) else assert_state_close(got, want, tol)
+    except AssertionError:
+        return True
+    return False
+
+
+def layouts(name):
+    """The layouts the framework's functional forward runs here (execution.LAYOUTS: lenet.py's, set through its
+    `layout`; TensorFlow's NCHW needs oneDNN)."""
+    return tuple(load_module(name, "execution").LAYOUTS)
+
+
+@pytest.fixture
+def in_layout():
+    """Set a module's layout for the test; every module back to its own afterwards."""
+    changed = []
+
+    def use(module, layout):
+        if hasattr(module, "layout"):
+            changed.append((module, module.layout))
+            module.layout = layout
+    yield use
+    for module, layout in reversed(changed):
+        module.layout = layout
+
+
+# ---------------------------------------------------------------------------------------------------- the spec
+def test_spec_is_d2ls_resnet18():
+    shapes = spec.param_shapes(64)
+    assert list(shapes) == list(PARAM_NAMES) and len(PARAM_NAMES) == 76   # 37 layers + fc, weight and bias each
+    assert len(BN_STATE_NAMES) == 34                                        # 17 BatchNorms: stem + 2 per block
+    assert sum(int(np.prod(s)) for s in shapes.values()) == 11_175_818      # d2l's ResNet-18 at 10 classes: 11.2 M
+    assert shapes["stem.conv.weight"] == (64, 1, 3, 3) and shapes["fc.weight"] == (10, 512)
+    assert shapes["stage2.0.conv3.weight"] == (128, 64, 1, 1) and "stage1.0.conv3.weight" not in shapes
+    assert [name for name in shapes if "conv3" in name] == [f"stage{s}.0.conv3.{p}" for s in (2, 3, 4)
+                                                            for p in ("weight", "bias")]
+    outputs = dict(spec.layer_outputs(64))
+    assert [outputs[f"stage{s}.1.conv2"] for s in (1, 2, 3, 4)] == [(64, 28, 28), (128, 14, 14), (256, 7, 7),
+                                                                    (512, 4, 4)]
+    assert outputs["stage4.0.conv3"] == (512, 4, 4) and outputs["fc"] == (10,)
+    assert spec.bn_state_shapes(64)["stage3.1.bn2.running_var"] == (256,)
+
+
+def test_flops_count_every_convolution():
+    def by_hand(w):
+        macs = w * 28 * 28 * 9                                             # stem
+        macs += 4 * w * 28 * 28 * w * 9                                    # stage 1: four 3x3 convs
+        for c, size in ((2 * w, 14), (4 * w, 7), (8 * w, 4)):
+            macs += c * size * size * (c // 2 * 9 + 3 * c * 9 + c // 2)    # conv1 from c/2, three c->c, projection
+        return 2 * (macs + 10 * 8 * w)
+    for w in (4, 64):
+        assert spec.flops_per_image(w, training=False) == by_hand(w)
+        assert spec.flops_per_image(w) == 3 * by_hand(w)
+    assert spec.flops_per_image(64, training=False) == 911_601_664      # 0.46 G multiply-adds per 28x28 image
+
+
+def test_init_is_seeded_float32_and_scaled():
+    a, b, c = spec.init_weights(0, 16), spec.init_weights(0, 16), spec.init_weights(1, 16)
+    assert list(a) == list(PARAM_NAMES)
+    assert all(a[k].dtype == np.float32 and a[k].shape == spec.param_shapes(16)[k] for k in a)
+    assert all((a[k] == b[k]).all() for k in a) and not (a["stem.conv.weight"] == c["stem.conv.weight"]).all()
+    assert a["stage3.0.conv2.weight"].std() == pytest.approx(np.sqrt(2 / (64 * 9)), rel=0.05)   # He
+    assert (a["stage2.1.bn1.weight"] == 1).all() and not a["stage2.1.bn1.bias"].any() and not a["fc.bias"].any()
+    state = spec.init_bn_state(16)
+    assert list(state) == list(BN_STATE_NAMES)
+    assert not state["stem.bn.running_mean"].any() and (state["stem.bn.running_var"] == 1).all()
+
+
+def test_shard_moments_combine_into_the_global_batch():
+    """--bn sync: per-shard (sum, sum of squares, count), all-reduced, give the global batch's statistics even
+    for uneven shards, where averaging the shards' means and variances would not."""
+    h = np.random.default_rng(1).normal(2.0, 3.0, (7, 5, 4, 4))
+    mean, var, count = spec.combine([spec.moments(shard) for shard in np.array_split(h, 3)])
+    assert count == 7 * 16
+    np.testing.assert_allclose(mean, h.mean(axis=(0, 2, 3)), rtol=1e-12)
+    np.testing.assert_allclose(var, h.var(axis=(0, 2, 3)), rtol=1e-10)
+    shards = np.array_split(h, 3)
+    naive = np.mean([s.var(axis=(0, 2, 3)) for s in shards], axis=0)
+    assert not np.allclose(naive, var, rtol=1e-3)
+
+
+def test_the_convention_table_in_canonical_form():
+    assert CANONICAL_BN == Convention(0.1, 1e-5, False)
+    assert spec.framework_convention("pytorch") == Convention(0.1, 1e-5, True)
+    assert spec.framework_convention("mxnet") == pytest.approx(Convention(0.1, 1e-5, False))
+    assert spec.framework_convention("tensorflow") == pytest.approx(Convention(0.01, 1e-3, False))
+    assert spec.framework_convention("jax") == pytest.approx(Convention(0.01, 1e-5, False))
+    for name in FRAMEWORKS:   # layer_arguments is the inverse, up to the running variance nobody can switch
+        got = spec.framework_convention(name, *spec.layer_arguments(name).values())
+        assert got == pytest.approx(CANONICAL_BN._replace(unbiased=name == "pytorch"))
+    assert spec.layer_arguments("tensorflow") == {"momentum": 0.9, "epsilon": 1e-5}
+    assert spec.framework_convention("tensorflow", momentum=0.1).momentum == pytest.approx(0.9)   # the slip
+
+
+def test_a_convention_slip_changes_the_spec(case):
+    weights, state, X, _ = case
+    logits, new = spec.forward(weights, state, X, True)
+    for slip in (CANONICAL_BN._replace(unbiased=True), CANONICAL_BN._replace(momentum=0.9)):
+        other_logits, other = spec.forward(weights, state, X, True, slip)
+        np.testing.assert_allclose(other_logits, logits, rtol=1e-12)   # the state differs, not the batch's output
+        assert differs(other, new)
+    eps = CANONICAL_BN._replace(eps=1e-3)
+    assert differs(spec.forward(weights, state, X, True, eps)[0], logits)
+    assert differs(spec.forward(weights, new, X, False, eps), spec.forward(weights, new, X, False))
+
+
+# ------------------------------------------------------------------------------------------ the translations
+def compiled(name, forward):
+    """JAX's forward under jax.jit (training and the convention static), as its training step will run it: op by
+    op, every new shape compiles on its own and the file would take twice as long. The others as written."""
+    if name != "jax":
+        return forward
+    import jax
+    return jax.jit(forward, static_argnums=(3, 4))
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_functional_forward_equals_the_spec(name, case, in_layout):
+    fw, module = resnet_of(name)
+    weights, state, X, _ = case
+    want_logits, want_state = spec.forward(weights, state, X, True)
+    want_eval = spec.forward(weights, want_state, X, False)
+    device = fw.get_devices(1)[0]
+    for layout in layouts(name):
+        in_layout(module, layout)
+        params, bn_state = module.get_params(weights, device), module.get_bn_state(state, device)
+        assert_state_close(module.to_numpy(params), weights, 0)
+        forward = compiled(name, module.forward)
+        logits, new_state = forward(params, bn_state, tensor(name, X), True)
+        assert_close(as_numpy(logits), want_logits, what=f"{layout} training logits")
+        assert_state_close(module.bn_state_to_numpy(new_state), want_state)
+        assert_state_close(module.bn_state_to_numpy(bn_state), state, 0)   # nothing updated in place
+        assert_close(as_numpy(forward(params, new_state, tensor(name, X), False)), want_eval,
+                     what=f"{layout} eval logits")
+
+
+def gradients(name, module, params, bn_state, X, y):
+    """d(summed cross-entropy of a training-mode forward)/d(params), canonical numpy."""
+    loss_sum = load_module(name, "lenet").loss_sum
+    if name == "pytorch":
+        loss_sum(module.forward(params, bn_state, tensor(name, X), True)[0], tensor(name, y)).backward()
+        grads = [p.grad for p in params]
+    elif name == "mxnet":
+        from mxnet import autograd
+        with autograd.record():
+            loss = loss_sum(module.forward(params, bn_state, tensor(name, X), True)[0], tensor(name, y))
+        loss.backward()
+        grads = [p.grad for p in params]
+    elif name == "tensorflow":
+        import tensorflow as tf
+        with tf.GradientTape() as tape:
+            loss = loss_sum(module.forward(params, bn_state, tensor(name, X), True)[0], tensor(name, y))
+        grads = tape.gradient(loss, params)
+    else:
+        import jax
+        loss = lambda ps: loss_sum(module.forward(ps, bn_state, tensor(name, X), True)[0], y)   # noqa: E731
+        grads = jax.jit(jax.grad(loss))(params)   # compiled, as data_parallel.py will (twice as fast here)
+    channels_last = name in ("tensorflow", "jax") and module.layout == "nhwc"   # PyTorch's NHWC is only strides
+    return {n: to_canonical(n, as_numpy(g)) if channels_last else as_numpy(g) for n, g in zip(PARAM_NAMES, grads)}
+
+
+@pytest.fixture(scope="module")
+def torch_gradients(case):
+    _, module = resnet_of("pytorch")
+    weights, state, X, y = case
+    return gradients("pytorch", module, module.get_params(weights, "cpu"), module.get_bn_state(state, "cpu"), X, y)
+
+
+def test_pytorch_gradients_match_finite_differences_of_the_spec(case, torch_gradients):
+    weights, state, X, y = case
+    loss = lambda w: spec.loss_sum(spec.forward(w, state, X, True)[0], y)   # noqa: E731
+    for name, index in [("fc.weight", (3, 17)), ("stem.conv.weight", (1, 0, 1, 2)), ("stem.bn.weight", (2,)),
+                        ("stage2.0.conv3.weight", (5, 3, 0, 0)), ("stage3.1.bn2.bias", (9,)),
+                        ("stage4.0.conv1.weight", (7, 11, 2, 0))]:
+        step = 1e-6   # float64; at 1e-4 some ReLU inputs of this small batch cross zero and the quotient is 2% off
+        plus, minus = dict(weights), dict(weights)
+        plus[name], minus[name] = weights[name].astype(np.float64), weights[name].astype(np.float64)
+        plus[name][index] += step
+        minus[name][index] -= step
+        numeric = (loss(plus) - loss(minus)) / (2 * step)
+        assert torch_gradients[name][index] == pytest.approx(numeric, rel=1e-4, abs=1e-6), name
+    # A bias just before a BatchNorm is cancelled by the batch mean: no gradient in training mode.
+    assert np.abs(torch_gradients["stage2.1.conv2.bias"]).max() < 1e-5
+    assert np.abs(torch_gradients["stage2.0.conv3.bias"]).max() > 1e-3   # the projection's is not
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS[1:])
+def test_gradients_match_pytorch(name, case, torch_gradients):
+    """In the framework's default layout: the other layouts run the same code, and their forward is checked above."""
+    fw, module = resnet_of(name)
+    weights, state, X, y = case
+    device = fw.get_devices(1)[0]
+    got = gradients(name, module, module.get_params(weights, device), module.get_bn_state(state, device), X, y)
+    scale = max(np.abs(g).max() for g in torch_gradients.values())
+    for param in PARAM_NAMES:
+        assert_close(got[param] / scale, torch_gradients[param] / scale, what=param)
+
+
+def run_idiomatic(name, model, X, training):
+    """One forward of an idiomatic model, in training mode (its BatchNorms update their state) or eval mode."""
+    if name == "pytorch":
+        import torch
+        model.train(training)
+        with torch.no_grad():
+            return model(tensor(name, X)).numpy()
+    if name == "mxnet":   # Gluon's BatchNorm moves its running statistics in the backward pass
+        from mxnet import autograd
+        with autograd.record(train_mode=training):
+            out = model(tensor(name, X))
+        if training:
+            out.backward()
+        return out.asnumpy()
+    if name == "tensorflow":
+        return model(tensor(name, X), training=training).numpy()
+    from flax import nnx
+    model.train() if training else model.eval()
+    return np.asarray(nnx.jit(lambda model, X: model(X))(model, tensor(name, X)))   # nnx.jit: the state moves too
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_idiomatic_model_equals_the_spec(name, case):
+    """Configured to the canonical convention, each framework's own layers give the spec's step; PyTorch's keeps
+    its unbiased running variance, which no argument changes, and measurably misses the canonical state."""
+    _, module = resnet_of(name)
+    weights, state, X, _ = case
+    model = module.build_model(weights, state)
+    assert_state_close(module.model_to_numpy(model)[1], state, 0)
+    actual = spec.framework_convention(name, *spec.layer_arguments(name).values())
+    want_logits, want_state = spec.forward(weights, state, X, True, actual)
+    assert_close(run_idiomatic(name, model, X, True), want_logits, what="training logits")
+    got_weights, got_state = module.model_to_numpy(model)
+    assert_state_close(got_weights, weights, 0)
+    assert_state_close(got_state, want_state)
+    assert differs(got_state, spec.forward(weights, state, X, True, actual._replace(unbiased=not actual.unbiased))[1])
+    assert differs(got_state, spec.forward(weights, state, X, True)[1]) == (name == "pytorch")
+    assert_close(run_idiomatic(name, model, X, False), spec.forward(weights, want_state, X, False), what="eval")
+    assert_state_close(module.model_to_numpy(model)[1], got_state, 0)   # eval mode leaves the state alone
+
+
+def test_gluon_static_shape_leaves_the_running_statistics_unread(case):
+    """Why mxnet/resnet.py hybridizes without static_shape: with it, the graph moves its running statistics but
+    Parameters do not follow (all of them kept their first values when run alone, some when run after the other
+    tests), so model_to_numpy (and a checkpoint) would read a stale state."""
+    framework_or_skip("mxnet")
+    module = load_module("mxnet", "resnet")
+    weights, state, X, _ = case
+    new_state = spec.forward(weights, state, X, True)[1]
+    net = module.build_model(weights, state, static_shape=True)
+    run_idiomatic("mxnet", net, X, True)
+    assert differs(module.model_to_numpy(net)[1], new_state)                     # read back: stale
+    assert_close(run_idiomatic("mxnet", net, X, False), spec.forward(weights, new_state, X, False))   # used: moved
+
+
+# ------------------------------------------------- each framework's own BatchNorm layer, one training step
+def native_layer_step(name, h, mean, var, backward=True, **arguments):
+    """One training-mode step of `name`'s own BatchNorm layer (gamma 1, beta 0) on NCHW h, running statistics
+    starting at (mean, var): (output NCHW, new running mean, new running var), numpy. `backward`: MXNet's step
+    includes the backward pass (the others' forward is the whole step for the statistics)."""
+    c = h.shape[1]
+    if name == "pytorch":
+        import torch
+        layer = torch.nn.BatchNorm2d(c, **arguments)
+        layer.running_mean.copy_(torch.from_numpy(mean))
+        layer.running_var.copy_(torch.from_numpy(var))
+        with torch.no_grad():
+            out = layer.train()(torch.from_numpy(h))
+        return out.numpy(), layer.running_mean.numpy(), layer.running_var.numpy()
+    if name == "mxnet":
+        from mxnet import autograd, gluon, nd
+        layer = gluon.nn.BatchNorm(in_channels=c, **arguments)
+        layer.initialize()
+        layer.running_mean.set_data(nd.array(mean))
+        layer.running_var.set_data(nd.array(var))
+        with autograd.record(train_mode=True):
+            out = layer(nd.array(h))
+        if backward:
+            out.backward()   # the running statistics move here, not in the forward
+        return out.asnumpy(), layer.running_mean.data().asnumpy(), layer.running_var.data().asnumpy()
+    if name == "tensorflow":
+        import tensorflow as tf
+        layer = tf.keras.layers.BatchNormalization(**arguments)
+        layer.build((None, *h.shape[2:], c))
+        layer.moving_mean.assign(mean)
+        layer.moving_variance.assign(var)
+        out = layer(tf.constant(h.transpose(0, 2, 3, 1)), training=True).numpy().transpose(0, 3, 1, 2)
+        return out, layer.moving_mean.numpy(), layer.moving_variance.numpy()
+    import jax.numpy as jnp
+    from flax import nnx
+    layer = nnx.BatchNorm(c, **arguments, rngs=nnx.Rngs(0))
+    layer.mean.value, layer.var.value = jnp.asarray(mean), jnp.asarray(var)
+    out = np.asarray(layer(jnp.asarray(h.transpose(0, 2, 3, 1)))).transpose(0, 3, 1, 2)
+    return out, np.asarray(layer.mean.value), np.asarray(layer.var.value)
+
+
+@pytest.fixture(scope="module")
+def small_batch():
+    """2 images of 3 channels at 2x2: n = 8 values per channel, so the unbiased variance is 8/7 of the biased."""
+    rng = np.random.default_rng(2)
+    h = rng.normal(1.0, 2.0, (2, 3, 2, 2)).astype(np.float32)
+    return h, rng.normal(0, 1, 3).astype(np.float32), rng.uniform(0.5, 2, 3).astype(np.float32)
+
+
+def spec_step(h, mean, var, bn):
+    c = h.shape[1]
+    return spec.batch_norm(h, np.ones(c), np.zeros(c), mean, var, True, bn)
+
+
+def assert_step(got, want, tol=1e-5):
+    for what, g, w in zip(("output", "running mean", "running var"), got, want):
+        assert_close(g, w, tol, what)
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_each_frameworks_own_batchnorm_follows_its_table_row(name, small_batch):
+    """The table's running-variance entry, measured: the layer at its defaults matches the spec under the row's
+    convention and fails it with the other variance."""
+    framework_or_skip(name)
+    h, mean, var = small_batch
+    row = spec.framework_convention(name)
+    got = native_layer_step(name, h, mean, var)
+    assert_step(got, spec_step(h, mean, var, row))
+    assert differs(got[2], spec_step(h, mean, var, row._replace(unbiased=not row.unbiased))[2], 1e-5)
+
+
+def test_gluon_batchnorm_moves_its_statistics_in_the_backward_pass(small_batch):
+    """The table's `updates` for MXNet: a training-mode forward alone leaves the running statistics as they were."""
+    framework_or_skip("mxnet")
+    assert spec.BN_LAYERS_BY_FRAMEWORK["mxnet"]["updates"] == "backward"
+    h, mean, var = small_batch
+    _, new_mean, new_var = native_layer_step("mxnet", h, mean, var, backward=False)
+    np.testing.assert_array_equal(new_mean, mean)
+    np.testing.assert_array_equal(new_var, var)
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_layer_arguments_give_the_canonical_convention_and_raw_values_do_not(name, small_batch):
+    """layer_arguments(name) translates the canonical convention into the layer's own words; PyTorch's numbers
+    passed as they are (momentum 0.1, eps 1e-5) are a slip everywhere its momentum weighs the running value."""
+    framework_or_skip(name)
+    h, mean, var = small_batch
+    canonical = spec_step(h, mean, var, CANONICAL_BN._replace(unbiased=name == "pytorch"))
+    assert_step(native_layer_step(name, h, mean, var, **spec.layer_arguments(name)), canonical)
+    raw = dict(zip(spec.layer_arguments(name), (0.1, 1e-5)))
+    slipped = native_layer_step(name, h, mean, var, **raw)
+    if name == "pytorch":
+        assert_step(slipped, canonical)
+    else:
+        assert differs(slipped[1], canonical[1], 1e-5)
+    if name == "tensorflow":   # Keras's default epsilon, 1e-3, changes the output itself
+        momentum = spec.layer_arguments(name)["momentum"]
+        assert differs(native_layer_step(name, h, mean, var, momentum=momentum)[0], canonical[0], 1e-5)
