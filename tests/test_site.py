@@ -218,18 +218,18 @@ def test_a_published_run_is_its_files_and_one_entry(tmp_path):
     content = result_file(first)
     content["settings"]["benchmark"] = True
     content["environment"]["tree_modified"] = True   # said: a run from a tree that differed from its commit
-    with open(os.path.join(root, "docs", "results", "benchmark.json"), "w") as f:
+    with open(os.path.join(root, "docs", "results", "another-benchmark.json"), "w") as f:
         json.dump(content, f)
-    shutil.copy(os.path.join(root, "docs", first["plot"]), os.path.join(root, "docs", "results", "benchmark.png"))
-    toml.write_text(toml.read_text() + '\n[[result]]\nid = "benchmark"\ntitle = "The timing benchmark"\n'
-                    'file = "results/benchmark.json"\nplot = "results/benchmark.png"\nnote = "Quiet."\n')
+    shutil.copy(os.path.join(root, "docs", first["plot"]), os.path.join(root, "docs", "results", "another-benchmark.png"))
+    toml.write_text(toml.read_text() + '\n[[result]]\nid = "another-benchmark"\ntitle = "Another timing benchmark"\n'
+                    'file = "results/another-benchmark.json"\nplot = "results/another-benchmark.png"\nnote = "Quiet."\n')
     assert site.main([], root=root) == 0
     page = (tmp_path / "repo" / "docs" / "site" / "index.html").read_text()
-    assert page_table(page, "benchmark")[0][:9] == list(TIMING_COLUMNS[:9])
-    assert f"commit {content['environment']['commit']} with local changes, " in page.split('id="result-benchmark"')[1]
-    assert (tmp_path / "repo" / "docs" / "site" / "results" / "benchmark.png").read_bytes() == \
-        (tmp_path / "repo" / "docs" / "results" / "benchmark.png").read_bytes()
-    assert "### The timing benchmark" in (tmp_path / "repo" / "docs" / "results.md").read_text()
+    assert page_table(page, "another-benchmark")[0][:9] == list(TIMING_COLUMNS[:9])
+    assert f"commit {content['environment']['commit']} with local changes, " in page.split('id="result-another-benchmark"')[1]
+    assert (tmp_path / "repo" / "docs" / "site" / "results" / "another-benchmark.png").read_bytes() == \
+        (tmp_path / "repo" / "docs" / "results" / "another-benchmark.png").read_bytes()
+    assert "### Another timing benchmark" in (tmp_path / "repo" / "docs" / "results.md").read_text()
 
 
 def test_a_published_file_missing_or_without_provenance_stops_the_generator_with_one_line(tmp_path, capsys):
