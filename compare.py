@@ -31,6 +31,7 @@ from harness.launch import raise_on_signals, run_workers
 from harness.merge import merge_files, merge_records
 from harness.outputs import check_outputs, output_paths, write_files, write_results
 from harness.plan import BENCHMARK, EXEC_OPTIONS, LAYOUT_OPTIONS, check_data, grid, row_label, run_specs
+from harness.profile import trace_folder
 from harness.report import add_parity, environment, environment_line, format_scaling, format_table, optimizer_line, \
     progress_bar, timing_view
 from harness.resume import check_same_data, kept_trials, previous_run
@@ -112,6 +113,9 @@ def parse_args(argv):
                    help="with --hosts: the coordinator's port; TensorFlow's workers listen on the next ones")
     p.add_argument("--interface", help="with --hosts: this host's network interface (default: the one holding its "
                                        "address)")
+    p.add_argument("--profile", metavar="DIR",
+                   help="trace a few steady-state steps of every row with its framework's own profiler, into "
+                        "DIR/<row> (a Chrome trace, or TensorBoard's profile plugin for TensorFlow; docs/profiling.md)")
     p.add_argument("--benchmark", action="store_true",
                    help="the timing benchmark: synthetic 30,000 images, batch 256, every exec mode, the "
                         "idiomatic references, both --cores settings, 3 trials; "
@@ -153,7 +157,9 @@ def parse_args(argv):
     if args.max_restarts < 0 or (args.max_restarts and not args.checkpoint_dir):
         p.error("--max-restarts needs --checkpoint-dir (a restart starts from the last checkpoint) and N >= 0")
     args.cluster = cluster(p, args)
-    for name in ("data_dir", "checkpoint_dir", "resume_from"):   # the workers run from the repo root
+    if args.profile and args.benchmark:
+        p.error("--profile adds the profiler's overhead to the rows: not with --benchmark")
+    for name in ("data_dir", "checkpoint_dir", "resume_from", "profile"):   # the workers run from the repo root
         if getattr(args, name):
             setattr(args, name, os.path.abspath(getattr(args, name)))
     return args
@@ -253,6 +259,8 @@ def run_one(spec, dataset, args, label):
     """One trial of one row: launch its processes (this host's, with --hosts) and merge their records. With
     --max-restarts, a run whose process died is stopped whole and started again from its last complete checkpoint,
     as torchrun restarts a group: the row counts the restarts and the time they cost."""
+    if args.profile:
+        spec = spec.replace(profile=trace_folder(args.profile, spec))
     started, restarts, attempt = time.monotonic(), 0, spec
     while True:
         attempt_started = time.monotonic()
@@ -310,6 +318,10 @@ def report(args, env, dataset, runs):
         plot_runs(args.plot, runs, title=f"{dataset['name']}, batch {runs[0]['batch_size']}, {env['cpu']}")
     for path in output_paths(args).values():
         print(f"wrote {path}", file=sys.stderr)
+    for r in runs:
+        if r.get("profile"):
+            print(f"trace of {r['framework']} {r['mode']} {r['devices']}d/{r['processes']}p: {r['profile']}",
+                  file=sys.stderr)
     return 1 if any(r["status"] == "failed" for r in runs) else 0
 
 

@@ -33,12 +33,15 @@ FORMATS = {"pytorch": "PyTorch state_dict (torch.save)", "mxnet": "Gluon save_pa
 EPOCH = re.compile(r"-epoch(\d+)\.")
 
 
-def checkpoint_name(spec, epoch):
-    """framework-mode[-exec][-layout]-<devices>d-<processes>p-epoch<k><suffix>, e.g.
-    mxnet-builtin-2d-1p-epoch30.params."""
+def run_name(spec):
+    """framework-mode[-exec][-layout]-<devices>d-<processes>p, e.g. mxnet-builtin-2d-1p: a row's files are named so."""
     level = "".join(f"-{value}" for value in (spec.exec, spec.layout) if value != "default")
-    return (f"{spec.framework}-{spec.mode}{level}-{spec.devices}d-{spec.processes}p-epoch{epoch}"
-            f"{SUFFIXES[spec.framework]}")
+    return f"{spec.framework}-{spec.mode}{level}-{spec.devices}d-{spec.processes}p"
+
+
+def checkpoint_name(spec, epoch):
+    """run_name-epoch<k><suffix>, e.g. mxnet-builtin-2d-1p-epoch30.params."""
+    return f"{run_name(spec)}-epoch{epoch}{SUFFIXES[spec.framework]}"
 
 
 def framework_of(path, hint=""):

@@ -19,7 +19,9 @@ def merge_records(records, fingerprint):
         return {"status": "failed", "error": "a worker saw different data (fingerprint mismatch)"}
     if len({r["digest"] for r in records}) != 1:
         return {"status": "failed", "error": "the processes ended with different weights"}
+    traces = [r["profile"] for r in records if r.get("profile")]   # --profile: rank 0's trace
     return {"status": "ok", "error": None, "fingerprint": fingerprint, "digest": records[0]["digest"],
+            "profile": traces[0] if traces else None,
             "device_names": sum((r["device_names"] for r in records), []), **summarize(records)}
 
 

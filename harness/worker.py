@@ -98,6 +98,7 @@ def run(spec, started):
         return scaling_inputs(fw, spec)
     import numpy as np
     from .checkpoints import resume_point, saver
+    from .profile import profiler
     from .stepcheck import copies
     from common.data import load_dataset
     from .training import MODES, steps_per_epoch, train
@@ -118,12 +119,23 @@ def run(spec, started):
         weights, state, first_epoch = resume_point(spec, optimizer, per_epoch)   # None, None, 0: a fresh run
         startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step
         trace = [] if spec.weights_trace and rank == 0 else None   # the weights before every step (tests)
+        profiled = {}
+        profile_step, finish_profile = profiler(spec, rank, profiled)   # --profile: a few steps' trace
+
+        def before_step(steps, runner):
+            if trace is not None:
+                trace.append(copies(runner.weights()))
+            if profile_step:
+                profile_step(steps, runner)
         fresh_peak = reset_peak_rss()   # the data set's generation peak (docs/results.md) is not training's
         record = train(runner, data, spec.epochs, spec.batch_size, spec.lr, spec.seed,
                        spec.init, rank, world, min_size=spec.devices, progress=progress,
                        max_steps=spec.max_steps, weights=weights, first_epoch=first_epoch,
                        after_epoch=saver(spec, rank, optimizer), optimizer=optimizer, state=state,
-                       before_step=None if trace is None else lambda steps, runner: trace.append(copies(runner.weights())))
+                       before_step=before_step if trace is not None or profile_step else None)
+        if finish_profile:
+            finish_profile(runner)
+        record.update(profiled)
         exec_name = exec_name or runner.exec_name()
         # What the framework holds while it trains: the peak since the reset, less the harness's own copy of the data
         data_bytes = sum(a.nbytes for a in (data.X_train, data.y_train, data.X_test, data.y_test))
