@@ -77,14 +77,6 @@ def kill_mid_row(framework, victim, start_compare, tag):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("framework", ["mxnet", "tensorflow"])   # the watch is the launcher's, the same for all:
-def test_a_killed_worker_fails_its_row_and_keeps_the_others(framework, start_compare, tag):   # ps-lite and gRPC
-    framework_or_skip(framework)
-    row = kill_mid_row(framework, "worker", start_compare, tag)
-    assert "failed: worker" in row, row
-
-
-@pytest.mark.timeout(240)
 @pytest.mark.parametrize("helper", ["scheduler", "server"])
 def test_a_killed_mxnet_helper_fails_its_row_and_keeps_the_others(helper, start_compare, tag):
     framework_or_skip("mxnet")

@@ -1,5 +1,5 @@
-"""A worker killed mid-run is survived: the run's other processes are stopped, the group starts again from the last
-complete checkpoint, and the run ends with the weights the uninterrupted run ends with, bit for bit. By compare.py's
+"""A worker killed mid-run is survived: the run's other processes are stopped within seconds (they would wait in
+their collective, or on MXNet's server, forever), the group starts again from the last complete checkpoint, and the run ends with the weights the uninterrupted run ends with, bit for bit. By compare.py's
 --max-restarts in every engine, and by torchrun's own --max-restarts (resume_from "latest")."""
 import glob
 import json
@@ -47,6 +47,7 @@ def kill_a_worker_after_the_first_checkpoint(folder, tag, is_worker, seed):
     workers = sorted(p for p in processes_tagged(tag) if is_worker(environ(p)))
     assert workers, "no worker to kill: the run ended before the kill"
     os.kill(workers[-1], signal.SIGKILL)
+    return time.monotonic()
 
 
 @pytest.mark.timeout(420)
@@ -59,11 +60,13 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(framework, start_
                          spec.optimizer, "--lr-schedule", spec.lr_schedule, "--warmup-epochs", "1", "--weight-decay",
                          str(spec.weight_decay), "--clip-norm", str(spec.clip_norm), "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "1",
                          "--max-restarts", "1", "--json", str(tmp_path / "run.json"))
-    kill_a_worker_after_the_first_checkpoint(str(tmp_path), tag, lambda env: env.get("DMLC_ROLE", "worker") == "worker"
-                                             and "ROSETTA_PARENT_PID" in env, framework)
+    killed = kill_a_worker_after_the_first_checkpoint(str(tmp_path), tag, lambda env: env.get(
+        "DMLC_ROLE", "worker") == "worker" and "ROSETTA_PARENT_PID" in env, framework)
     out, err = follow(proc)
     lines = [line for _, line in err]
     assert proc.returncode == 0, "".join(lines)[-3000:]
+    (failed_at, failed), = [(t, line) for t, line in err if line.startswith("  failed:")]
+    assert "killed by signal 9" in failed and failed_at - killed < 15, "the others were stopped only when they gave up"
     assert any(line.startswith("  restart 1 of 1, from ") for line in lines), "".join(lines)
     with open(tmp_path / "run.json") as f:
         (row,) = json.load(f)["runs"]
