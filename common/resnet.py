@@ -96,6 +96,19 @@ def width_of(weights):
     return weights["stem.conv.weight"].shape[0]
 
 
+def by_canonical_name(named_layers, attributes):
+    """canonical name -> a framework's variable, from its model's (layer name, layer) pairs and, for each canonical
+    suffix, the attribute names the framework gives it (the first one a layer has: Gluon's gamma is a BatchNorm's
+    weight, Flax's scale too). Parameters and BatchNorm state alike."""
+    found = {}
+    for layer, module in named_layers:
+        for suffix, names in attributes.items():
+            name = next((n for n in names if hasattr(module, n)), None)
+            if name is not None:
+                found[f"{layer}.{suffix}"] = getattr(module, name)
+    return found
+
+
 def init_weights(seed=0, width=WIDTH):
     """Canonical initial weights, name -> float32 array, the same for every framework: He-normal convolutions
     (fan in), Glorot-normal for the output layer (as common.lenet), zero biases, BatchNorm gamma 1 and beta 0."""

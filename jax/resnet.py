@@ -10,8 +10,8 @@ from flax import nnx
 from jax import lax
 
 from common.layouts import to_canonical, to_channels_last
-from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, has_projection, layer_arguments,
-                           layers)
+from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, by_canonical_name, has_projection,
+                           layer_arguments, layers)
 
 from .lenet import DIMENSIONS
 
@@ -143,14 +143,7 @@ FLAX_NAMES = {"weight": ("kernel", "scale"), "bias": ("bias",), "running_mean": 
 
 def flax_variables(model):
     """canonical name -> nnx.Variable, for parameters and BatchNorm state alike."""
-    found = {}
-    for layer, module in model.named_layers():
-        for suffix, attributes in FLAX_NAMES.items():
-            for attribute in attributes:
-                if hasattr(module, attribute):
-                    found[f"{layer}.{suffix}"] = getattr(module, attribute)
-                    break
-    return found
+    return by_canonical_name(model.named_layers(), FLAX_NAMES)
 
 
 def build_model(weights, bn_state, bn=CANONICAL_BN):

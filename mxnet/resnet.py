@@ -4,8 +4,8 @@ MXNet's layout is PyTorch's, so no conversion is needed."""
 import numpy as np
 from mxnet import gluon, nd
 
-from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, has_projection, layer_arguments,
-                           layers)
+from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, by_canonical_name, has_projection,
+                           layer_arguments, layers)
 
 
 def to_layout(X):
@@ -128,14 +128,7 @@ GLUON_NAMES = {"weight": ("weight", "gamma"), "bias": ("bias", "beta"), "running
 
 def gluon_parameters(net):
     """canonical name -> gluon.Parameter, for parameters and BatchNorm state alike."""
-    found = {}
-    for layer, block in net.named_layers():
-        for suffix, attributes in GLUON_NAMES.items():
-            for attribute in attributes:
-                if hasattr(block, attribute):
-                    found[f"{layer}.{suffix}"] = getattr(block, attribute)
-                    break
-    return found
+    return by_canonical_name(net.named_layers(), GLUON_NAMES)
 
 
 def build_model(weights, bn_state, bn=CANONICAL_BN, static_shape=False):
