@@ -1,8 +1,9 @@
 """--profile DIR: one trace per row of a few steady-state steps, recorded by the framework's own profiler (its
 folder's profiler.py: start(folder), stop(folder) -> the trace's path, VIEWER), in a format a standard viewer opens.
 
-The window is steps FIRST .. FIRST + STEPS - 1 of the run (counted from 0), past the first step's one-off costs
-(tracing, compilation, allocation), in rank 0 only. The device queues are drained (runner.sync) at both ends, so
+The window is steps FIRST .. FIRST + STEPS - 1 of the run (counted from 0), in rank 0 only: past the first step's
+one-off costs (tracing, compilation, allocation), and full batches in any data set of 5 or more steps an epoch (an
+epoch's last, smaller batch is a new shape, which jax.jit and tf.function compile again). The device queues are drained (runner.sync) at both ends, so
 the trace holds whole steps and nothing of the others. A profiled row's timings include the profiler's overhead:
 profile in a run of its own, not in the benchmark.
 """
@@ -10,7 +11,7 @@ import os
 
 from .loader import load_module
 
-FIRST, STEPS = 5, 3
+FIRST, STEPS = 2, 3
 
 
 def trace_folder(profile_dir, spec):

@@ -225,6 +225,34 @@ def follow(proc):
     return out, err
 
 
+# One run of every engine that the two-host and the restart tests must each end with, bit for bit: 2 processes of
+# the built-in engine, momentum under every option (a state that must come back with the weights, a schedule that
+# must go on at its step), 3 epochs.
+ENGINE_RUN = {"mode": "builtin", "devices": 2, "processes": 2, "epochs": 3, "seed": 4, "threads": 1,
+              "optimizer": "momentum", "lr_schedule": "cosine", "warmup_epochs": 1, "weight_decay": 5e-4,
+              "clip_norm": 3.5}
+
+
+def engine_run_options(frameworks):
+    """compare.py's options for ENGINE_RUN in `frameworks` (names)."""
+    return ["--frameworks", ",".join(frameworks), *[option for key, value in ENGINE_RUN.items()
+                                                     for option in (f"--{key.replace('_', '-')}", str(value))]]
+
+
+@pytest.fixture(scope="session")
+def one_host_rows(tmp_path_factory):
+    """compare.py's ENGINE_RUN rows on this one host (loopback), every installed framework, run once per session, and
+    profiled (--profile: each row's "profile" is its trace, tests/test_profile.py's). The unprofiled runs of the
+    two-host and restart tests end with these rows' weights: the profiler changes no number."""
+    import json
+    folder = tmp_path_factory.mktemp("one-host")
+    out = folder / "rows.json"
+    proc = run_compare(*engine_run_options([fw.name for fw in installed_frameworks()]), "--json", str(out),
+                       "--profile", str(folder / "traces"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {r["framework"]: r for r in json.loads(out.read_text())["runs"]}
+
+
 @pytest.fixture(scope="session")
 def two_hosts():
     """The project's two test hosts (harness/hosts.py): two network namespaces joined by a veth pair, made for the

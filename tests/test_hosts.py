@@ -11,23 +11,13 @@ import pytest
 
 from common import FRAMEWORKS
 from harness import hosts
-from harness.launch import run_workers
 from harness.merge import merge_files
 from harness.spec import RunSpec
-from conftest import ROOT, framework_or_skip
+from conftest import ROOT, engine_run_options, framework_or_skip
 
 pytestmark = pytest.mark.slow   # real worker processes, on both hosts
 
 ADDRESSES = ",".join(hosts.ADDRESSES)
-# What the two-host row trains: AdamW (a state on every process) over the engine's own data pipeline, 1 epoch.
-TRAINING = {"mode": "builtin", "devices": 2, "processes": 2, "dataset": "digits", "epochs": 1, "batch_size": 256,
-            "seed": 3, "threads": 1, "optimizer": "adamw", "weight_decay": 0.01}
-
-
-def options(spec):
-    return ["--frameworks", spec.framework, "--mode", spec.mode, "--devices", str(spec.devices), "--processes",
-            str(spec.processes), "--epochs", str(spec.epochs), "--seed", str(spec.seed), "--threads", str(spec.threads),
-            "--optimizer", spec.optimizer, "--weight-decay", str(spec.weight_decay)]
 
 
 def on_hosts(commands, timeout=240):
@@ -44,26 +34,27 @@ def on_hosts(commands, timeout=240):
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_every_engine_trains_across_two_hosts_as_on_one(framework, two_hosts, tmp_path):
+def test_every_engine_trains_across_two_hosts_as_on_one(framework, two_hosts, one_host_rows, tmp_path):
     """compare.py on each host with --hosts and its --node-rank: the coordinator on 10.77.0.1, every engine told the
-    host's own interface. Both hosts end with the one-host run's weights; their losses add up to the one-host run's."""
+    host's own interface. Both hosts end with the one-host run's weights (its digest); their per-step loss sums add up
+    to the one-host run's losses."""
     framework_or_skip(framework)
-    spec = RunSpec(framework, **TRAINING)
-    rows = []
-    commands = [(h, [sys.executable, "compare.py", *options(spec), "--hosts", ADDRESSES, "--node-rank", str(h),
-                     "--port", "29610", "--json", str(tmp_path / f"host{h}.json")], {}) for h in (0, 1)]
+    commands = [(h, [sys.executable, "compare.py", *engine_run_options([framework]), "--hosts", ADDRESSES,
+                     "--node-rank", str(h), "--port", "29610", "--json", str(tmp_path / f"host{h}.json")], {})
+                for h in (0, 1)]
     for code, output in on_hosts(commands):
         assert code == 0, output[-3000:]
+    rows = []
     for h in (0, 1):
         with open(tmp_path / f"host{h}.json") as f:
             (row,) = json.load(f)["runs"]
         assert row["hosts"] == list(hosts.ADDRESSES) and row["node_rank"] == h
         rows.append(row)
-    records = run_workers(spec, timeout=240)   # the same run on this one host, over loopback
-    assert all(r["status"] == "ok" for r in records), records[0].get("error")
-    assert {r["digest"] for r in records} == {rows[0]["digest"]} == {rows[1]["digest"]}
-    for key in ("step_loss_sums", "step_sizes"):
-        assert [a + b for a, b in zip(rows[0][key], rows[1][key])] == [sum(s) for s in zip(*(r[key] for r in records))]
+    one = one_host_rows[framework]
+    assert rows[0]["digest"] == rows[1]["digest"] == one["digest"]
+    sums = [a + b for a, b in zip(rows[0]["step_loss_sums"], rows[1]["step_loss_sums"])]
+    sizes = [a + b for a, b in zip(rows[0]["step_sizes"], rows[1]["step_sizes"])]
+    assert [s / n for s, n in zip(sums, sizes)] == pytest.approx(one["step_losses"], rel=1e-12, abs=0)
 
 
 SLURM_JOB = {"SLURM_JOB_NODELIST": "rosetta-h[0-1]", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": "4242",

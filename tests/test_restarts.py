@@ -13,24 +13,11 @@ import time
 import pytest
 
 from common import FRAMEWORKS
-from harness.launch import run_workers
 from harness.merge import merge_files
 from harness.spec import RunSpec
-from conftest import ROOT, follow, framework_or_skip, processes_tagged, wait_for
+from conftest import ENGINE_RUN, ROOT, engine_run_options, follow, framework_or_skip, processes_tagged, wait_for
 
 pytestmark = pytest.mark.slow   # real worker processes, killed and started again
-
-# Momentum under every option (a state that must come back with the weights, a schedule that must go on at its step);
-# 3 epochs, a checkpoint after each.
-SPEC = dict(mode="builtin", devices=2, processes=2, dataset="digits", epochs=3, seed=4, threads=1, optimizer="momentum",
-            lr_schedule="cosine", warmup_epochs=1, weight_decay=5e-4, clip_norm=3.5)
-
-
-def uninterrupted(framework):
-    records = run_workers(RunSpec(framework, **SPEC), timeout=240)
-    assert all(r["status"] == "ok" for r in records), records[0].get("error")
-    return records[0]["digest"]
-
 
 def environ(pid):
     try:
@@ -52,13 +39,9 @@ def kill_a_worker_after_the_first_checkpoint(folder, tag, is_worker, seed):
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_a_killed_worker_is_restarted_from_the_last_checkpoint(framework, start_compare, tag, tmp_path):
+def test_a_killed_worker_is_restarted_from_the_last_checkpoint(framework, start_compare, tag, one_host_rows, tmp_path):
     framework_or_skip(framework)
-    spec = RunSpec(framework, **SPEC)
-    proc = start_compare("--frameworks", framework, "--mode", spec.mode, "--devices", "2", "--processes", "2",
-                         "--epochs", str(spec.epochs), "--seed", str(spec.seed), "--threads", "1", "--optimizer",
-                         spec.optimizer, "--lr-schedule", spec.lr_schedule, "--warmup-epochs", "1", "--weight-decay",
-                         str(spec.weight_decay), "--clip-norm", str(spec.clip_norm), "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "1",
+    proc = start_compare(*engine_run_options([framework]), "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "1",
                          "--max-restarts", "1", "--json", str(tmp_path / "run.json"))
     killed = kill_a_worker_after_the_first_checkpoint(str(tmp_path), tag, lambda env: env.get(
         "DMLC_ROLE", "worker") == "worker" and "ROSETTA_PARENT_PID" in env, framework)
@@ -72,17 +55,18 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(framework, start_
         (row,) = json.load(f)["runs"]
     assert (row["status"], row["restarts"]) == ("ok", 1) and row["first_epoch"] in (1, 2) and row["lost_seconds"] > 0
     assert "ok after 1 restart(s)" in out
-    assert row["digest"] == uninterrupted(framework)
+    assert row["digest"] == one_host_rows[framework]["digest"]   # the uninterrupted run's weights
 
 
 @pytest.mark.timeout(420)
-def test_torchrun_restarts_the_group_and_it_resumes_from_the_latest_checkpoint(tag, tmp_path):
+def test_torchrun_restarts_the_group_and_it_resumes_from_the_latest_checkpoint(tag, one_host_rows, tmp_path):
     """torchrun's own restarts: the workers are started again with the same command line; resume_from "latest"
     makes them start from the newest complete checkpoint, as compare.py's restarts do. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1:
     torchrun 2.13 otherwise hands the restarted workers its rendezvous store with the dead group's gloo addresses
     still in it ("Gloo connectFullMesh failed ... Connection refused"; pytorch/pytorch#135712), measured here."""
     framework_or_skip("pytorch")
-    spec = RunSpec("pytorch", **SPEC, checkpoint_dir=str(tmp_path), checkpoint_every=1, resume_from="latest")
+    spec = RunSpec("pytorch", dataset="digits", **ENGINE_RUN, checkpoint_dir=str(tmp_path), checkpoint_every=1,
+                   resume_from="latest")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     proc = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node=2", "--max-restarts=1", "-m",
                              "harness.worker", spec.to_json(), str(tmp_path / "out-{rank}.json")], cwd=ROOT,
@@ -98,4 +82,4 @@ def test_torchrun_restarts_the_group_and_it_resumes_from_the_latest_checkpoint(t
     assert "killed by signal 9" in err.lower() or "exitcode: -9" in err, err[-3000:]   # torchrun saw it, and restarted
     _, (row,) = merge_files(sorted(glob.glob(str(tmp_path / "out-*.json"))))
     assert row["status"] == "ok" and row["first_epoch"] in (1, 2)
-    assert row["digest"] == uninterrupted("pytorch")
+    assert row["digest"] == one_host_rows["pytorch"]["digest"]
