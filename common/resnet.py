@@ -96,12 +96,24 @@ def width_of(weights):
     return weights["stem.conv.weight"].shape[0]
 
 
-def by_canonical_name(named_layers, attributes):
-    """canonical name -> a framework's variable, from its model's (layer name, layer) pairs and, for each canonical
+def named_layers(model):
+    """(canonical layer name, layer) of an idiomatic model built with the same attribute names in every framework: its
+    stem `conv` and `bn`, its residual `blocks` (conv1, bn1, conv2, bn2, and conv3 or None), its dense `fc`."""
+    yield "stem.conv", model.conv
+    yield "stem.bn", model.bn
+    for (block, _), residual in zip(BLOCKS, model.blocks):
+        for part in ("conv1", "bn1", "conv2", "bn2", "conv3"):
+            if getattr(residual, part) is not None:
+                yield f"{block}.{part}", getattr(residual, part)
+    yield "fc", model.fc
+
+
+def by_canonical_name(model, attributes):
+    """canonical name -> a framework's variable, from its idiomatic model (named_layers) and, for each canonical
     suffix, the attribute names the framework gives it (the first one a layer has: Gluon's gamma is a BatchNorm's
     weight, Flax's scale too). Parameters and BatchNorm state alike."""
     found = {}
-    for layer, module in named_layers:
+    for layer, module in named_layers(model):
         for suffix, names in attributes.items():
             name = next((n for n in names if hasattr(module, n)), None)
             if name is not None:

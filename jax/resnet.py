@@ -127,15 +127,6 @@ class ResNet(nnx.Module):
             h = residual(h)
         return self.fc(h.mean(axis=(1, 2)))   # global average pooling
 
-    def named_layers(self):
-        yield "stem.conv", self.conv
-        yield "stem.bn", self.bn
-        for (block, _), residual in zip(BLOCKS, self.blocks):
-            for part in ("conv1", "bn1", "conv2", "bn2", "conv3"):
-                if getattr(residual, part) is not None:
-                    yield f"{block}.{part}", getattr(residual, part)
-        yield "fc", self.fc
-
 
 # canonical suffix -> the Flax variable's attribute (Param, or BatchStat for the running statistics)
 FLAX_NAMES = {"weight": ("kernel", "scale"), "bias": ("bias",), "running_mean": ("mean",), "running_var": ("var",)}
@@ -143,7 +134,7 @@ FLAX_NAMES = {"weight": ("kernel", "scale"), "bias": ("bias",), "running_mean": 
 
 def flax_variables(model):
     """canonical name -> nnx.Variable, for parameters and BatchNorm state alike."""
-    return by_canonical_name(model.named_layers(), FLAX_NAMES)
+    return by_canonical_name(model, FLAX_NAMES)
 
 
 def build_model(weights, bn_state, bn=CANONICAL_BN):

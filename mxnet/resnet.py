@@ -110,16 +110,6 @@ class ResNet(gluon.HybridBlock):
     def hybrid_forward(self, F, X):
         return self.fc(self.pool(self.blocks(F.relu(self.bn(self.conv(X))))))
 
-    def named_layers(self):
-        """(canonical layer name, Gluon layer): Gluon names its parameters by prefix (resnet0_conv0_weight)."""
-        yield "stem.conv", self.conv
-        yield "stem.bn", self.bn
-        for (block, _), residual in zip(BLOCKS, self.blocks):
-            for part in ("conv1", "bn1", "conv2", "bn2", "conv3"):
-                if getattr(residual, part) is not None:
-                    yield f"{block}.{part}", getattr(residual, part)
-        yield "fc", self.fc
-
 
 # canonical suffix -> the Gluon attribute of a layer that holds it
 GLUON_NAMES = {"weight": ("weight", "gamma"), "bias": ("bias", "beta"), "running_mean": ("running_mean",),
@@ -128,7 +118,7 @@ GLUON_NAMES = {"weight": ("weight", "gamma"), "bias": ("bias", "beta"), "running
 
 def gluon_parameters(net):
     """canonical name -> gluon.Parameter, for parameters and BatchNorm state alike."""
-    return by_canonical_name(net.named_layers(), GLUON_NAMES)
+    return by_canonical_name(net, GLUON_NAMES)
 
 
 def build_model(weights, bn_state, bn=CANONICAL_BN, static_shape=False):
