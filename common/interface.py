@@ -62,7 +62,30 @@ MODEL_CONTRACT = {
                    "HybridBlock, Keras model, Flax NNX module) holding the canonical weights and state, its BatchNorm layers set to "
                    "convention bn as far as the framework's arguments reach (common.resnet.layer_arguments).",
     "model_to_numpy": "model_to_numpy(model) -> (weights, bn_state) of an idiomatic model, canonical numpy.",
+    # The recipe with BatchNorm: data_parallel.py's step, each replica carrying its running statistics.
+    "train_step": "train_step(replicas, bn_states, X, y, devices, lr, batch_size=None, sync=False) -> float: "
+                  "data_parallel.train_step's synchronous SGD step (split_and_load, summed loss per shard, gradients "
+                  "all-reduced by data_parallel.allreduce, the update lr / batch_size times the sum) with a "
+                  "training-mode forward under CANONICAL_BN. sync=False: every replica normalises by its own shard's "
+                  "statistics and its running statistics follow its shard. sync=True: at every BatchNorm the shards' "
+                  "per-channel sum, sum of squares and count (common.resnet.moments) are all-reduced across this "
+                  "process's devices and across processes, every replica normalises by the global batch's mean and "
+                  "biased variance, the backward passes through that all-reduce (gradients as if one device held "
+                  "the whole batch), and every replica's running statistics become the global batch's. bn_states "
+                  "(one list per replica, get_bn_state's) get the new running statistics in their slots. Returns "
+                  "the mean loss over X.",
+    "evaluate": "evaluate(replica, bn_state, X, y) -> float: accuracy in inference mode (the running statistics).",
 }
+
+# The built-in engines (builtin.py) and the single-device loops (idiomatic.py) build the network they are given:
+# get_model(weights, devices, optimizer=None, state=None, network=Network()). For the ResNet they also define
+#   bn_state(model) -> the canonical numpy BatchNorm state this process's first replica holds (what a checkpoint
+#                      keeps and evaluate uses);
+#   replica_bn_states(model) -> one canonical numpy BatchNorm state per replica this process holds, as the engine
+#                      keeps them (equal where it synchronises or broadcasts them, each its own where it does not);
+# and evaluate(model, X, y) runs in inference mode. `bn_state` is the canonical initial state; `sync` asks for
+# the framework's own synchronised BatchNorm (Unavailable, with the framework's reason, where it cannot run).
+Network = collections.namedtuple("Network", "name bn_state sync", defaults=("lenet", None, False))
 
 
 class RosettaError(Exception):

@@ -229,6 +229,14 @@ def layer_arguments(framework, bn=CANONICAL_BN):
     return {table["momentum_arg"]: round(momentum, 12), table["eps_arg"]: bn.eps}
 
 
+def engine_convention(framework, bn=CANONICAL_BN):
+    """What `framework`'s own BatchNorm layer computes when built with layer_arguments(framework, bn), as the built-in
+    engines and idiomatic loops build it: `bn`'s momentum and eps, and the framework's own running variance
+    (PyTorch's unbiased, the others' biased)."""
+    momentum, eps = layer_arguments(framework, bn).values()
+    return framework_convention(framework, momentum, eps)
+
+
 def moments(h, axes=(0, 2, 3)):
     """Per-channel (sum, sum of squares, count) of a shard: what a synchronised BatchNorm all-reduces. Sums add
     up across shards exactly where means do not (shards may differ in size)."""
