@@ -20,6 +20,7 @@ import time
 from common.data import DATASETS, load_dataset
 from common.interface import FRAMEWORKS, RosettaError
 from common.lenet import INITS
+from common.models import BN_MODES, DEFAULT_WIDTH, MODELS, RESNET_SGD_LR
 from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, SCHEDULES
 from harness.benchmark import add_scaling
 from harness.calibration import LoadRecord, matmul_peak, warning
@@ -43,6 +44,13 @@ def parse_args(argv):
     p = Parser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--frameworks", type=name_list(FRAMEWORKS, "framework"), default=",".join(FRAMEWORKS),
                    help="comma-separated")
+    p.add_argument("--model", choices=tuple(MODELS), default=default("model"),
+                   help="the network: the recipe's LeNet, or d2l's ResNet-18 with BatchNorm (common/models.py)")
+    p.add_argument("--width", type=int, help=f"the ResNet's channels in its first stage (default {DEFAULT_WIDTH}; "
+                                             "d2l's is 64)")
+    p.add_argument("--bn", type=name_list(BN_MODES, "BatchNorm mode"), default=default("bn"),
+                   help="the ResNet's BatchNorm across replicas: local (each normalises by its shard's statistics), "
+                        "sync (by the global batch's, all-reduced across devices and processes); comma-separated")
     p.add_argument("--mode", type=name_list(tuple(MODES), "mode"), default=default("mode"),
                    help="scratch (the recipe), builtin (the framework's own engine), "
                         "idiomatic (its minimal single-device loop, the timing reference)")
@@ -66,7 +74,8 @@ def parse_args(argv):
     p.add_argument("--per-device-batch", type=int, metavar="N",
                    help="instead of --batch-size: each row's global batch is N x its devices (weak scaling)")
     p.add_argument("--lr", type=float, help="the base learning rate; default by --optimizer: "
-                   + ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items()))
+                   + ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items())
+                   + "; " + ", ".join(f"{model}'s sgd {lr:g}" for model, lr in RESNET_SGD_LR.items()))
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=default("optimizer"),
                    help="the update, PyTorch's conventions in every framework (common/optim.py)")
     p.add_argument("--momentum", type=float, default=default("momentum"), help="momentum and nesterov's")
@@ -157,12 +166,33 @@ def parse_args(argv):
     if args.max_restarts < 0 or (args.max_restarts and not args.checkpoint_dir):
         p.error("--max-restarts needs --checkpoint-dir (a restart starts from the last checkpoint) and N >= 0")
     args.cluster = cluster(p, args)
+    check_model(p, args)
     if args.profile and args.benchmark:
         p.error("--profile adds the profiler's overhead to the rows: not with --benchmark")
     for name in ("data_dir", "checkpoint_dir", "resume_from", "profile"):   # the workers run from the repo root
         if getattr(args, name):
             setattr(args, name, os.path.abspath(getattr(args, name)))
     return args
+
+
+def check_model(p, args):
+    """What the ResNet takes beyond the LeNet's options (--width, --bn), and what it does not take yet."""
+    if args.model == "lenet":
+        if args.width is not None or args.bn != [default("bn")]:
+            p.error("--width and --bn are the ResNet's (--model resnet18); the LeNet has neither")
+        args.bn = [None]
+        return
+    if args.width is not None and args.width < 1:
+        p.error("--width must be >= 1")
+    if args.init != "he":
+        p.error("--init recipe is the LeNet's normal(0, 0.01); the ResNet starts from He-normal weights")
+    stateful = (args.optimizer != "sgd" or args.lr_schedule != "constant" or args.warmup_epochs or args.weight_decay
+                or args.clip_norm)
+    if stateful:
+        p.error("the ResNet trains with the recipe's plain SGD so far (no momentum, schedule, warm-up, decay or "
+                "clipping): the optimizers' ResNet parameters are not wired yet (issue 19)")
+    if args.checkpoint_dir or args.resume_from:
+        p.error("checkpoints of the ResNet (its BatchNorm state in each native format) are not written yet (issue 19)")
 
 
 def cluster(p, args):

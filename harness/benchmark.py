@@ -3,12 +3,12 @@ the spec (FLOPs) rather than typed in, scaling efficiency, and the CSV file."""
 import csv
 import statistics
 
-from common.lenet import flops_per_image
+from common.models import flops_per_image
 
 from .provenance import CSV_COLUMNS
-from .report import replaced_atomically
+from .report import has_resnet, replaced_atomically
 
-ROW_KEY = ("framework", "mode", "exec", "layout", "devices", "processes", "cores")
+ROW_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "devices", "processes", "cores")
 TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "input_seconds_median",
                  "first_step_seconds",
                  "startup_seconds", "test_accuracy", "peak_rss_bytes", "train_memory_bytes",
@@ -16,7 +16,11 @@ TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "
 # The CSV: every column of the printed tables, unformatted but rounded to what the measurement can say.
 # (name, value of a row, decimals): None decimals keeps the value as it is.
 CSV_FIELDS = (
-    ("framework", lambda r: r["framework"], None), ("mode", lambda r: r["mode"], None),
+    ("framework", lambda r: r["framework"], None),
+    ("model", lambda r: r.get("model") or "lenet", None), ("width", lambda r: r.get("width"), None),
+    ("bn", lambda r: r.get("bn"), None), ("bn_states", lambda r: r.get("bn_states"), None),
+    ("bn_replicas", lambda r: r.get("bn_replicas"), None),
+    ("mode", lambda r: r["mode"], None),
     ("exec", lambda r: r.get("exec"), None), ("compiles", lambda r: r.get("compiles"), None),
     ("layout", lambda r: r.get("layout"), None),
     ("cores", lambda r: r.get("cores"), None), ("threads_per_process", lambda r: r.get("threads"), None),
@@ -46,6 +50,7 @@ CSV_FIELDS = (
 )
 # Left out of a file when no row has a value: device memory exists only on GPUs, errors only when a row failed.
 # So are the hosts (only a run over several has them) and the restarts (only with --max-restarts).
+MODEL_CSV_FIELDS = ("model", "width", "bn", "bn_states", "bn_replicas")   # only in a file with a ResNet row
 OPTIONAL_CSV_FIELDS = ("peak_device_memory_mib", "error", "scaling_base", "hosts", "restarts", "lost_seconds")
 
 
@@ -77,7 +82,8 @@ def aggregate(trials):
         row[metric] = median([t.get(metric) for t in trials])
     ips = [t["images_per_second"] for t in trials if t.get("images_per_second")]
     row["images_per_second_min"], row["images_per_second_max"] = (min(ips), max(ips)) if ips else (None, None)
-    row["gflops"] = row["images_per_second"] * flops_per_image() / 1e9 if row["images_per_second"] else None
+    flops = flops_per_image(row.get("model") or "lenet", row.get("width"))
+    row["gflops"] = row["images_per_second"] * flops / 1e9 if row["images_per_second"] else None
     if len(trials) > 1:   # each trial's metrics: what --resume restores the trials from
         row["trial_images_per_second"] = [t.get("images_per_second") for t in trials]
         row["trial_metrics"] = [{metric: t.get(metric) for metric in TRIAL_METRICS} for t in trials]
@@ -109,7 +115,8 @@ def write_csv(path, rows, env):
     where = {name: env.get(name) for name in CSV_COLUMNS}
     table = [{**{name: rounded(value(r), decimals) for name, value, decimals in CSV_FIELDS}, **where} for r in rows]
     columns = [name for name, _, _ in CSV_FIELDS
-               if name not in OPTIONAL_CSV_FIELDS or any(t[name] is not None for t in table)] + list(CSV_COLUMNS)
+               if (name not in OPTIONAL_CSV_FIELDS or any(t[name] is not None for t in table))
+               and (name not in MODEL_CSV_FIELDS or has_resnet(rows))] + list(CSV_COLUMNS)
     with replaced_atomically(path, newline="") as f:
         writer = csv.DictWriter(f, columns, extrasaction="ignore")
         writer.writeheader()

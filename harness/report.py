@@ -16,6 +16,7 @@ from .provenance import provenance, provenance_line
 
 COLUMNS = ("framework", "mode", "exec", "layout", "devices", "processes", "epochs", "train s", "images/s",
            "test acc", "final loss", "|Δ step-1 loss|", "status")
+MODEL_COLUMNS = ("model", "BN: running states")   # shown when a run trains the ResNet
 TIMING_COLUMNS = ("framework", "mode", "exec", "compiles", "layout", "cores", "devices", "processes",
                   "images/s (min-max)", "epoch s", "input s (share)", "first step s", "start-up s", "GFLOP/s",
                   "of peak", "scaling", "train MiB", "test acc", "status")
@@ -82,14 +83,39 @@ def installed_version_of(dist):
 
 
 def add_parity(runs):
-    """Each ok run's distance from the first ok run's first-step loss. The first step is the same
-    arithmetic in every framework, mode, exec level and device or process count (the same weights, the
-    same first global batch), so anything above float32 round-off is a translation bug."""
+    """Each ok run's distance from the first-step loss of the first ok run that computes the same first step. The
+    first step is the same arithmetic in every framework, mode, exec level and device or process count (the same
+    weights, the same first global batch), so anything above float32 round-off is a translation bug. With
+    BatchNorm, the statistics are part of the arithmetic: local BatchNorm on N devices normalises N shards apart,
+    so its rows are compared among rows of N devices; synchronised BatchNorm, and any BatchNorm on 1 device, is
+    the whole batch's."""
     ok = [r for r in runs if r["status"] == "ok" and r.get("step_losses") and not r.get("first_epoch")]   # a resumed
     # run's first step is another batch's
+    references = {}
     for run in ok:
-        run["step1_loss_diff"] = abs(run["step_losses"][0] - ok[0]["step_losses"][0])
-        run["parity_reference"] = f"{ok[0]['framework']} {ok[0]['mode']} {ok[0]['devices']}d/{ok[0]['processes']}p"
+        reference = references.setdefault(same_first_step(run), run)
+        run["step1_loss_diff"] = abs(run["step_losses"][0] - reference["step_losses"][0])
+        run["parity_reference"] = (f"{reference['framework']} {reference['mode']} {reference['devices']}d/"
+                                   f"{reference['processes']}p")
+
+
+def same_first_step(r):
+    """What decides a run's first-step loss beyond the weights and the batch: the network and how its BatchNorm
+    cuts the batch (add_parity)."""
+    local = r.get("bn") == "local" and r["devices"] > 1
+    return r.get("model") or "lenet", r.get("width"), r["devices"] if local else "whole batch"
+
+
+def has_resnet(runs):
+    return any((r.get("model") or "lenet") != "lenet" for r in runs)
+
+
+def model_cells(r):
+    """The network, and for BatchNorm its mode and how many different running states the replicas ended with."""
+    if (r.get("model") or "lenet") == "lenet":
+        return ["lenet", "-"]
+    states = f": {r['bn_states']} of {r['bn_replicas']}" if r.get("bn_replicas") else ""
+    return [f"{r['model']} w{r['width']}", f"{r['bn']}{states}"]
 
 
 def fmt(value, spec):
@@ -166,6 +192,9 @@ def format_table(runs, timing=False, markdown=False):
     terminal gets the plain text."""
     columns, cells = (TIMING_COLUMNS, timing_cells) if timing else (COLUMNS, row_cells)
     rows = [cells(r) for r in runs]
+    if has_resnet(runs):   # after the framework: the network, and the BatchNorm's distinct running states
+        columns = (columns[0], *MODEL_COLUMNS, *columns[1:])
+        rows = [[row[0], *model_cells(r), *row[1:]] for row, r in zip(rows, runs)]
     if markdown:
         columns, rows = escape_pipes(columns), [escape_pipes(row) for row in rows]
     widths = [max([len(c)] + [len(row[i]) for row in rows]) for i, c in enumerate(columns)]

@@ -6,17 +6,25 @@ import json
 
 from common.data import SYNTHETIC_SIZE
 from common.interface import RosettaError
+from common.models import DEFAULT_WIDTH, RESNET_SGD_LR, check, check_bn, has_batchnorm
 from common.optim import DEFAULT_LR, REFERENCE_BATCH, Optimizer, scaled_lr
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 # The fields that make a row of the table what it is (the rest say where the data and files are).
-ROW_FIELDS = ("framework", "mode", "exec", "layout", "devices", "processes", "cores", "epochs", "batch_size", "lr",
+ROW_FIELDS = ("framework", "model", "width", "bn", "mode", "exec", "layout", "devices", "processes", "cores", "epochs", "batch_size", "lr",
               "seed", "init", "threads", "optimizer", "momentum", "weight_decay", "lr_schedule", "warmup_epochs",
               "clip_norm", "lr_scaling", "reference_batch")
 
 
 def default_epochs(dataset):
     return DEFAULT_EPOCHS.get(dataset, 10)
+
+
+def default_lr(model, optimizer):
+    """common.optim.DEFAULT_LR, but d2l's 0.1 for the ResNet's plain SGD at batch 256 (its concise multi-GPU chapter)."""
+    if optimizer == "sgd" and model in RESNET_SGD_LR:
+        return RESNET_SGD_LR[model]
+    return DEFAULT_LR.get(optimizer, DEFAULT_LR["sgd"])
 
 
 def default(field):
@@ -27,6 +35,9 @@ def default(field):
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
     framework: str
+    model: str = "lenet"             # lenet | resnet18 (common/models.py)
+    width: int | None = None         # the ResNet's width (None: common.models.DEFAULT_WIDTH); None for the LeNet
+    bn: str | None = "local"         # the ResNet's BatchNorm: local (each replica its shard's) | sync; None: LeNet
     mode: str = "scratch"            # scratch | builtin | idiomatic (harness/training.py MODES)
     exec: str = "default"            # the scratch step's exec level (each execution.py's LEVELS)
     layout: str = "default"          # the scratch step's memory layout (each execution.py's LAYOUTS)
@@ -65,7 +76,14 @@ class RunSpec:
         if self.epochs is None:
             object.__setattr__(self, "epochs", default_epochs(self.dataset))
         if self.lr is None:
-            object.__setattr__(self, "lr", DEFAULT_LR.get(self.optimizer, DEFAULT_LR["sgd"]))
+            object.__setattr__(self, "lr", default_lr(self.model, self.optimizer))
+        check(self.model, self.width if has_batchnorm(self.model) else None, self.init)
+        check_bn(self.model, self.bn)
+        if has_batchnorm(self.model):
+            object.__setattr__(self, "width", self.width or DEFAULT_WIDTH)
+        else:   # the LeNet has neither: a hand-written spec may leave them out or give the defaults
+            object.__setattr__(self, "width", None)
+            object.__setattr__(self, "bn", None)
 
     def canonical_optimizer(self, steps_per_epoch):
         """The update this run computes (common/optim.py), its schedule as long as the run."""

@@ -13,7 +13,8 @@ import hashlib
 import numpy as np
 
 from common.batches import Order
-from common.lenet import init_weights
+from common.interface import Network, RosettaError
+from common.models import has_batchnorm, init_bn_state, init_weights
 from common.optim import Optimizer
 
 from .loader import load_module
@@ -25,8 +26,11 @@ LOGGED_STEPS = 2000   # per-step losses kept, for the parity checks and the loss
 class Scratch:
     """The recipe from scratch: one replica per device and the framework's own train_step."""
 
-    def __init__(self, fw, devices):
-        self.fw, self.devices = fw, devices
+    def __init__(self, fw, devices, network=Network()):
+        self.fw, self.devices, self.network = fw, devices, network
+
+    def initial_weights(self, seed, init):
+        return init_weights(self.network.name, seed, init, width_of(self.network))
 
     def start(self, weights, optimizer, state=None):
         """The replicas and, for a stateful optimizer, each one's state (the recipe's sgd has none): zero, or the
@@ -70,6 +74,44 @@ class Scratch:
     def sync(self):
         self.fw.sync(self.devices)
 
+    def replica_bn_states(self):
+        return []   # the LeNet has no BatchNorm
+
+
+class ScratchBN(Scratch):
+    """The recipe with BatchNorm (the framework's resnet.py): each replica also carries its running statistics,
+    its shard's (network.sync False) or the global batch's (True), which the step returns and the runner keeps."""
+
+    def __init__(self, fw, devices, network):
+        super().__init__(fw, devices, network)
+        self.net = load_module(fw.name, "resnet")
+
+    def start(self, weights, optimizer, state=None):
+        if not optimizer.is_recipe:
+            raise RosettaError("the ResNet trains with the recipe's plain SGD so far (--optimizer sgd, no schedule, "
+                               "decay or clipping): stateful optimizers are the LeNet's (issue 19)")
+        self.replicas = [self.net.get_params(weights, d) for d in self.devices]
+        self.bn_states = [self.net.get_bn_state(self.network.bn_state, d) for d in self.devices]
+
+    def step(self, batch, lr, batch_size):
+        X, y = batch
+        return self.net.train_step(self.replicas, self.bn_states, X, y, self.devices, lr, batch_size,
+                                   sync=self.network.sync)
+
+    def weights(self):
+        return self.net.to_numpy(self.replicas[0])
+
+    def evaluate(self, X, y):
+        return self.net.evaluate(self.replicas[0], self.bn_states[0], X, y)
+
+    def spread(self):
+        first = self.weights()
+        return max((float(np.max(np.abs(self.net.to_numpy(r)[k] - first[k])))
+                    for r in self.replicas[1:] for k in first), default=0.0)
+
+    def replica_bn_states(self):
+        return [self.net.bn_state_to_numpy(s) for s in self.bn_states]
+
 
 class Builtin(Scratch):
     """The framework's own data-parallel engine (its folder's builtin.py), fed by the framework's own input
@@ -78,15 +120,18 @@ class Builtin(Scratch):
     train_step(model, batch, lr, batch_size) -> mean loss, to_numpy(model), optimizer_state(model) (canonical)
     and evaluate(model, X, y); with a stateful optimizer its own schedule sets the rate, and lr is the spec's."""
 
-    def __init__(self, fw, devices):
-        super().__init__(fw, devices)
+    def __init__(self, fw, devices, network=Network()):
+        super().__init__(fw, devices, network)
         self.engine = load_module(fw.name, "builtin")
         self.pipeline = load_module(fw.name, "pipeline")
 
     def start(self, weights, optimizer, state=None):
         """The engine's model and its trainer: the framework's own optimizer and schedule computing `optimizer`,
-        from the canonical `state` of a checkpoint if given."""
-        self.model = self.engine.get_model(weights, self.devices, optimizer, state=state)
+        from the canonical `state` of a checkpoint if given; the network and, for the ResNet, its BatchNorm."""
+        if has_batchnorm(self.network.name) and not optimizer.is_recipe:
+            raise RosettaError("the ResNet trains with the recipe's plain SGD so far (--optimizer sgd, no schedule, "
+                               "decay or clipping): stateful optimizers are the LeNet's (issue 19)")
+        self.model = self.engine.get_model(weights, self.devices, optimizer, state=state, network=self.network)
 
     def feed(self, data, order, rank, world):
         self.loader = self.pipeline.make_loader(data, order, rank, world, self.model, self.devices)
@@ -109,6 +154,9 @@ class Builtin(Scratch):
     def spread(self):
         return None   # the engine keeps its replicas itself; equality is tested through to_numpy
 
+    def replica_bn_states(self):
+        return self.engine.replica_bn_states(self.model) if has_batchnorm(self.network.name) else []
+
     def exec_name(self):
         """The engine's EXEC; a framework with two built-in engines (PyTorch) names each by its model's class."""
         names = self.engine.EXEC
@@ -119,8 +167,8 @@ class Idiomatic(Builtin):
     """The framework's minimal single-device loop (its folder's idiomatic.py: net, trainer, loss):
     the reference that shows what the from-scratch harness costs. Fed numpy batches, as the recipe is."""
 
-    def __init__(self, fw, devices):
-        Scratch.__init__(self, fw, devices)
+    def __init__(self, fw, devices, network=Network()):
+        Scratch.__init__(self, fw, devices, network)
         self.engine = load_module(fw.name, "idiomatic")
 
     feed, batches = Scratch.feed, Scratch.batches
@@ -131,6 +179,24 @@ class Idiomatic(Builtin):
 
 
 MODES = {"scratch": Scratch, "builtin": Builtin, "idiomatic": Idiomatic}
+
+
+def network_of(spec):
+    """The network a run trains (common.interface.Network): its name, its initial BatchNorm state, its --bn."""
+    return Network(spec.model, init_bn_state(spec.model, spec.width), spec.bn == "sync")
+
+
+def width_of(network):
+    """The ResNet's width, read off its BatchNorm state; None for the LeNet."""
+    return None if network.bn_state is None else len(network.bn_state["stem.bn.running_mean"])
+
+
+def runner(spec, fw, devices):
+    """The mode's runner for the spec's network: the scratch recipe of a BatchNorm network is ScratchBN."""
+    network = network_of(spec)
+    if spec.mode == "scratch" and has_batchnorm(spec.model):
+        return ScratchBN(fw, devices, network)
+    return MODES[spec.mode](fw, devices, network)
 
 
 def steps_per_epoch(n, batch_size, min_size=1):
@@ -156,7 +222,7 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
     the batches the uninterrupted run would. after_epoch(epochs done, runner) and before_step(steps done, runner)
     run outside the timers."""
     optimizer = optimizer or Optimizer(lr=lr)
-    runner.start(init_weights(seed, init) if weights is None else weights, optimizer, state)
+    runner.start(runner.initial_weights(seed, init) if weights is None else weights, optimizer, state)
     order = Order(len(data.y_train), batch_size, seed, min_size)
     runner.feed(data, order, rank, world)
     record = {"epoch_loss_sums": [], "epoch_sizes": [], "epoch_seconds": [], "epoch_input_seconds": [],
@@ -204,6 +270,7 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
     record["test_accuracy"] = runner.evaluate(data.X_test, data.y_test)
     record["replica_spread"] = runner.spread()
     record["digest"] = digest(runner.weights())
+    record["bn_digests"] = [digest(s) for s in runner.replica_bn_states()]   # one per replica: equal, or not
     return record
 
 
@@ -212,7 +279,7 @@ def fed_rows(runner, data, epochs, batch_size, seed=0, rank=0, world=1, min_size
     `epochs` epochs (labels replaced by row numbers, so the batches say which rows they hold): the tests
     compare them with the shared order."""
     data = dataclasses.replace(data, y_train=np.arange(len(data.y_train)))
-    runner.start(init_weights(seed), Optimizer())
+    runner.start(runner.initial_weights(seed, "he"), Optimizer())
     runner.feed(data, Order(len(data.y_train), batch_size, seed, min_size), rank, world)
     return [[[y.tolist() for _, y in runner.pipeline.per_device(batch)] for batch in runner.batches(epoch)]
             for epoch in range(epochs)]
@@ -229,6 +296,7 @@ def summarize(records):
     steady_images = records[0]["images"] - records[0]["first_step_images"]
     spreads = [r["replica_spread"] for r in records if r["replica_spread"] is not None]
     device_peaks = [r["peak_device_memory_bytes"] for r in records if r.get("peak_device_memory_bytes") is not None]
+    bn_digests = sum((r.get("bn_digests") or [] for r in records), [])
     return {
         "train_seconds": train_seconds,
         "first_step_seconds": first,
@@ -241,6 +309,9 @@ def summarize(records):
         "step_losses": (add("step_loss_sums") / add("step_sizes")).tolist(),
         "test_accuracy": records[0]["test_accuracy"],
         "replica_spread": max(spreads) if spreads else None,
+        # BatchNorm: how many different running states the run's replicas (every process's) ended with, of how many
+        "bn_states": len(set(bn_digests)) if bn_digests else None,
+        "bn_replicas": len(bn_digests) if bn_digests else None,
         "exec": records[0].get("exec"),
         "compiles": records[0].get("compiles"),
         "layout": records[0].get("layout"),

@@ -101,10 +101,10 @@ def run(spec, started):
     from .profile import profiler
     from .stepcheck import copies
     from common.data import load_dataset
-    from .training import MODES, steps_per_epoch, train
+    from .training import runner as runner_for, steps_per_epoch, train
     data = load_dataset(spec.dataset, spec.data_dir, spec.n_synthetic, spec.seed)
     with joined(fw, spec) as (rank, world, devices):
-        runner = MODES[spec.mode](fw, devices)
+        runner = runner_for(spec, fw, devices)
         if spec.task == "feed":   # what the input pipeline hands each device (tests/test_pipelines.py)
             from .training import fed_rows
             return {"fed": fed_rows(runner, data, spec.epochs, spec.batch_size, spec.seed, rank, world,
