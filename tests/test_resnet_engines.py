@@ -1,0 +1,115 @@
+"""The ResNet in worker processes, as compare.py runs it: synchronised BatchNorm across 2 processes is one device
+holding the whole batch, in the recipe and in each framework's own engine; the built-in engines with local BatchNorm
+compute the recipe's local step; and what each engine does with its replicas' running statistics, measured (how
+many different states its replicas end with). The in-process steps are the reference (tests/test_resnet_training.py
+proves them against the spec)."""
+import numpy as np
+import pytest
+
+from common import FRAMEWORKS
+from common import models
+from common.batches import epoch_batches
+from conftest import framework_or_skip
+from harness.launch import run_workers
+from harness.loader import load_module
+
+pytestmark = pytest.mark.slow   # every test here starts real worker processes
+
+WIDTH, BATCH, SEED, STEPS, LR = 8, 97, 5, 2, 0.1
+TOL = 2e-4
+
+
+def in_process(framework, digits, devices, sync):
+    """The recipe's first STEPS steps in this process: the reference weights."""
+    fw, resnet = framework_or_skip(framework), load_module(framework, "resnet")
+    found = fw.get_devices(devices)
+    weights, state = models.init_weights("resnet18", SEED, width=WIDTH), models.init_bn_state("resnet18", WIDTH)
+    replicas = [resnet.get_params(weights, d) for d in found]
+    bn_states = [resnet.get_bn_state(state, d) for d in found]
+    for rows in epoch_batches(len(digits.y_train), BATCH, SEED, 0)[:STEPS]:
+        resnet.train_step(replicas, bn_states, digits.X_train[rows], digits.y_train[rows], found, LR, sync=sync)
+    return resnet.to_numpy(replicas[0])
+
+
+@pytest.fixture(scope="module")
+def reference(digits):
+    cache = {}
+
+    def get(framework, devices, sync):
+        key = framework, devices, sync
+        if key not in cache:
+            cache[key] = in_process(framework, digits, devices, sync)
+        return cache[key]
+    return get
+
+
+def workers(framework, mode, devices, processes, bn, tmp_path):
+    """A row's processes: (their records, rank 0's final weights), or the skip reason of a row that cannot run."""
+    out = tmp_path / f"{framework}-{mode}-{devices}-{processes}-{bn}.npz"
+    spec = {"framework": framework, "model": "resnet18", "width": WIDTH, "bn": bn, "mode": mode, "devices": devices,
+            "processes": processes, "dataset": "digits", "epochs": 1, "batch_size": BATCH, "lr": LR, "seed": SEED,
+            "threads": 1, "max_steps": STEPS, "weights_out": str(out)}
+    results = run_workers(spec, timeout=300)
+    if results[0]["status"] == "skipped":
+        return results[0]["error"], None
+    assert all(r["status"] == "ok" for r in results), results[0].get("error")
+    assert len({r["digest"] for r in results}) == 1, "processes hold different weights"
+    return results, dict(np.load(out))
+
+
+def assert_weights(got, want, what):
+    for name, value in want.items():
+        err = np.max(np.abs(got[name] - value) / np.maximum(1.0, np.abs(value)))
+        assert err <= TOL, f"{what}: {name} off by {err:.1e}"
+
+
+def states(results):
+    """How many different running states the row's replicas (every process's) ended with, of how many."""
+    digests = sum((r["bn_digests"] for r in results), [])
+    return len(set(digests)), len(digests)
+
+
+# What each engine does with the replicas' running statistics under local BatchNorm, measured at the end of a run of
+# 2 devices (docs/rosetta.md, "BatchNorm in data parallel"): (different states, replicas).
+LOCAL_BUILTIN_STATES = {
+    "pytorch": (2, 2),      # DDP: rank 0's buffers broadcast before each forward, then each rank's shard moves its own
+    "mxnet": (2, 2),        # Gluon: each context keeps its own
+    "tensorflow": (2, 2),   # Keras under MirroredStrategy: each replica's own copy (reading the variable gives replica 0's)
+    "jax": (2, 2),          # shard_map: each device's shard's statistics, out of shard_map per device
+}
+# Where a framework's own synchronised BatchNorm cannot run here, the row is skipped with the framework's reason.
+SYNC_BUILTIN_SKIPS = {
+    ("pytorch", 2): "SyncBatchNorm",   # torch.nn.SyncBatchNorm: GPU modules only
+    ("mxnet", 2): "SyncBatchNorm",     # Gluon's contrib SyncBatchNorm: the devices of one process only
+}
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_sync_batchnorm_across_processes_is_one_device(framework, reference, tmp_path):
+    """The recipe's all-reduce of the moments across 2 processes, differentiated through: the whole batch's step."""
+    results, weights = workers(framework, "scratch", 2, 2, "sync", tmp_path)
+    assert weights is not None, results
+    assert_weights(weights, reference(framework, 1, True), f"{framework} scratch sync 2 processes")
+    assert states(results) == (1, 2)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_built_in_engine_computes_the_local_step(framework, reference, tmp_path):
+    processes = 2 if framework == "pytorch" else 1   # DDP: a process per device
+    results, weights = workers(framework, "builtin", 2, processes, "local", tmp_path)
+    assert weights is not None, results
+    assert_weights(weights, reference(framework, 2, False), f"{framework} builtin local")
+    assert states(results) == LOCAL_BUILTIN_STATES[framework]
+
+
+@pytest.mark.parametrize("framework,processes", [(f, p) for f in FRAMEWORKS for p in (1, 2)
+                                                 if (f, p) != ("pytorch", 1)])   # DDP: a process per device
+def test_the_built_in_engine_synchronises_or_says_why_not(framework, processes, reference, tmp_path):
+    results, weights = workers(framework, "builtin", 2, processes, "sync", tmp_path)
+    skip = SYNC_BUILTIN_SKIPS.get((framework, processes))
+    if skip:
+        assert weights is None and skip in results, results
+        return
+    assert weights is not None, results
+    assert_weights(weights, reference(framework, 1, True), f"{framework} builtin sync {processes} process(es)")
+    assert states(results) == (1, 2)
