@@ -1,6 +1,6 @@
 """What is not framework-specific about checkpoints (each framework's native format is its folder's
-checkpoint.py): file names, telling a file's framework from its name, checking that a file holds this LeNet
-(every parameter, with its shape) before anything is read into a model, writing atomically, and the two hooks
+checkpoint.py): file names, telling a file's framework from its name, checking that a file holds the LeNet or a
+ResNet (every parameter and running statistic, with its shape) before anything is read into a model, writing atomically, and the two hooks
 of a training run: saving every N epochs and resuming from a saved epoch.
 
 A checkpoint is the weights file; a run with a stateful optimizer or a schedule (anything but the recipe's plain
@@ -12,14 +12,17 @@ A checkpoint.py's state functions:
                                          by the framework's own optimizer object configured for `optimizer`
     read_state(path) -> {"step": int, "<slot>.<param name>": array in the file's layout}"""
 import contextlib
+import functools
 import glob
 import os
 import re
 import shutil
 import sys
+import tempfile
 
 import numpy as np
 
+from common import resnet
 from common.interface import RosettaError
 from common.layouts import to_channels_last, to_canonical
 from common.lenet import PARAM_NAMES, PARAM_SHAPES
@@ -34,9 +37,11 @@ EPOCH = re.compile(r"-epoch(\d+)\.")
 
 
 def run_name(spec):
-    """framework-mode[-exec][-layout]-<devices>d-<processes>p, e.g. mxnet-builtin-2d-1p: a row's files are named so."""
+    """framework[-model]-mode[-exec][-layout]-<devices>d-<processes>p, e.g. mxnet-builtin-2d-1p (the LeNet) or
+    jax-resnet18w8sync-scratch-2d-1p: a row's files are named so."""
+    model = "" if spec.model == "lenet" else f"-{spec.model}w{spec.width}{spec.bn}"
     level = "".join(f"-{value}" for value in (spec.exec, spec.layout) if value != "default")
-    return f"{spec.framework}-{spec.mode}{level}-{spec.devices}d-{spec.processes}p"
+    return f"{spec.framework}{model}-{spec.mode}{level}-{spec.devices}d-{spec.processes}p"
 
 
 def checkpoint_name(spec, epoch):
@@ -70,17 +75,35 @@ def reason(err):
     return (lines or [type(err).__name__])[0].split(". ")[0].rstrip(".")
 
 
-def native_shape(framework, name):
-    """The shape parameter `name` has in the framework's file."""
-    shape = PARAM_SHAPES[name]
+def native_shape(framework, name, shape=None):
+    """The shape parameter `name` (canonical `shape`, the LeNet's by default) has in the framework's file."""
+    shape = PARAM_SHAPES[name] if shape is None else shape
     if load_module(framework, "checkpoint").CHANNELS_LAST:
         return to_channels_last(name, np.zeros(shape, np.float32)).shape
     return shape
 
 
-def read_weights(framework, path):
-    """The canonical weights a native checkpoint holds, after checking that it is this LeNet's: one line naming
-    the file and the first offending parameter otherwise."""
+@functools.cache
+def resnet_keys(framework):
+    """(canonical name -> key, the format's own extra keys) of the ResNet's native file, read off a file the
+    framework itself writes: a width-1 ResNet whose every parameter and running statistic holds its own number
+    (PyTorch's num_batches_tracked, which no other framework keeps, is the one extra)."""
+    checkpoint = load_module(framework, "checkpoint")
+    shapes = {**resnet.param_shapes(1), **resnet.bn_state_shapes(1)}
+    marked = {name: np.full(shape, i + 1, np.float32) for i, (name, shape) in enumerate(shapes.items())}
+    with tempfile.TemporaryDirectory(prefix="rosetta-keys-") as folder:
+        probe = os.path.join(folder, "probe" + SUFFIXES[framework])
+        checkpoint.save({n: marked[n] for n in resnet.PARAM_NAMES}, probe, {n: marked[n] for n in resnet.BN_STATE_NAMES})
+        stored = checkpoint.read(probe)
+    by_marker = {float(a.flat[0]): key for key, a in stored.items() if a.size and np.all(a == a.flat[0])}
+    keys = {name: by_marker[i + 1.0] for i, name in enumerate(shapes)}
+    return keys, frozenset(stored) - set(keys.values())
+
+
+def read_model(framework, path):
+    """(weights, BatchNorm state) a native checkpoint holds, canonical: the LeNet's (state None) or a ResNet's of
+    any width, after checking every parameter and running statistic with its shape: one line naming the file and
+    the first offending entry otherwise."""
     checkpoint = load_module(framework, "checkpoint")
     if not os.path.exists(path):
         raise RosettaError(f"{path}: no such file or directory")
@@ -88,28 +111,48 @@ def read_weights(framework, path):
         arrays = checkpoint.read(path)
     except Exception as err:   # every framework fails in its own words
         raise RosettaError(f"{path}: not a readable {FORMATS[framework]} file, or truncated ({reason(err)})")
-    weights = {}
-    for name, key in checkpoint.KEYS.items():
+    keys, extras = resnet_keys(framework)
+    if not set(arrays) & (set(keys.values()) - set(checkpoint.KEYS.values())):   # Keras names the first layers alike
+        return checked(framework, path, arrays, checkpoint.KEYS, PARAM_SHAPES, "LeNet", frozenset()), None
+    stem = arrays[keys["stem.conv.weight"]]
+    width = (to_canonical("stem.conv.weight", stem) if checkpoint.CHANNELS_LAST else stem).shape[0]
+    found = checked(framework, path, arrays, keys, {**resnet.param_shapes(width), **resnet.bn_state_shapes(width)},
+                    f"ResNet-18 (width {width})", extras)
+    return {n: found[n] for n in resnet.PARAM_NAMES}, {n: found[n] for n in resnet.BN_STATE_NAMES}
+
+
+def checked(framework, path, arrays, keys, shapes, model, extras):
+    """The canonical arrays of `keys` (canonical name -> key in the file), each of its canonical shape; nothing in the
+    file beyond them but the format's own `extras`."""
+    checkpoint = load_module(framework, "checkpoint")
+    found = {}
+    for name, key in keys.items():
         if key not in arrays:
-            raise RosettaError(f"{path}: not this LeNet's checkpoint: parameter {name} ({key!r} in the file) "
+            raise RosettaError(f"{path}: not this {model}'s checkpoint: parameter {name} ({key!r} in the file) "
                                "is missing")
-        array, shape = arrays[key], native_shape(framework, name)
+        array, shape = arrays[key], native_shape(framework, name, shapes[name])
         if array.shape != shape or not np.issubdtype(array.dtype, np.floating):
             raise RosettaError(f"{path}: parameter {name} ({key!r} in the file) is {array.dtype} {array.shape}; "
-                               f"this LeNet needs float {shape}")
+                               f"this {model} needs float {shape}")
         array = array.astype(np.float32)
-        weights[name] = np.ascontiguousarray(to_canonical(name, array) if checkpoint.CHANNELS_LAST else array)
-    extra = sorted(set(arrays) - set(checkpoint.KEYS.values()))
+        found[name] = np.ascontiguousarray(to_canonical(name, array) if checkpoint.CHANNELS_LAST else array)
+    extra = sorted(set(arrays) - set(keys.values()) - extras)
     if extra:
-        raise RosettaError(f"{path}: not this LeNet's checkpoint: unexpected parameter {extra[0]!r}")
-    return weights
+        raise RosettaError(f"{path}: not this {model}'s checkpoint: unexpected parameter {extra[0]!r}")
+    return found
 
 
-def write_weights(framework, weights, path):
-    """Write `path` completely or not at all. The name must end in the framework's suffix (Keras insists on
-    .weights.h5; the others, so that the file's framework can be told from its name later)."""
+def read_weights(framework, path):
+    """The canonical weights of a native checkpoint (read_model)."""
+    return read_model(framework, path)[0]
+
+
+def write_weights(framework, weights, path, bn_state=None):
+    """Write `path` completely or not at all: the weights, and a ResNet's running statistics. The name must end in
+    the framework's suffix (Keras insists on .weights.h5; the others, so that the file's framework can be told from
+    its name later)."""
     checkpoint = load_module(framework, "checkpoint")
-    write_atomically(framework, path, SUFFIXES[framework], lambda temporary: checkpoint.save(weights, temporary))
+    write_atomically(framework, path, SUFFIXES[framework], lambda temporary: checkpoint.save(weights, temporary, bn_state))
 
 
 def write_atomically(framework, path, suffix, write):
@@ -224,27 +267,32 @@ def saver(spec, rank, optimizer):
             path = os.path.join(folder, checkpoint_name(spec, epoch))
             if not optimizer.is_recipe:
                 write_state(spec.framework, runner.optimizer_state(), optimizer, path)
-            write_weights(spec.framework, runner.weights(), path)
+            write_weights(spec.framework, runner.weights(), path, runner.bn_state())
     return save
 
 
 def resume_point(spec, optimizer, steps_per_epoch):
-    """(weights, optimizer state or None, epochs done) of the checkpoint a run resumes from, or (None, None, 0)
-    for a fresh run. A stateful optimizer needs the state saved with the weights, at the epoch's step count."""
+    """(weights, BatchNorm state or None, optimizer state or None, epochs done) of the checkpoint a run resumes from,
+    or (None, None, None, 0) for a fresh run. The file must hold the run's network; a stateful optimizer needs the
+    state saved with the weights, at the epoch's step count."""
     path = spec.resume_from
     if path == LATEST:
         path = latest_checkpoint(spec, lambda line: print(line, file=sys.stderr, flush=True))
     if not path:
-        return None, None, 0
+        return None, None, None, 0
     framework, epoch = framework_of(path), epoch_of(path)
-    weights = read_weights(framework, path)
+    weights, bn_state = read_model(framework, path)
+    holds = "lenet" if bn_state is None else f"resnet18 of width {resnet.width_of(weights)}"
+    wants = "lenet" if spec.model == "lenet" else f"{spec.model} of width {spec.width}"
+    if holds != wants:
+        raise RosettaError(f"{path}: holds the {holds}; this run trains the {wants}")
     if optimizer.is_recipe:
-        return weights, None, epoch
+        return weights, bn_state, None, epoch
     state = read_state(framework, path, optimizer)
     if state["step"] != epoch * steps_per_epoch:
         raise RosettaError(f"{path}: its optimizer state has done {state['step']} steps, not the {epoch} epochs x "
                            f"{steps_per_epoch} steps of this run: another batch size or data set")
-    return weights, state, epoch
+    return weights, bn_state, state, epoch
 
 
 LATEST = "latest"   # resume_from: the newest complete checkpoint in checkpoint_dir, if any (a group restarted by torchrun)

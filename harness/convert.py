@@ -1,15 +1,16 @@
-"""Convert a trained LeNet from one framework's native checkpoint to another's, through the canonical layout.
+"""Convert a trained model (the LeNet, or a ResNet with its BatchNorm state) from one framework's native checkpoint to
+another's, through the canonical layout.
 
     python -m harness.convert SRC DST [--from F] [--to F] [--optimizer NAME] [--verify] [--dataset digits]
 
 The frameworks come from the names (.pt PyTorch, .params MXNet, .weights.h5 Keras, .orbax JAX) or from --from
-and --to. The source is checked first (every parameter of this LeNet, with its shape) and the destination is
-written completely or not at all. The optimizer state saved beside SRC (a run with momentum, Adam or a schedule
+and --to. The source is checked first (every parameter of the LeNet or of a ResNet, and a ResNet's running
+statistics, with their shapes) and the destination is written completely or not at all. The optimizer state saved beside SRC (a run with momentum, Adam or a schedule
 writes one) goes with it: its buffers through the same layout changes as their weights, its step count as it is,
 written in the target framework's native way; which optimizer wrote it is told from its buffers (momentum or
 adam), or said with --optimizer (nesterov, adamw), which also requires a state. --verify loads both files with
-their frameworks' own calls into their idiomatic models, and prints the largest logit difference and both
-accuracies on the test split (and checks that the converted state reads back identical)."""
+their frameworks' own calls into their idiomatic models, in inference mode (a ResNet normalises by its running
+statistics), and prints the largest logit difference and both accuracies on the test split (and checks that the converted state reads back identical)."""
 import argparse
 import os
 import sys
@@ -39,15 +40,15 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def verify(source, src, target, dst, data):
-    """(largest |logit difference|, source accuracy, destination accuracy) on the test split."""
+def verify(source, src, target, dst, data, width=None):
+    """(largest |logit difference|, source accuracy, destination accuracy) on the test split; `width`: a ResNet's."""
     from .checkpoints import reason
     from .loader import load_module
     logits = []
     for framework, path in ((source, src), (target, dst)):
         checkpoint = load_module(framework, "checkpoint")
         try:
-            logits.append(checkpoint.logits(checkpoint.load(path), data.X_test))
+            logits.append(checkpoint.logits(checkpoint.load(path, width), data.X_test))
         except Exception as err:   # the file passed the checks, so this is a bug here: say where
             raise RosettaError(f"{path}: {framework}'s own loading failed ({reason(err)})")
     accuracy = [float((out.argmax(1) == data.y_test).mean()) for out in logits]
@@ -58,18 +59,20 @@ def main(argv=None):
     args = parse_args(argv)
     from common.data import load_dataset
 
-    from .checkpoints import FORMATS, framework_of, has_state, read_state, read_weights, write_state, write_weights
+    from common.resnet import width_of
+
+    from .checkpoints import FORMATS, framework_of, has_state, read_model, read_state, write_state, write_weights
     try:
         source = args.source or framework_of(args.src, "; give --from")
         target = args.target or framework_of(args.dst, "; give --to")
         data = load_dataset(args.dataset, args.data_dir) if args.verify else None   # bad data: fail before writing
-        weights = read_weights(source, args.src)
+        weights, bn_state = read_model(source, args.src)
         optimizer = Optimizer(args.optimizer) if args.optimizer else None
         state = read_state(source, args.src, optimizer) if optimizer or has_state(source, args.src) else None
         if state is not None:   # read and checked before anything is written
             optimizer = optimizer or Optimizer(optimizer_of(state))
             write_state(target, state, optimizer, args.dst)
-        write_weights(target, weights, args.dst)
+        write_weights(target, weights, args.dst, bn_state)
         print(f"wrote {args.dst} ({FORMATS[target]}) from {args.src} ({FORMATS[source]})"
               + (f", with {optimizer.name}'s state after {state['step']} steps" if state is not None else ""))
         if state is not None and args.verify:
@@ -77,7 +80,8 @@ def main(argv=None):
             if any(not np.array_equal(again[k], state[k]) for k in state):
                 raise RosettaError(f"{args.dst}: its optimizer state does not read back as {args.src}'s")
         if args.verify:
-            difference, src_accuracy, dst_accuracy = verify(source, args.src, target, args.dst, data)
+            width = None if bn_state is None else width_of(weights)
+            difference, src_accuracy, dst_accuracy = verify(source, args.src, target, args.dst, data, width)
             print(f"verify on {data.name} test ({len(data.y_test)} images): largest |logit difference| "
                   f"{difference:.2e}; accuracy {source} {src_accuracy:.4f}, {target} {dst_accuracy:.4f}")
             if difference > TOLERANCE:

@@ -77,6 +77,11 @@ class Scratch:
     def replica_bn_states(self):
         return []   # the LeNet has no BatchNorm
 
+    def bn_state(self):
+        """The running statistics a checkpoint keeps and evaluation uses: the first replica's (None: no BatchNorm)."""
+        states = self.replica_bn_states()
+        return states[0] if states else None
+
 
 class ScratchBN(Scratch):
     """The recipe with BatchNorm (the framework's resnet.py): each replica also carries its running statistics,
@@ -156,6 +161,9 @@ class Builtin(Scratch):
 
     def replica_bn_states(self):
         return self.engine.replica_bn_states(self.model) if has_batchnorm(self.network.name) else []
+
+    def bn_state(self):
+        return self.engine.bn_state(self.model) if has_batchnorm(self.network.name) else None
 
     def exec_name(self):
         """The engine's EXEC; a framework with two built-in engines (PyTorch) names each by its model's class."""

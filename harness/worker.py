@@ -116,7 +116,9 @@ def run(spec, started):
         compiles = execution.COMPILES[exec_name] if execution else runner.engine.COMPILES
         per_epoch = steps_per_epoch(len(data.y_train), spec.batch_size, spec.devices)
         optimizer = spec.canonical_optimizer(per_epoch)
-        weights, state, first_epoch = resume_point(spec, optimizer, per_epoch)   # None, None, 0: a fresh run
+        weights, bn_state, state, first_epoch = resume_point(spec, optimizer, per_epoch)   # a fresh run: 0, and None
+        if bn_state is not None:   # a resumed ResNet starts from the checkpoint's running statistics too
+            runner.network = runner.network._replace(bn_state=bn_state)
         startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step
         trace = [] if spec.weights_trace and rank == 0 else None   # the weights before every step (tests)
         profiled = {}

@@ -13,8 +13,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from common import resnet
 from common.lenet import LAYERS, init_weights
 
+from . import resnet as resnet_model
 from .lenet import build_model
 from .optimizer import load_state, canonical_state, get_trainer
 
@@ -32,20 +34,32 @@ def checkpointer():
         primary_host=me, active_processes={me}))
 
 
-def save(weights, path):
-    state = nnx.to_pure_dict(nnx.state(build_model(weights)))
+def idiomatic(weights, bn_state=None):
+    """The LeNet, or with a BatchNorm state the ResNet, as the idiomatic modes build it."""
+    return build_model(weights) if bn_state is None else resnet_model.build_model(weights, bn_state)
+
+
+def save(weights, path, bn_state=None):
+    """The ResNet's state holds its running statistics (nnx.BatchStat) beside the parameters."""
+    state = nnx.to_pure_dict(nnx.state(idiomatic(weights, bn_state)))
     with checkpointer() as saver:
         saver.save(os.path.abspath(path), jax.tree.map(np.asarray, state))   # Orbax takes absolute paths only
 
 
-def load(path):
-    """The idiomatic model with the file's weights: nothing but Flax's and Orbax's own calls."""
-    model = build_model(init_weights())   # any weights: restoring into its state replaces every one
+def load(path, width=None):
+    """The idiomatic model (the ResNet of `width`, else the LeNet) with the file's weights, in inference mode: nothing
+    but Flax's and Orbax's own calls."""
+    model = idiomatic(*any_weights(width))   # any weights: restoring into its state replaces every one
     state = nnx.state(model)
     with checkpointer() as restorer:
         nnx.replace_by_pure_dict(state, restorer.restore(os.path.abspath(path), nnx.to_pure_dict(state)))
     nnx.update(model, state)
+    model.eval()   # BatchNorm by its running statistics (the LeNet has none)
     return model
+
+
+def any_weights(width=None):
+    return (init_weights(),) if width is None else (resnet.init_weights(0, width), resnet.init_bn_state(width))
 
 
 def read(path):

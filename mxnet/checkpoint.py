@@ -8,8 +8,10 @@ updates made (num_update) and holds its schedule. Its classes are optimizer.py's
 module is loaded (this one imports it), and Trainer.load_states reads it into a Trainer(net.collect_params())."""
 import mxnet as mx
 
+from common import resnet
 from common.lenet import PARAM_NAMES, init_weights
 
+from . import resnet as resnet_model
 from .lenet import build_model
 from .optimizer import get_trainer, trainer_order, updater_state
 
@@ -18,15 +20,26 @@ CHANNELS_LAST = False   # MXNet's layout is the canonical one
 STATE_SUFFIX = ".states"   # beside the .params, as Gluon's CheckpointHandler (estimator) saves a Trainer
 
 
-def save(weights, path):
-    build_model(weights).save_parameters(path)
+def idiomatic(weights, bn_state=None):
+    """The LeNet, or with a BatchNorm state the ResNet, as the idiomatic modes build it."""
+    return build_model(weights) if bn_state is None else resnet_model.build_model(weights, bn_state)
 
 
-def load(path):
-    """The idiomatic model with the file's weights: nothing but Gluon's own calls."""
-    net = build_model(init_weights())   # any weights: load_parameters replaces every one
+def save(weights, path, bn_state=None):
+    """The ResNet's file holds its running statistics beside the parameters (Gluon Parameters both)."""
+    idiomatic(weights, bn_state).save_parameters(path)
+
+
+def load(path, width=None):
+    """The idiomatic model (the ResNet of `width`, else the LeNet) with the file's weights: nothing but Gluon's own
+    calls. Called outside autograd.record(), it runs in inference mode."""
+    net = idiomatic(*any_weights(width))   # any weights: load_parameters replaces every one
     net.load_parameters(path, ctx=mx.cpu())
     return net
+
+
+def any_weights(width=None):
+    return (init_weights(),) if width is None else (resnet.init_weights(0, width), resnet.init_bn_state(width))
 
 
 def read(path):

@@ -9,8 +9,10 @@ import torch
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from common.interface import RosettaError
+from common import resnet
 from common.lenet import PARAM_NAMES, init_weights
 
+from . import resnet as resnet_model
 from .lenet import build_model
 from .optimizer import canonical_state, get_trainer
 
@@ -20,22 +22,34 @@ STATE_SUFFIX = ".optimizer.pt"                 # lenet-epoch3.pt's state: lenet-
 WRAPPED = "module."                            # the prefix of a DataParallel or DDP model's keys
 
 
-def save(weights, path):
-    torch.save(build_model(weights).state_dict(), path)
+def idiomatic(weights, bn_state=None):
+    """The LeNet, or with a BatchNorm state the ResNet, as the idiomatic modes build it."""
+    return build_model(weights) if bn_state is None else resnet_model.build_model(weights, bn_state)
 
 
-def load(path):
-    """The idiomatic model with the file's weights: nothing but PyTorch's own calls. Keys missing or left over
-    are one line (load_state_dict's strict error is a paragraph)."""
-    model = build_model(init_weights())   # any weights: load_state_dict replaces every one
+def save(weights, path, bn_state=None):
+    """The ResNet's state_dict holds its running statistics and each BatchNorm's num_batches_tracked (0 here: it
+    counts only the steps of a PyTorch module, and matters only for momentum=None)."""
+    torch.save(idiomatic(weights, bn_state).state_dict(), path)
+
+
+def load(path, width=None):
+    """The idiomatic model (the ResNet of `width`, else the LeNet) with the file's weights, in inference mode:
+    nothing but PyTorch's own calls. Keys missing or left over are one line (load_state_dict's strict error is a
+    paragraph)."""
+    model = idiomatic(*any_weights(width))   # any weights: load_state_dict replaces every one
     state = torch.load(path, map_location="cpu", weights_only=True)
     consume_prefix_in_state_dict_if_present(state, WRAPPED)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         wrong = [f"{what} {', '.join(repr(key) for key in keys)}"
                  for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
-        raise RosettaError(f"{path}: not this LeNet's state_dict: {'; '.join(wrong)}")
+        raise RosettaError(f"{path}: not this {'LeNet' if width is None else 'ResNet'}'s state_dict: {'; '.join(wrong)}")
     return model.eval()
+
+
+def any_weights(width=None):
+    return (init_weights(),) if width is None else (resnet.init_weights(0, width), resnet.init_bn_state(width))
 
 
 def read(path):

@@ -15,8 +15,10 @@ import tensorflow as tf
 from tensorflow.core.protobuf.trackable_object_graph_pb2 import TrackableObjectGraph
 
 from common.layouts import to_channels_last
+from common import resnet
 from common.lenet import PARAM_NAMES, PARAM_SHAPES, init_weights
 
+from . import resnet as resnet_model
 from .lenet import build_model
 from .optimizer import get_trainer, load_state
 
@@ -29,15 +31,26 @@ PREFIX = "optimizer"               # the checkpoint's files in that directory: o
 OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"   # tf.train.Checkpoint's entry naming what every other entry is
 
 
-def save(weights, path):
-    build_model(weights).save_weights(path)
+def idiomatic(weights, bn_state=None):
+    """The LeNet, or with a BatchNorm state the ResNet, as the idiomatic modes build it."""
+    return build_model(weights) if bn_state is None else resnet_model.build_model(weights, bn_state)
 
 
-def load(path):
-    """The idiomatic model with the file's weights: nothing but Keras's own calls."""
-    model = build_model(init_weights())   # any weights: load_weights replaces every one
+def save(weights, path, bn_state=None):
+    """The ResNet's file holds each BatchNormalization's moving mean and variance beside gamma and beta."""
+    idiomatic(weights, bn_state).save_weights(path)
+
+
+def load(path, width=None):
+    """The idiomatic model (the ResNet of `width`, else the LeNet) with the file's weights: nothing but Keras's own
+    calls."""
+    model = idiomatic(*any_weights(width))   # any weights: load_weights replaces every one
     model.load_weights(path)
     return model
+
+
+def any_weights(width=None):
+    return (init_weights(),) if width is None else (resnet.init_weights(0, width), resnet.init_bn_state(width))
 
 
 def read(path):

@@ -209,7 +209,7 @@ def test_a_write_that_fails_midway_leaves_nothing(tmp_path, monkeypatch):
     framework_or_skip("pytorch")
     checkpoint = load_module("pytorch", "checkpoint")
 
-    def broken(weights, path):
+    def broken(weights, path, bn_state=None):
         open(path, "wb").write(b"half a checkpoint")
         raise OSError("disk full")
     monkeypatch.setattr(checkpoint, "save", broken)

@@ -1,0 +1,99 @@
+"""The ResNet's native checkpoints: the weights and every BatchNorm's running statistics in each framework's own
+format, read back exactly; converted between frameworks, loaded by each framework's own calls and run in inference
+mode, they give the same logits (by the running statistics: a framework that normalised by the batch's instead
+would be off by far more than the tolerance); a file of another network is named for what it holds."""
+import numpy as np
+import pytest
+
+from common import resnet as spec
+from common.interface import RosettaError
+from conftest import installed_frameworks
+from harness.checkpoints import SUFFIXES, read_model, resnet_keys, resume_point, write_weights
+from harness.convert import main as convert
+from harness.loader import load_module
+from harness.spec import RunSpec
+from common.lenet import init_weights as lenet_weights
+
+WIDTH = 8
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """Weights and a running state far from the initial (0, 1), so that inference by the running statistics and by
+    the batch's cannot agree by accident."""
+    rng = np.random.default_rng(2)
+    weights = spec.init_weights(2, WIDTH)
+    for name in weights:
+        if name.endswith("bias") or ".bn" in name:
+            weights[name] = (weights[name] + rng.normal(0, 0.2, weights[name].shape)).astype(np.float32)
+    state = {name: (rng.normal(0, 0.5, shape) if name.endswith("mean") else rng.uniform(0.3, 3.0, shape))
+             .astype(np.float32) for name, shape in spec.bn_state_shapes(WIDTH).items()}
+    return weights, state
+
+
+@pytest.fixture(scope="module")
+def available():
+    return [fw.name for fw in installed_frameworks()]
+
+
+def saved(framework, folder, trained, name="resnet"):
+    path = str(folder / f"{name}{SUFFIXES[framework]}")
+    write_weights(framework, *trained[:1], path, trained[1])
+    return path
+
+
+def test_every_format_holds_the_weights_and_running_statistics_exactly(fw, trained, tmp_path):
+    path = saved(fw.name, tmp_path, trained)
+    weights, state = read_model(fw.name, path)
+    assert list(weights) == list(spec.PARAM_NAMES) and list(state) == list(spec.BN_STATE_NAMES)
+    assert all(np.array_equal(weights[k], v) for k, v in trained[0].items())
+    assert all(np.array_equal(state[k], v) for k, v in trained[1].items())
+    keys, extras = resnet_keys(fw.name)
+    assert len(set(keys.values())) == len(spec.PARAM_NAMES) + len(spec.BN_STATE_NAMES)
+    # PyTorch alone keeps a step count per BatchNorm (num_batches_tracked): 17 BatchNorm layers
+    assert sorted(extras) == sorted(f"{layer}.num_batches_tracked" for layer in spec.BN_LAYERS) \
+        if fw.name == "pytorch" else not extras
+
+
+def test_every_conversion_runs_in_inference_mode_with_the_same_logits(digits, trained, tmp_path, available, capsys):
+    reference = spec.forward(*trained, digits.X_test[:200], training=False)
+    batch_statistics = spec.forward(*trained, digits.X_test[:200], training=True)[0]
+    assert np.max(np.abs(batch_statistics - reference)) > 1.0   # what a slip into training mode would give
+    for source in available:
+        src = saved(source, tmp_path / source, trained)
+        checkpoint = load_module(source, "checkpoint")
+        logits = checkpoint.logits(checkpoint.load(src, WIDTH), digits.X_test[:200])
+        np.testing.assert_allclose(logits, reference, atol=1e-4, err_msg=f"{source}'s own load")
+        target = available[(available.index(source) + 1) % len(available)]   # a ring: every format read and written
+        dst = str(tmp_path / source / f"to-{target}{SUFFIXES[target]}")
+        assert convert([src, dst, "--verify"]) == 0
+        out = capsys.readouterr().out
+        assert "largest |logit difference|" in out, out
+        weights, state = read_model(target, dst)
+        assert all(np.array_equal(state[k], v) for k, v in trained[1].items())
+
+
+def test_a_missing_running_statistic_is_one_line(trained, tmp_path):
+    import torch
+    path = saved("pytorch", tmp_path, trained)
+    state = torch.load(path, weights_only=True)
+    del state["stage3.0.bn2.running_var"]
+    torch.save(state, path)
+    with pytest.raises(RosettaError, match=r"not this ResNet-18 \(width 8\)'s checkpoint: parameter "
+                                           r"stage3.0.bn2.running_var \('stage3.0.bn2.running_var' in the file\) is missing"):
+        read_model("pytorch", path)
+
+
+def test_a_run_resumes_only_from_its_own_network(trained, tmp_path):
+    resnet_file = saved("mxnet", tmp_path, trained, name="mxnet-resnet-epoch1")
+    lenet_file = str(tmp_path / "mxnet-lenet-epoch1.params")
+    write_weights("mxnet", lenet_weights(0), lenet_file)
+    sgd = RunSpec("mxnet").canonical_optimizer(10)
+    weights, state, _, epoch = resume_point(RunSpec("mxnet", model="resnet18", resume_from=resnet_file), sgd, 10)
+    assert epoch == 1 and all(np.array_equal(state[k], v) for k, v in trained[1].items())
+    with pytest.raises(RosettaError, match="holds the lenet; this run trains the resnet18 of width 8"):
+        resume_point(RunSpec("mxnet", model="resnet18", resume_from=lenet_file), sgd, 10)
+    with pytest.raises(RosettaError, match="holds the resnet18 of width 8; this run trains the resnet18 of width 16"):
+        resume_point(RunSpec("mxnet", model="resnet18", width=16, resume_from=resnet_file), sgd, 10)
+    with pytest.raises(RosettaError, match="holds the resnet18 of width 8; this run trains the lenet"):
+        resume_point(RunSpec("mxnet", resume_from=resnet_file), sgd, 10)
