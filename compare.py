@@ -191,8 +191,6 @@ def check_model(p, args):
     if stateful:
         p.error("the ResNet trains with the recipe's plain SGD so far (no momentum, schedule, warm-up, decay or "
                 "clipping): the optimizers' ResNet parameters are not wired yet (issue 19)")
-    if args.checkpoint_dir or args.resume_from:
-        p.error("checkpoints of the ResNet (its BatchNorm state in each native format) are not written yet (issue 19)")
 
 
 def cluster(p, args):

@@ -68,7 +68,6 @@ def test_every_bn_mode_is_a_row_and_exec_levels_stay_the_lenet_s():
     (["--model", "resnet18", "--init", "recipe"], "--init recipe is the LeNet's"),
     (["--model", "resnet18", "--optimizer", "momentum"], "the ResNet trains with the recipe's plain SGD so far"),
     (["--model", "resnet18", "--lr-schedule", "cosine"], "the ResNet trains with the recipe's plain SGD so far"),
-    (["--model", "resnet18", "--checkpoint-dir", "/tmp/x"], "checkpoints of the ResNet"),
 ])
 def test_what_the_resnet_refuses_is_one_line(args, message):
     proc = compare(*args)

@@ -113,3 +113,26 @@ def test_the_built_in_engine_synchronises_or_says_why_not(framework, processes, 
     assert weights is not None, results
     assert_weights(weights, reference(framework, 1, True), f"{framework} builtin sync {processes} process(es)")
     assert states(results) == (1, 2)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_resumed_run_ends_with_the_uninterrupted_run_s_weights_and_statistics(framework, tmp_path):
+    """Two epochs in one go, and one epoch then one more from its checkpoint (weights and running statistics in the
+    framework's own format): the same weights bit for bit, and the same running statistics in the final file."""
+    from harness.checkpoints import checkpoint_name, read_model
+    from harness.spec import RunSpec
+    spec = RunSpec(framework=framework, model="resnet18", width=WIDTH, bn="local", mode="scratch", devices=2,
+                   dataset="digits", epochs=2, batch_size=256, lr=LR, seed=SEED, threads=1,
+                   checkpoint_dir=str(tmp_path / "whole"))
+    (whole,) = run_workers(spec, timeout=300)
+    assert whole["status"] == "ok", whole.get("error")
+    first = spec.replace(epochs=1, checkpoint_dir=str(tmp_path / "first"))
+    assert run_workers(first, timeout=300)[0]["status"] == "ok"
+    resumed = spec.replace(checkpoint_dir=str(tmp_path / "resumed"),
+                           resume_from=str(tmp_path / "first" / checkpoint_name(first, 1)))
+    (rest,) = run_workers(resumed, timeout=300)
+    assert rest["status"] == "ok", rest.get("error")
+    assert rest["digest"] == whole["digest"] and rest["first_epoch"] == 1
+    _, want = read_model(framework, str(tmp_path / "whole" / checkpoint_name(spec, 2)))
+    _, got = read_model(framework, str(tmp_path / "resumed" / checkpoint_name(resumed, 2)))
+    assert all(np.array_equal(got[k], want[k]) for k in want)
