@@ -90,6 +90,9 @@ def parse_args(argv):
                    help="linear: lr times global batch / --reference-batch (the linear scaling rule)")
     p.add_argument("--reference-batch", type=int, default=default("reference_batch"),
                    help="the global batch --lr is meant for, with --lr-scaling linear")
+    p.add_argument("--target-accuracy", type=float, metavar="A",
+                   help="evaluate after every epoch (outside the timers) and report the training seconds until the "
+                        "test accuracy first reached A (time to accuracy, e.g. 0.85 on fashion-mnist)")
     p.add_argument("--seed", type=int, default=default("seed"), help="initial weights and batch order")
     p.add_argument("--init", choices=INITS, default=default("init"), help="he, or the recipe's normal(0, 0.01)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="threads per run: all cores")
@@ -152,6 +155,8 @@ def parse_args(argv):
     for name in ("lr", "timeout", "stall_timeout", "clip_norm"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
+    if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
+        p.error("--target-accuracy must be in (0, 1]")
     if not 0 <= args.momentum < 1 or args.weight_decay < 0:
         p.error("--momentum must be in [0, 1) and --weight-decay >= 0")
     if not 0 <= args.warmup_epochs <= args.epochs:

@@ -11,7 +11,7 @@ from .report import has_resnet, replaced_atomically
 ROW_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "devices", "processes", "cores")
 TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "input_seconds_median",
                  "first_step_seconds",
-                 "startup_seconds", "test_accuracy", "peak_rss_bytes", "train_memory_bytes",
+                 "startup_seconds", "test_accuracy", "seconds_to_target", "peak_rss_bytes", "train_memory_bytes",
                  "peak_device_memory_bytes")
 # The CSV: every column of the printed tables, unformatted but rounded to what the measurement can say.
 # (name, value of a row, decimals): None decimals keeps the value as it is.
@@ -44,6 +44,9 @@ CSV_FIELDS = (
     ("peak_rss_mib", lambda r: mib(r.get("peak_rss_bytes")), 0),
     ("peak_device_memory_mib", lambda r: mib(r.get("peak_device_memory_bytes")), 0),
     ("test_accuracy", lambda r: r.get("test_accuracy"), 4),
+    ("target_accuracy", lambda r: r.get("target_accuracy"), None),
+    ("seconds_to_target", lambda r: r.get("seconds_to_target"), 1),
+    ("epochs_to_target", lambda r: r.get("epochs_to_target"), None),
     ("final_loss", lambda r: r["epoch_losses"][-1] if r.get("epoch_losses") else None, 5),
     ("step1_loss_diff", lambda r: r.get("step1_loss_diff"), "e"),
     ("error", lambda r: r.get("error"), None),
@@ -51,7 +54,7 @@ CSV_FIELDS = (
 # Left out of a file when no row has a value: device memory exists only on GPUs, errors only when a row failed.
 # So are the hosts (only a run over several has them) and the restarts (only with --max-restarts).
 MODEL_CSV_FIELDS = ("model", "width", "bn", "bn_states", "bn_replicas")   # only in a file with a ResNet row
-OPTIONAL_CSV_FIELDS = ("peak_device_memory_mib", "error", "scaling_base", "hosts", "restarts", "lost_seconds")
+OPTIONAL_CSV_FIELDS = ("target_accuracy", "seconds_to_target", "epochs_to_target", "peak_device_memory_mib", "error", "scaling_base", "hosts", "restarts", "lost_seconds")
 
 
 def mib(n):

@@ -60,7 +60,7 @@ def run_specs(args):
                            optimizer=args.optimizer, momentum=args.momentum, weight_decay=args.weight_decay,
                            lr_schedule=args.lr_schedule, warmup_epochs=args.warmup_epochs, clip_norm=args.clip_norm,
                            lr_scaling=args.lr_scaling, reference_batch=args.reference_batch,
-                           seed=args.seed, init=args.init, checkpoint_dir=args.checkpoint_dir,
+                           target_accuracy=args.target_accuracy, seed=args.seed, init=args.init, checkpoint_dir=args.checkpoint_dir,
                            checkpoint_every=args.checkpoint_every, resume_from=args.resume_from)
             yield spec, skip_reason(spec, share, usable, max(args.devices), args.threads, seen)
             seen.setdefault(spec, row_label(spec))

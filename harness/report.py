@@ -106,6 +106,16 @@ def same_first_step(r):
     return r.get("model") or "lenet", r.get("width"), r["devices"] if local else "whole batch"
 
 
+def target_cell(r):
+    """Seconds of training (evaluation left out) until the test accuracy, checked after every epoch, first reached
+    --target-accuracy, and after how many epochs."""
+    if r["status"] != "ok" or not r.get("target_accuracy"):
+        return "-"
+    if r.get("seconds_to_target") is None:
+        return f"not in {r['epochs']} ep"
+    return f"{r['seconds_to_target']:.1f} ({r['epochs_to_target']} ep)"
+
+
 def has_resnet(runs):
     return any((r.get("model") or "lenet") != "lenet" for r in runs)
 
@@ -192,6 +202,11 @@ def format_table(runs, timing=False, markdown=False):
     terminal gets the plain text."""
     columns, cells = (TIMING_COLUMNS, timing_cells) if timing else (COLUMNS, row_cells)
     rows = [cells(r) for r in runs]
+    targets = sorted({r["target_accuracy"] for r in runs if r.get("target_accuracy")})
+    if targets:   # before the test accuracy: the time to reach the target accuracy
+        at = columns.index("test acc")
+        columns = (*columns[:at], f"s to {'/'.join(f'{t:g}' for t in targets)} acc", *columns[at:])
+        rows = [[*row[:at], target_cell(r), *row[at:]] for row, r in zip(rows, runs)]
     if has_resnet(runs):   # after the framework: the network, and the BatchNorm's distinct running states
         columns = (columns[0], *MODEL_COLUMNS, *columns[1:])
         rows = [[row[0], *model_cells(r), *row[1:]] for row, r in zip(rows, runs)]

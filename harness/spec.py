@@ -13,7 +13,7 @@ DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe'
 # The fields that make a row of the table what it is (the rest say where the data and files are).
 ROW_FIELDS = ("framework", "model", "width", "bn", "mode", "exec", "layout", "devices", "processes", "cores", "epochs", "batch_size", "lr",
               "seed", "init", "threads", "optimizer", "momentum", "weight_decay", "lr_schedule", "warmup_epochs",
-              "clip_norm", "lr_scaling", "reference_batch")
+              "clip_norm", "lr_scaling", "reference_batch", "target_accuracy")
 
 
 def default_epochs(dataset):
@@ -59,6 +59,7 @@ class RunSpec:
     clip_norm: float | None = None   # clip the all-reduced mean gradient to this global norm
     lr_scaling: str = "none"         # none | linear: lr * global batch / reference_batch
     reference_batch: int = REFERENCE_BATCH
+    target_accuracy: float | None = None   # test accuracy after every epoch, and the seconds to reach this one
     seed: int = 0                    # initial weights and batch order
     init: str = "he"                 # he | recipe (common/lenet.py)
     checkpoint_dir: str | None = None

@@ -221,21 +221,21 @@ def digest(weights):
 
 def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world=1, min_size=1,
           progress=None, max_steps=None, weights=None, first_epoch=0, after_epoch=None, optimizer=None, state=None,
-          before_step=None):
+          before_step=None, every_epoch_accuracy=False):
     """Train this process's part; return its record: loss sums and sizes rather than means, so that
     processes with shards of different sizes merge exactly. max_steps stops early (for parity checks).
     `optimizer` (common/optim.py) is the update and its schedule, each step's rate passed to the step; None: the
     recipe's plain SGD at rate lr. A resumed run's `state` is its optimizer's, canonical.
     A resumed run starts from `weights` at `first_epoch` (harness/checkpoints.py): the remaining epochs see
     the batches the uninterrupted run would. after_epoch(epochs done, runner) and before_step(steps done, runner)
-    run outside the timers."""
+    run outside the timers, and so does every_epoch_accuracy's evaluation after each epoch (time to accuracy)."""
     optimizer = optimizer or Optimizer(lr=lr)
     runner.start(runner.initial_weights(seed, init) if weights is None else weights, optimizer, state)
     order = Order(len(data.y_train), batch_size, seed, min_size)
     runner.feed(data, order, rank, world)
     record = {"epoch_loss_sums": [], "epoch_sizes": [], "epoch_seconds": [], "epoch_input_seconds": [],
               "step_loss_sums": [], "step_sizes": [], "first_step_seconds": None, "first_step_images": 0,
-              "images": 0, "first_epoch": first_epoch}
+              "images": 0, "first_epoch": first_epoch, "epoch_test_accuracies": []}
     steps = 0
     done_before = first_epoch * steps_per_epoch(len(data.y_train), batch_size, min_size)   # the schedule's position
     total_steps = (epochs - first_epoch) * steps_per_epoch(len(data.y_train), batch_size, min_size)
@@ -273,9 +273,13 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
         record["epoch_sizes"].append(size)
         record["epoch_seconds"].append(epoch_timer.seconds)
         record["epoch_input_seconds"].append(waited)
+        if every_epoch_accuracy:
+            record["epoch_test_accuracies"].append(runner.evaluate(data.X_test, data.y_test))
         if after_epoch:
             after_epoch(epoch + 1, runner)
-    record["test_accuracy"] = runner.evaluate(data.X_test, data.y_test)
+    finished = len(record["epoch_test_accuracies"]) == len(record["epoch_seconds"]) > 0   # evaluated already
+    record["test_accuracy"] = record["epoch_test_accuracies"][-1] if finished else runner.evaluate(data.X_test,
+                                                                                                  data.y_test)
     record["replica_spread"] = runner.spread()
     record["digest"] = digest(runner.weights())
     record["bn_digests"] = [digest(s) for s in runner.replica_bn_states()]   # one per replica: equal, or not
@@ -291,6 +295,17 @@ def fed_rows(runner, data, epochs, batch_size, seed=0, rank=0, world=1, min_size
     runner.feed(data, Order(len(data.y_train), batch_size, seed, min_size), rank, world)
     return [[[y.tolist() for _, y in runner.pipeline.per_device(batch)] for batch in runner.batches(epoch)]
             for epoch in range(epochs)]
+
+
+def time_to_accuracy(epoch_seconds, accuracies, target):
+    """The training seconds (the epochs' own, evaluation left out) and epochs until the test accuracy first reached
+    `target` (checked after every epoch), or None and None where it never did; {} without a target."""
+    if target is None or not accuracies:
+        return {}
+    reached = next((i for i, accuracy in enumerate(accuracies) if accuracy >= target), None)
+    seconds = None if reached is None else float(np.sum(epoch_seconds[:reached + 1]))
+    return {"target_accuracy": target, "seconds_to_target": seconds,
+            "epochs_to_target": None if reached is None else reached + 1}
 
 
 def summarize(records):
@@ -316,6 +331,9 @@ def summarize(records):
         "epoch_losses": (add("epoch_loss_sums") / add("epoch_sizes")).tolist(),
         "step_losses": (add("step_loss_sums") / add("step_sizes")).tolist(),
         "test_accuracy": records[0]["test_accuracy"],
+        "epoch_test_accuracies": records[0].get("epoch_test_accuracies") or None,
+        **time_to_accuracy(epoch_seconds, records[0].get("epoch_test_accuracies"),
+                           (records[0].get("spec") or {}).get("target_accuracy")),
         "replica_spread": max(spreads) if spreads else None,
         # BatchNorm: how many different running states the run's replicas (every process's) ended with, of how many
         "bn_states": len(set(bn_digests)) if bn_digests else None,

@@ -134,7 +134,8 @@ def run(spec, started):
                        spec.init, rank, world, min_size=spec.devices, progress=progress,
                        max_steps=spec.max_steps, weights=weights, first_epoch=first_epoch,
                        after_epoch=saver(spec, rank, optimizer), optimizer=optimizer, state=state,
-                       before_step=before_step if trace is not None or profile_step else None)
+                       before_step=before_step if trace is not None or profile_step else None,
+                       every_epoch_accuracy=spec.target_accuracy is not None)
         if finish_profile:
             finish_profile(runner)
         record.update(profiled)
