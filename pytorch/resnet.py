@@ -3,20 +3,27 @@ common.resnet.PARAM_NAMES order, and its BatchNorm state the list of running sta
 the axis order is canonical, so no conversion is needed (the memory layout, NCHW or NHWC strides, is to_layout's,
 as in lenet.py).
 
-Width 8 or more in NHWC: PyTorch 2.13's CPU weight gradient of a channels-last 1x1 stride-2 convolution with fewer
-than 8 input channels is wrong and writes past a buffer (oneDNN's jit_1x1 AVX2 kernel, uxlfoundation/oneDNN#6035);
-stage 2's projection has `width` input channels. d2l's 64 is far from it."""
+The ResNet runs NCHW (contiguous), unlike the LeNet: PyTorch 2.13's CPU backward of this network in channels-last
+memory corrupts the heap whenever a shard has an odd number of images ("double free or corruption", measured at
+widths 8 and 12 with 3, 5, 7, 97 and 157 images; even batches and NCHW never). A lone channels-last 1x1 stride-2
+convolution with fewer than 16 input channels reproduces it (oneDNN's jit_1x1 AVX2 kernel,
+uxlfoundation/oneDNN#6035), yet computing those in NCHW alone did not cure the whole network. NCHW costs 4% here
+(238 against 229 ms a step at width 8, batch 256, 2 threads), and odd shards are common (157 = 79 + 78).
+"""
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.distributed.nn as dist_nn
 import torch.nn as nn
 import torch.nn.functional as F
 
 from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, has_projection, layer_arguments,
                            layers)
 
-from .lenet import MEMORY_FORMATS
+from .data_parallel import allreduce, sgd, split_and_load
+from .lenet import MEMORY_FORMATS, loss_sum
 
-layout = "nhwc"   # as lenet.layout: execution.DEFAULT_LAYOUT
+layout = "nchw"   # not lenet.layout's channels-last: see above
 
 
 def to_layout(t):
@@ -38,36 +45,72 @@ def conv(p, name, h):
     return F.conv2d(h, p[f"{name}.weight"], p[f"{name}.bias"], stride, pad)
 
 
-def batch_norm(p, s, name, h, training, bn, new_state):
-    """common.resnet.batch_norm written out: F.batch_norm would update running_var in place with the unbiased batch
-    variance, PyTorch's convention, not necessarily `bn`'s. The batch statistics are those of this tensor; a
-    synchronised BatchNorm would all-reduce common.resnet.moments of each shard here."""
-    gamma, beta = p[f"{name}.weight"], p[f"{name}.bias"]
-    mean, var = s[f"{name}.running_mean"], s[f"{name}.running_var"]
-    if training:
-        count = h.numel() // h.shape[1]
-        batch_mean = h.mean(dim=(0, 2, 3))
-        batch_var = h.var(dim=(0, 2, 3), unbiased=False)
-        running_var = batch_var * count / (count - 1) if bn.unbiased else batch_var
-        new_state[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * batch_mean.detach()
-        new_state[f"{name}.running_var"] = (1 - bn.momentum) * var + bn.momentum * running_var.detach()
-        mean, var = batch_mean, batch_var
+def batch_statistics(hs, shifts, sync):
+    """Each shard's per-channel (mean, biased variance, count) for training: its own (local BatchNorm), or the global
+    batch's (sync): the shards' moments (common.resnet.moments: sum, sum of squares, count) summed across this
+    process's devices and, in a process group, across processes by torch.distributed.nn's all_reduce, which autograd
+    differentiates (its backward all-reduces the incoming gradient): every shard's gradient then includes what flows
+    through the statistics, as if one device held the whole batch. The moments are taken about `shifts` (the running
+    means, the same on every replica under sync) so that float32 keeps the variance E[(x-k)^2] - E[x-k]^2 when the
+    mean is large against the spread. Summed in one tensor: one all-reduce per BatchNorm."""
+    if not sync:
+        return [(h.mean(dim=(0, 2, 3)), h.var(dim=(0, 2, 3), unbiased=False), h.numel() // h.shape[1]) for h in hs]
+    c, first = hs[0].shape[1], hs[0].device
+    parts = []
+    for h, k in zip(hs, shifts):
+        d = h - k.view(1, -1, 1, 1)
+        parts.append(torch.cat([d.sum(dim=(0, 2, 3)), (d * d).sum(dim=(0, 2, 3)), d.new_tensor([d.numel() // c])]))
+    total = sum(part.to(first) for part in parts)
+    if dist.is_initialized():
+        total = dist_nn.all_reduce(total)
+    count = total[-1]
+    shifted_mean = total[:c] / count
+    var = (total[c:2 * c] / count - shifted_mean * shifted_mean).clamp_min(0.0)
+    mean = shifts[0].to(first) + shifted_mean
+    return [(mean.to(h.device), var.to(h.device), count.to(h.device)) for h in hs]
+
+
+def batch_norm(ps, ss, name, hs, training, bn, sync, new_states):
+    """common.resnet.batch_norm written out, on every shard at once: F.batch_norm would update running_var in place
+    with the unbiased batch variance, PyTorch's convention, not necessarily `bn`'s."""
     c = (1, -1, 1, 1)
-    return (h - mean.view(c)) * torch.rsqrt(var.view(c) + bn.eps) * gamma.view(c) + beta.view(c)
+    running = [(s[f"{name}.running_mean"], s[f"{name}.running_var"]) for s in ss]
+    if training:
+        statistics = batch_statistics(hs, [mean for mean, _ in running], sync)
+        for new, (mean, var), (batch_mean, batch_var, count) in zip(new_states, running, statistics):
+            unbiased = batch_var * count / (count - 1) if bn.unbiased else batch_var
+            new[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * batch_mean.detach()
+            new[f"{name}.running_var"] = (1 - bn.momentum) * var + bn.momentum * unbiased.detach()
+        running = [(batch_mean, batch_var) for batch_mean, batch_var, _ in statistics]
+    return [(h - mean.view(c)) * torch.rsqrt(var.view(c) + bn.eps) * p[f"{name}.weight"].view(c) + p[f"{name}.bias"].view(c)
+            for p, h, (mean, var) in zip(ps, hs, running)]
+
+
+def forward_shards(replicas, bn_states, X_shards, training, bn=CANONICAL_BN, sync=False):
+    """Every replica on its own shard, in lock-step, layer by layer: a synchronised BatchNorm needs every shard's
+    moments before any shard is normalised. Logits per shard; in training mode also each replica's new BatchNorm
+    state (a list in BN_STATE_NAMES order). Nothing is updated in place."""
+    ps, ss = [dict(zip(PARAM_NAMES, r)) for r in replicas], [dict(zip(BN_STATE_NAMES, s)) for s in bn_states]
+    new_states = [{} for _ in replicas]
+    convs = lambda name, hs: [conv(p, name, h) for p, h in zip(ps, hs)]   # noqa: E731
+    norms = lambda name, hs: batch_norm(ps, ss, name, hs, training, bn, sync, new_states)   # noqa: E731
+    relus = lambda hs: [F.relu(h) for h in hs]   # noqa: E731
+    hs = relus(norms("stem.bn", convs("stem.conv", [to_layout(X) for X in X_shards])))
+    for block, stride in BLOCKS:
+        ys = relus(norms(f"{block}.bn1", convs(f"{block}.conv1", hs)))
+        ys = norms(f"{block}.bn2", convs(f"{block}.conv2", ys))
+        shortcuts = convs(f"{block}.conv3", hs) if has_projection(stride) else hs
+        hs = relus([y + shortcut for y, shortcut in zip(ys, shortcuts)])
+    logits = [F.linear(h.mean(dim=(2, 3)), p["fc.weight"], p["fc.bias"]) for p, h in zip(ps, hs)]   # pool, fc
+    if not training:
+        return logits
+    return logits, [[new[name] for name in BN_STATE_NAMES] for new in new_states]
 
 
 def forward(params, bn_state, X, training, bn=CANONICAL_BN):
-    """Logits of the NCHW batch X; in training mode (batch statistics) also the new BatchNorm state, a list in
-    BN_STATE_NAMES order. Nothing is updated in place: the caller keeps or drops the new state."""
-    p, s, new_state = dict(zip(PARAM_NAMES, params)), dict(zip(BN_STATE_NAMES, bn_state)), {}
-    norm = lambda name, h: batch_norm(p, s, name, h, training, bn, new_state)   # noqa: E731
-    h = F.relu(norm("stem.bn", conv(p, "stem.conv", to_layout(X))))
-    for block, stride in BLOCKS:
-        y = F.relu(norm(f"{block}.bn1", conv(p, f"{block}.conv1", h)))
-        y = norm(f"{block}.bn2", conv(p, f"{block}.conv2", y))
-        h = F.relu(y + (conv(p, f"{block}.conv3", h) if has_projection(stride) else h))
-    logits = F.linear(h.mean(dim=(2, 3)), p["fc.weight"], p["fc.bias"])   # global average pooling, then fc
-    return (logits, [new_state[name] for name in BN_STATE_NAMES]) if training else logits
+    """Logits of the NCHW batch X on one replica; in training mode (batch statistics) also its new BatchNorm state."""
+    out = forward_shards([params], [bn_state], [X], training, bn)
+    return (out[0][0], out[1][0]) if training else out[0]
 
 
 def to_numpy(params):
@@ -78,6 +121,41 @@ def to_numpy(params):
 
 def bn_state_to_numpy(bn_state):
     return {name: t.detach().cpu().numpy().astype(np.float32) for name, t in zip(BN_STATE_NAMES, bn_state)}
+
+
+def loss_and_grads(replicas, bn_states, X_shards, y_shards, sync):
+    """The devices' summed losses and each replica's gradients, from one backward through the whole lock-step
+    forward: with sync, a replica's gradient includes what reaches it through the other shards' statistics. Also the
+    replicas' new BatchNorm states."""
+    logits, new_states = forward_shards(replicas, bn_states, X_shards, True, CANONICAL_BN, sync)
+    losses = [loss_sum(out, y) for out, y in zip(logits, y_shards)]
+    params = [p for replica in replicas for p in replica]
+    grads = torch.autograd.grad(sum(loss.to(losses[0].device) for loss in losses), params)
+    n = len(replicas[0])
+    return [loss.detach() for loss in losses], [grads[i * n:(i + 1) * n] for i in range(len(replicas))], new_states
+
+
+def train_step(replicas, bn_states, X, y, devices, lr, batch_size=None, sync=False):
+    """data_parallel.train_step with BatchNorm: the shards' forward in lock-step (batch_statistics), then the
+    recipe's all-reduce of the gradients and its update; the replicas' new running statistics go into bn_states."""
+    X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
+    losses, grads, bn_states[:] = loss_and_grads(replicas, bn_states, X_shards, y_shards, sync)
+    for per_device in zip(*grads):         # one parameter's gradient on every device
+        allreduce(list(per_device))
+    for params, device_grads in zip(replicas, grads):
+        sgd(params, device_grads, lr, batch_size or len(X))
+    return sum(loss.item() for loss in losses) / len(X)
+
+
+def evaluate(params, bn_state, X, y, batch_size=1000):
+    """Inference mode: every image normalised by the running statistics."""
+    device = params[0].device
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(X), batch_size):
+            logits = forward(params, bn_state, torch.from_numpy(X[i:i + batch_size]).to(device), training=False)
+            correct += (logits.argmax(1).cpu().numpy() == y[i:i + batch_size]).sum()
+    return float(correct) / len(X)
 
 
 class Residual(nn.Module):
@@ -114,7 +192,7 @@ class ResNet(nn.Module):
         self.fc = nn.Linear(c_in, layers(width)["fc"][1][0])
 
     def forward(self, X):
-        h = F.relu(self.stem(X))
+        h = F.relu(self.stem(to_layout(X)))   # NCHW whatever the caller's strides (see above)
         for stage in ("stage1", "stage2", "stage3", "stage4"):
             h = getattr(self, stage)(h)
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
