@@ -9,11 +9,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from common.interface import Model, RosettaError
+from common.interface import Model, Network, RosettaError, Unavailable
 
+from . import resnet
 from .data_parallel import evaluate as evaluate_params, sgd
 from .execution import DEFAULT_LAYOUT, LAYOUTS
-from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
+from .idiomatic import build, is_resnet
+from .lenet import loss_sum, to_numpy as params_to_numpy
 from .optimizer import Trainer, canonical_state, get_trainer
 
 EXEC = {DistributedDataParallel: "eager+DDP", nn.DataParallel: "eager+DataParallel"}   # by the engine that ran
@@ -21,18 +23,26 @@ COMPILES = "nothing"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, pipeline.py's batches
 
 
-def get_model(weights, devices, optimizer=None, state=None):
+def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     """In a process group (distributed.py joined one), DistributedDataParallel over this process's one device;
     otherwise nn.DataParallel over its GPUs, the module on the first one, as its documentation requires. The
     recipe's plain SGD (optimizer None or is_recipe) is torch.optim.SGD at the harness's rate; any other optimizer
     is optimizer.py's Trainer: torch.optim's class, its scheduler and the clipping norm, over the parameters of
-    the wrapped module, going on from a checkpoint's canonical `state` if given (every process loads the same one)."""
+    the wrapped module, going on from a checkpoint's canonical `state` if given (every process loads the same one).
+    The ResNet's BatchNorm under DDP: local (network.sync False) keeps DDP's default broadcast_buffers=True, rank 0's
+    running statistics sent to every rank before each forward (each rank's shard then moves its own copy); sync is
+    torch.nn.SyncBatchNorm, for DDP on GPUs (nn.DataParallel's replicas in one process it does not synchronise)."""
     device = devices[0]
+    module = build(weights, network)
+    if network.sync:   # every BatchNorm2d a SyncBatchNorm: its forward all-reduces the statistics over the group
+        module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
     if dist.is_initialized() and len(devices) == 1:
-        net = DistributedDataParallel(build_model(weights).to(device),
-                                      device_ids=[device.index] if device.type == "cuda" else None)
+        try:
+            net = DistributedDataParallel(module.to(device), device_ids=[device.index] if device.type == "cuda" else None)
+        except ValueError as err:   # torch's own reason: SyncBatchNorm runs on GPUs only
+            raise Unavailable(f"torch.nn.SyncBatchNorm under DistributedDataParallel: {err}") from None
     elif not dist.is_initialized() and device.type == "cuda":
-        net = nn.DataParallel(build_model(weights).to(device), device_ids=[d.index for d in devices])
+        net = nn.DataParallel(module.to(device), device_ids=[d.index for d in devices])
     else:
         raise RosettaError("PyTorch's built-in engine is DistributedDataParallel, one process per device, or on "
                            "GPUs nn.DataParallel in one process: start it through compare.py or torchrun (docs/usage.md)")
@@ -80,7 +90,18 @@ def primitives_step(net, X, y, devices, lr, batch_size):
 
 
 def to_numpy(model):
+    if is_resnet(model.net.module):
+        return resnet.model_to_numpy(model.net.module)[0]
     return params_to_numpy(list(model.net.module.parameters()))   # the module DDP or DataParallel wraps
+
+
+def bn_state(model):
+    return resnet.model_to_numpy(model.net.module)[1]
+
+
+def replica_bn_states(model):
+    """This process's one replica (nn.DataParallel's replicas are made afresh each step from the module's)."""
+    return [bn_state(model)]
 
 
 def optimizer_state(model):
@@ -88,4 +109,6 @@ def optimizer_state(model):
 
 
 def evaluate(model, X, y):
+    if is_resnet(model.net.module):
+        return resnet.evaluate_model(model.net.module, X, y)
     return evaluate_params(list(model.net.module.parameters()), X, y)

@@ -5,8 +5,9 @@ what the from-scratch recipe costs."""
 import torch
 import torch.nn.functional as F
 
-from common.interface import Model, RosettaError, Unavailable
+from common.interface import Model, Network, RosettaError, Unavailable
 
+from . import resnet
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .lenet import build_model, to_layout, to_numpy as params_to_numpy
 from .optimizer import Trainer, canonical_state, get_trainer
@@ -19,17 +20,27 @@ LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, to_layout's batches
 PORTS = ("canonical", "stock")
 
 
-def get_model(weights, devices, optimizer=None, state=None, port="canonical"):
+def get_model(weights, devices, optimizer=None, state=None, port="canonical", network=Network()):
     """The recipe's plain SGD (optimizer None or is_recipe) is torch.optim.SGD at the harness's rate; any other
-    optimizer is optimizer.py's Trainer, as in builtin.py, from a checkpoint's canonical `state` if given."""
+    optimizer is optimizer.py's Trainer, as in builtin.py, from a checkpoint's canonical `state` if given. The
+    network is the LeNet, or the ResNet with nn.BatchNorm2d (network.sync changes nothing on one device)."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     if port not in PORTS:
         raise RosettaError(f"unknown port {port!r}; choose from {', '.join(PORTS)}")
-    net = build_model(weights).to(devices[0])
+    net = build(weights, network).to(devices[0])
     if optimizer is None or optimizer.is_recipe:
         return Model(net, torch.optim.SGD(net.parameters(), lr=0.0))
     return Model(net, get_trainer(net.parameters(), optimizer, state))
+
+
+def build(weights, network):
+    """The idiomatic network: the LeNet, or the ResNet holding network.bn_state, in training mode."""
+    return build_model(weights) if network.bn_state is None else resnet.build_model(weights, network.bn_state)
+
+
+def is_resnet(net):
+    return isinstance(net, resnet.ResNet)
 
 
 def train_step(model, X, y, devices, lr, batch_size=None):
@@ -51,7 +62,17 @@ def train_step(model, X, y, devices, lr, batch_size=None):
 
 
 def to_numpy(model):
+    if is_resnet(model.net):
+        return resnet.model_to_numpy(model.net)[0]
     return params_to_numpy(list(model.net.parameters()))
+
+
+def bn_state(model):
+    return resnet.model_to_numpy(model.net)[1]
+
+
+def replica_bn_states(model):
+    return [bn_state(model)]   # one device
 
 
 def optimizer_state(model):
@@ -60,6 +81,8 @@ def optimizer_state(model):
 
 def evaluate(model, X, y, batch_size=1000):
     net = model.net
+    if is_resnet(net):
+        return resnet.evaluate_model(net, X, y, batch_size)
     device = next(net.parameters()).device
     correct = 0
     with torch.no_grad():

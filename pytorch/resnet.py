@@ -45,29 +45,30 @@ def conv(p, name, h):
     return F.conv2d(h, p[f"{name}.weight"], p[f"{name}.bias"], stride, pad)
 
 
-def batch_statistics(hs, shifts, sync):
+def batch_statistics(hs, sync):
     """Each shard's per-channel (mean, biased variance, count) for training: its own (local BatchNorm), or the global
-    batch's (sync): the shards' moments (common.resnet.moments: sum, sum of squares, count) summed across this
-    process's devices and, in a process group, across processes by torch.distributed.nn's all_reduce, which autograd
-    differentiates (its backward all-reduces the incoming gradient): every shard's gradient then includes what flows
-    through the statistics, as if one device held the whole batch. The moments are taken about `shifts` (the running
-    means, the same on every replica under sync) so that float32 keeps the variance E[(x-k)^2] - E[x-k]^2 when the
-    mean is large against the spread. Summed in one tensor: one all-reduce per BatchNorm."""
+    batch's (sync), in two all-reduces as a one-device variance is taken in two passes: the shards' sums and counts
+    (common.resnet.moments) give the mean, then their squared deviations from it give the variance (one pass of
+    sums of squares, E[x^2] - E[x]^2, loses float32 digits where the mean is large against the spread: 1e-4 in the
+    weights after one step here). Summed across this process's devices and, in a process group, across processes by
+    torch.distributed.nn's all_reduce, which autograd differentiates (its backward all-reduces the incoming
+    gradient): every shard's gradient then includes what flows through the statistics, as if one device held the
+    whole batch."""
     if not sync:
         return [(h.mean(dim=(0, 2, 3)), h.var(dim=(0, 2, 3), unbiased=False), h.numel() // h.shape[1]) for h in hs]
-    c, first = hs[0].shape[1], hs[0].device
-    parts = []
-    for h, k in zip(hs, shifts):
-        d = h - k.view(1, -1, 1, 1)
-        parts.append(torch.cat([d.sum(dim=(0, 2, 3)), (d * d).sum(dim=(0, 2, 3)), d.new_tensor([d.numel() // c])]))
-    total = sum(part.to(first) for part in parts)
-    if dist.is_initialized():
-        total = dist_nn.all_reduce(total)
+    c = hs[0].shape[1]
+    total = all_sum([torch.cat([h.sum(dim=(0, 2, 3)), h.new_tensor([h.numel() // c])]) for h in hs])
     count = total[-1]
-    shifted_mean = total[:c] / count
-    var = (total[c:2 * c] / count - shifted_mean * shifted_mean).clamp_min(0.0)
-    mean = shifts[0].to(first) + shifted_mean
+    mean = total[:c] / count
+    squares = all_sum([((h - mean.to(h.device).view(1, -1, 1, 1)) ** 2).sum(dim=(0, 2, 3)) for h in hs])
+    var = squares / count
     return [(mean.to(h.device), var.to(h.device), count.to(h.device)) for h in hs]
+
+
+def all_sum(parts):
+    """The sum of one tensor per device, on the first device: data_parallel.allreduce's sum, but differentiable."""
+    total = sum(part.to(parts[0].device) for part in parts)
+    return dist_nn.all_reduce(total) if dist.is_initialized() else total
 
 
 def batch_norm(ps, ss, name, hs, training, bn, sync, new_states):
@@ -76,7 +77,7 @@ def batch_norm(ps, ss, name, hs, training, bn, sync, new_states):
     c = (1, -1, 1, 1)
     running = [(s[f"{name}.running_mean"], s[f"{name}.running_var"]) for s in ss]
     if training:
-        statistics = batch_statistics(hs, [mean for mean, _ in running], sync)
+        statistics = batch_statistics(hs, sync)
         for new, (mean, var), (batch_mean, batch_var, count) in zip(new_states, running, statistics):
             unbiased = batch_var * count / (count - 1) if bn.unbiased else batch_var
             new[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * batch_mean.detach()
@@ -207,6 +208,19 @@ def build_model(weights, bn_state, bn=CANONICAL_BN):
     missing = model.load_state_dict(state, strict=False).missing_keys
     assert all(key.endswith("num_batches_tracked") for key in missing), missing
     return model.to(memory_format=MEMORY_FORMATS[layout])
+
+
+def evaluate_model(model, X, y, batch_size=1000):
+    """Accuracy of an idiomatic model in inference mode (model.eval(): the running statistics), left in training mode."""
+    device = next(model.parameters()).device
+    correct = 0
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(X), batch_size):
+            logits = model(torch.from_numpy(X[i:i + batch_size]).to(device))
+            correct += (logits.argmax(1).cpu().numpy() == y[i:i + batch_size]).sum()
+    model.train()
+    return float(correct) / len(X)
 
 
 def model_to_numpy(model):

@@ -15,8 +15,11 @@ from harness.loader import load_module
 
 pytestmark = pytest.mark.slow   # every test here starts real worker processes
 
-WIDTH, BATCH, SEED, STEPS, LR = 8, 97, 5, 2, 0.1
-TOL = 2e-4
+WIDTH, BATCH, SEED, STEPS, LR = 8, 97, 5, 1, 0.1
+# One step: BatchNorm's backward cancels large terms on these images (the stem's gradient is 49.44 in float32 and
+# 49.32 in float64), so float32 round-off of a reordered sum moves a weight by ~1e-4 after one step, and a second
+# step multiplies that tenfold. Local against synchronised BatchNorm differs by 1e-2 after one step.
+TOL = 1e-3
 
 
 def in_process(framework, digits, devices, sync):
