@@ -2,10 +2,14 @@
 common.resnet.PARAM_NAMES order, and its BatchNorm state the list of running statistics in BN_STATE_NAMES order;
 MXNet's layout is PyTorch's, so no conversion is needed."""
 import numpy as np
-from mxnet import gluon, nd
+from mxnet import autograd, gluon, nd
 
-from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, by_canonical_name, has_projection,
+from common.resnet import (BLOCKS, BN_LAYERS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, by_canonical_name, has_projection,
                            layer_arguments, layers)
+
+from . import distributed as dist
+from .data_parallel import allreduce, sgd, split_and_load
+from .lenet import loss_sum
 
 
 def to_layout(X):
@@ -32,38 +36,103 @@ def conv(p, name, h):
                           pad=(pad, pad), num_filter=w.shape[0])
 
 
-def batch_norm(p, s, name, h, training, bn, new_state):
-    """common.resnet.batch_norm written out (nd.BatchNorm updates its running statistics as aux states of the op,
-    by its own convention). The batch statistics are those of this NDArray; a synchronised BatchNorm would
-    all-reduce common.resnet.moments of each shard here."""
+def batch_statistics(hs, sync, layer):
+    """Each shard's per-channel (mean, biased variance, count) for training: its own (local BatchNorm), or the global
+    batch's (sync), in two all-reduces as a one-device variance is taken in two passes: the shards' sums and counts
+    give the mean, their squared deviations from it the variance. Summed across the contexts by copies that autograd
+    records, and across processes by the kvstore inside an autograd.Function (AllSum), so that every shard's
+    gradient includes what flows through the statistics, as if one context held the whole batch. `layer` numbers
+    the BatchNorm: its kvstore keys."""
     c = (1, -1, 1, 1)
-    gamma, beta = p[f"{name}.weight"].reshape(c), p[f"{name}.bias"].reshape(c)
-    mean, var = s[f"{name}.running_mean"], s[f"{name}.running_var"]
+    if not sync:
+        means = [h.mean(axis=(0, 2, 3)) for h in hs]
+        return [(mean, nd.square(nd.broadcast_sub(h, mean.reshape(c))).mean(axis=(0, 2, 3)), h.size // h.shape[1])
+                for h, mean in zip(hs, means)]
+    channels = hs[0].shape[1]
+    total = all_sum([nd.concat(h.sum(axis=(0, 2, 3)), nd.full((1,), h.size // channels, ctx=h.context), dim=0)
+                     for h in hs], key=KEYS + 4 * layer)
+    count = total[channels:]
+    mean = total[:channels] / count
+    squares = all_sum([nd.square(nd.broadcast_sub(h, mean.as_in_context(h.context).reshape(c))).sum(axis=(0, 2, 3))
+                       for h in hs], key=KEYS + 4 * layer + 1)
+    var = squares / count
+    return [(mean.as_in_context(h.context), var.as_in_context(h.context), count.as_in_context(h.context)) for h in hs]
+
+
+# The kvstore keys of the statistics' all-reduces, past data_parallel.allreduce's (one per parameter): four per
+# BatchNorm, two sums forward and their gradients backward. Every process uses them in the same order.
+KEYS = 1000
+
+
+class AllSum(autograd.Function):
+    """A sum over processes that autograd differentiates: the kvstore's all-reduce forward, and of the gradient
+    backward (the gradient of a sum reaches every term)."""
+
+    def __init__(self, key):
+        super().__init__()
+        self.key = key
+
+    def forward(self, x):
+        return dist.all_reduce(x.copy(), self.key)
+
+    def backward(self, dy):
+        return dist.all_reduce(dy.copy(), self.key + 2)
+
+
+def all_sum(parts, key):
+    """The sum of one NDArray per context, on the first context, over every process: differentiable."""
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part.as_in_context(parts[0].context)
+    return AllSum(key)(total) if dist.is_initialized() else total
+
+
+def batch_norm(ps, ss, name, hs, training, bn, sync, new_states):
+    """common.resnet.batch_norm written out on every shard at once (nd.BatchNorm updates its running statistics as
+    aux states of the op, by its own convention)."""
+    c = (1, -1, 1, 1)
+    running = [(s[f"{name}.running_mean"], s[f"{name}.running_var"]) for s in ss]
     if training:
-        count = h.size // h.shape[1]
-        batch_mean = h.mean(axis=(0, 2, 3))
-        batch_var = nd.square(nd.broadcast_sub(h, batch_mean.reshape(c))).mean(axis=(0, 2, 3))
-        running_var = batch_var * count / (count - 1) if bn.unbiased else batch_var
-        new_state[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * batch_mean.detach()
-        new_state[f"{name}.running_var"] = (1 - bn.momentum) * var + bn.momentum * running_var.detach()
-        mean, var = batch_mean, batch_var
-    h = nd.broadcast_mul(nd.broadcast_sub(h, mean.reshape(c)), nd.rsqrt(var.reshape(c) + bn.eps))
-    return nd.broadcast_add(nd.broadcast_mul(h, gamma), beta)
+        statistics = batch_statistics(hs, sync, BN_LAYERS.index(name))
+        for new, (mean, var), (batch_mean, batch_var, count) in zip(new_states, running, statistics):
+            unbiased = batch_var * count / (count - 1) if bn.unbiased else batch_var
+            new[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * batch_mean.detach()
+            new[f"{name}.running_var"] = (1 - bn.momentum) * var + bn.momentum * unbiased.detach()
+        running = [(batch_mean, batch_var) for batch_mean, batch_var, _ in statistics]
+    out = []
+    for p, h, (mean, var) in zip(ps, hs, running):
+        h = nd.broadcast_mul(nd.broadcast_sub(h, mean.reshape(c)), nd.rsqrt(var.reshape(c) + bn.eps))
+        out.append(nd.broadcast_add(nd.broadcast_mul(h, p[f"{name}.weight"].reshape(c)), p[f"{name}.bias"].reshape(c)))
+    return out
+
+
+def forward_shards(replicas, bn_states, X_shards, training, bn=CANONICAL_BN, sync=False):
+    """Every replica on its own shard, in lock-step, layer by layer: a synchronised BatchNorm needs every shard's
+    moments before any shard is normalised. Logits per shard; in training mode also each replica's new BatchNorm
+    state (a list in BN_STATE_NAMES order). Nothing is updated in place. Eager NDArray calls (MXNet queues them
+    asynchronously on each context); hybridize would trace one block per replica, not the lock-step."""
+    ps, ss = [dict(zip(PARAM_NAMES, r)) for r in replicas], [dict(zip(BN_STATE_NAMES, s)) for s in bn_states]
+    new_states = [{} for _ in replicas]
+    convs = lambda name, hs: [conv(p, name, h) for p, h in zip(ps, hs)]   # noqa: E731
+    norms = lambda name, hs: batch_norm(ps, ss, name, hs, training, bn, sync, new_states)   # noqa: E731
+    relus = lambda hs: [nd.relu(h) for h in hs]   # noqa: E731
+    hs = relus(norms("stem.bn", convs("stem.conv", [to_layout(X) for X in X_shards])))
+    for block, stride in BLOCKS:
+        ys = relus(norms(f"{block}.bn1", convs(f"{block}.conv1", hs)))
+        ys = norms(f"{block}.bn2", convs(f"{block}.conv2", ys))
+        shortcuts = convs(f"{block}.conv3", hs) if has_projection(stride) else hs
+        hs = relus([y + shortcut for y, shortcut in zip(ys, shortcuts)])
+    logits = [nd.FullyConnected(h.mean(axis=(2, 3)), p["fc.weight"], p["fc.bias"], num_hidden=p["fc.weight"].shape[0])
+              for p, h in zip(ps, hs)]   # average pool, fc
+    if not training:
+        return logits
+    return logits, [[new[name] for name in BN_STATE_NAMES] for new in new_states]
 
 
 def forward(params, bn_state, X, training, bn=CANONICAL_BN):
-    """Logits of the NCHW batch X; in training mode (batch statistics) also the new BatchNorm state, a list in
-    BN_STATE_NAMES order. Nothing is updated in place: the caller keeps or drops the new state."""
-    p, s, new_state = dict(zip(PARAM_NAMES, params)), dict(zip(BN_STATE_NAMES, bn_state)), {}
-    norm = lambda name, h: batch_norm(p, s, name, h, training, bn, new_state)   # noqa: E731
-    h = nd.relu(norm("stem.bn", conv(p, "stem.conv", to_layout(X))))
-    for block, stride in BLOCKS:
-        y = nd.relu(norm(f"{block}.bn1", conv(p, f"{block}.conv1", h)))
-        y = norm(f"{block}.bn2", conv(p, f"{block}.conv2", y))
-        h = nd.relu(y + (conv(p, f"{block}.conv3", h) if has_projection(stride) else h))
-    w = p["fc.weight"]
-    logits = nd.FullyConnected(h.mean(axis=(2, 3)), w, p["fc.bias"], num_hidden=w.shape[0])   # average pool, fc
-    return (logits, [new_state[name] for name in BN_STATE_NAMES]) if training else logits
+    """Logits of the NCHW batch X on one replica; in training mode (batch statistics) also its new BatchNorm state."""
+    out = forward_shards([params], [bn_state], [X], training, bn)
+    return (out[0][0], out[1][0]) if training else out[0]
 
 
 def to_numpy(params):
@@ -72,6 +141,39 @@ def to_numpy(params):
 
 def bn_state_to_numpy(bn_state):
     return {name: t.asnumpy().astype(np.float32) for name, t in zip(BN_STATE_NAMES, bn_state)}
+
+
+def loss_and_grads(replicas, bn_states, X_shards, y_shards, sync):
+    """The contexts' summed losses and each replica's gradients (in its parameters' .grad), from one backward through
+    the whole lock-step forward: with sync, a replica's gradient includes what reaches it through the other shards'
+    statistics. Also the replicas' new BatchNorm states."""
+    with autograd.record():
+        logits, new_states = forward_shards(replicas, bn_states, X_shards, True, CANONICAL_BN, sync)
+        losses = [loss_sum(out, y) for out, y in zip(logits, y_shards)]
+    autograd.backward(losses)
+    return losses, [[p.grad for p in params] for params in replicas], new_states
+
+
+def train_step(replicas, bn_states, X, y, devices, lr, batch_size=None, sync=False):
+    """data_parallel.train_step with BatchNorm: the shards' forward in lock-step (batch_statistics), then the
+    recipe's all-reduce of the gradients and its update; the replicas' new running statistics go into bn_states."""
+    X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
+    losses, grads, bn_states[:] = loss_and_grads(replicas, bn_states, X_shards, y_shards, sync)
+    for key, per_device in enumerate(zip(*grads)):   # one parameter's gradient on every context
+        allreduce(list(per_device), key)
+    for params, device_grads in zip(replicas, grads):
+        sgd(params, device_grads, lr, batch_size or len(X))
+    return sum(loss.asscalar() for loss in losses) / len(X)
+
+
+def evaluate(params, bn_state, X, y, batch_size=1000):
+    """Inference mode: every image normalised by the running statistics."""
+    device = params[0].context
+    correct = 0
+    for i in range(0, len(X), batch_size):
+        logits = forward(params, bn_state, nd.array(X[i:i + batch_size], ctx=device), training=False)
+        correct += (logits.argmax(axis=1).asnumpy() == y[i:i + batch_size]).sum()
+    return float(correct) / len(X)
 
 
 class Residual(gluon.HybridBlock):
