@@ -4,8 +4,8 @@ MXNet's layout is PyTorch's, so no conversion is needed."""
 import numpy as np
 from mxnet import autograd, gluon, nd
 
-from common.resnet import (BLOCKS, BN_LAYERS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, by_canonical_name, has_projection,
-                           layer_arguments, layers)
+from common.resnet import (BLOCKS, BN_LAYERS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, by_canonical_name,
+                           has_projection, layer_arguments, layers)
 
 from . import distributed as dist
 from .data_parallel import allreduce, sgd, split_and_load
@@ -36,27 +36,42 @@ def conv(p, name, h):
                           pad=(pad, pad), num_filter=w.shape[0])
 
 
+def channel_sum(h):
+    """Per-channel sum over the batch, rows and columns, in two reductions over contiguous axes (one over (0, 2, 3)
+    takes twice as long in MXNet 1.9.1's CPU kernels)."""
+    return h.reshape((h.shape[0], h.shape[1], -1)).sum(axis=2).sum(axis=0)
+
+
+def affine(h, scale, shift):
+    """h * scale + shift per channel, as a depthwise 1x1 convolution: the same arithmetic, but its backward sums the
+    per-channel gradients in oneDNN's convolution kernel, where broadcast_mul and broadcast_sub's backward takes
+    20 ms per (128, 8, 28, 28) tensor. The ResNet step is 5x faster so (width 8, batch 256, 2 contexts: 2.3 s
+    against 0.44 s)."""
+    c = h.shape[1]
+    return nd.Convolution(h, scale.reshape((c, 1, 1, 1)), shift, kernel=(1, 1), num_filter=c, num_group=c)
+
+
 def batch_statistics(hs, sync, layer):
-    """Each shard's per-channel (mean, biased variance, count) for training: its own (local BatchNorm), or the global
-    batch's (sync), in two all-reduces as a one-device variance is taken in two passes: the shards' sums and counts
-    give the mean, their squared deviations from it the variance. Summed across the contexts by copies that autograd
-    records, and across processes by the kvstore inside an autograd.Function (AllSum), so that every shard's
-    gradient includes what flows through the statistics, as if one context held the whole batch. `layer` numbers
-    the BatchNorm: its kvstore keys."""
-    c = (1, -1, 1, 1)
+    """Each shard's per-channel (mean, biased variance, count) for training, and the shard centred on that mean: its
+    own (local BatchNorm), or the global batch's (sync), in two all-reduces as a one-device variance is taken in two
+    passes: the shards' sums and counts give the mean, their squared deviations from it the variance. Summed across
+    the contexts by copies that autograd records, and across processes by the kvstore inside an autograd.Function
+    (AllSum), so that every shard's gradient includes what flows through the statistics, as if one context held the
+    whole batch. `layer` numbers the BatchNorm: its kvstore keys."""
+    counts = [h.size // h.shape[1] for h in hs]
     if not sync:
-        means = [h.mean(axis=(0, 2, 3)) for h in hs]
-        return [(mean, nd.square(nd.broadcast_sub(h, mean.reshape(c))).mean(axis=(0, 2, 3)), h.size // h.shape[1])
-                for h, mean in zip(hs, means)]
+        means = [channel_sum(h) / n for h, n in zip(hs, counts)]
+        centred = [affine(h, nd.ones_like(mean), -mean) for h, mean in zip(hs, means)]
+        return [(mean, channel_sum(nd.square(d)) / n, n, d) for mean, d, n in zip(means, centred, counts)]
     channels = hs[0].shape[1]
-    total = all_sum([nd.concat(h.sum(axis=(0, 2, 3)), nd.full((1,), h.size // channels, ctx=h.context), dim=0)
-                     for h in hs], key=KEYS + 4 * layer)
+    total = all_sum([nd.concat(channel_sum(h), nd.full((1,), n, ctx=h.context), dim=0) for h, n in zip(hs, counts)],
+                    key=KEYS + 4 * layer)
     count = total[channels:]
     mean = total[:channels] / count
-    squares = all_sum([nd.square(nd.broadcast_sub(h, mean.as_in_context(h.context).reshape(c))).sum(axis=(0, 2, 3))
-                       for h in hs], key=KEYS + 4 * layer + 1)
-    var = squares / count
-    return [(mean.as_in_context(h.context), var.as_in_context(h.context), count.as_in_context(h.context)) for h in hs]
+    centred = [affine(h, nd.ones_like(mean, ctx=h.context), -mean.as_in_context(h.context)) for h in hs]
+    var = all_sum([channel_sum(nd.square(d)) for d in centred], key=KEYS + 4 * layer + 1) / count
+    return [(mean.as_in_context(h.context), var.as_in_context(h.context), count.as_in_context(h.context), d)
+            for h, d in zip(hs, centred)]
 
 
 # The kvstore keys of the statistics' all-reduces, past data_parallel.allreduce's (one per parameter): four per
@@ -90,20 +105,19 @@ def all_sum(parts, key):
 def batch_norm(ps, ss, name, hs, training, bn, sync, new_states):
     """common.resnet.batch_norm written out on every shard at once (nd.BatchNorm updates its running statistics as
     aux states of the op, by its own convention)."""
-    c = (1, -1, 1, 1)
-    running = [(s[f"{name}.running_mean"], s[f"{name}.running_var"]) for s in ss]
     if training:
         statistics = batch_statistics(hs, sync, BN_LAYERS.index(name))
-        for new, (mean, var), (batch_mean, batch_var, count) in zip(new_states, running, statistics):
+        for new, s, (batch_mean, batch_var, count, _) in zip(new_states, ss, statistics):
             unbiased = batch_var * count / (count - 1) if bn.unbiased else batch_var
+            mean, var = s[f"{name}.running_mean"], s[f"{name}.running_var"]
             new[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * batch_mean.detach()
             new[f"{name}.running_var"] = (1 - bn.momentum) * var + bn.momentum * unbiased.detach()
-        running = [(batch_mean, batch_var) for batch_mean, batch_var, _ in statistics]
-    out = []
-    for p, h, (mean, var) in zip(ps, hs, running):
-        h = nd.broadcast_mul(nd.broadcast_sub(h, mean.reshape(c)), nd.rsqrt(var.reshape(c) + bn.eps))
-        out.append(nd.broadcast_add(nd.broadcast_mul(h, p[f"{name}.weight"].reshape(c)), p[f"{name}.bias"].reshape(c)))
-    return out
+        centred = [(d, var) for _, var, _, d in statistics]
+    else:
+        centred = [(affine(h, nd.ones_like(s[f"{name}.running_mean"]), -s[f"{name}.running_mean"]),
+                    s[f"{name}.running_var"]) for h, s in zip(hs, ss)]
+    return [affine(d, p[f"{name}.weight"] * nd.rsqrt(var + bn.eps), p[f"{name}.bias"])
+            for p, (d, var) in zip(ps, centred)]
 
 
 def forward_shards(replicas, bn_states, X_shards, training, bn=CANONICAL_BN, sync=False):
