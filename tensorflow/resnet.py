@@ -9,6 +9,10 @@ from common.layouts import to_canonical, to_channels_last
 from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, IMAGE_SHAPE, PARAM_NAMES, has_projection,
                            layer_arguments, layers)
 
+from . import distributed as dist
+from .data_parallel import allreduce, sgd, split_and_load
+from .lenet import loss_sum
+
 layout = "nhwc"   # as lenet.layout: execution.DEFAULT_LAYOUT
 
 
@@ -36,37 +40,100 @@ def conv(p, name, h):
     return tf.nn.bias_add(h, p[f"{name}.bias"], data_format=layout.upper())
 
 
-def batch_norm(p, s, name, h, training, bn, new_state):
-    """common.resnet.batch_norm written out with tf.nn.moments (biased) and tf.nn.batch_normalization. The batch
-    statistics are those of this tensor; a synchronised BatchNorm would all-reduce common.resnet.moments of each
-    shard here."""
-    axes, shape = ([0, 1, 2], (1, 1, 1, -1)) if layout == "nhwc" else ([0, 2, 3], (1, -1, 1, 1))
-    gamma, beta = p[f"{name}.weight"], p[f"{name}.bias"]
-    mean, var = s[f"{name}.running_mean"], s[f"{name}.running_var"]
-    if training:
-        count = int(np.prod([h.shape[a] for a in axes]))
-        batch_mean, batch_var = tf.nn.moments(h, axes)
-        running_var = batch_var * count / (count - 1) if bn.unbiased else batch_var
-        new_state[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * tf.stop_gradient(batch_mean)
-        new_state[f"{name}.running_var"] = (1 - bn.momentum) * var + bn.momentum * tf.stop_gradient(running_var)
-        mean, var = batch_mean, batch_var
+def axes_and_shape():
+    """The axes a BatchNorm reduces over and the shape its per-channel vectors broadcast in, in `layout`."""
+    return ([0, 1, 2], (1, 1, 1, -1)) if layout == "nhwc" else ([0, 2, 3], (1, -1, 1, 1))
+
+
+def on_devices(devices, fn, *per_shard):
+    """fn on every shard's arguments, each under its own device: TensorFlow places an op by tf.device, not by
+    where its inputs are."""
+    out = []
+    for device, args in zip(devices, zip(*per_shard)):
+        with tf.device(device):
+            out.append(fn(*args))
+    return out
+
+
+def batch_statistics(hs, devices, sync):
+    """Each shard's per-channel (mean, biased variance, count) for training: its own (local BatchNorm), or the global
+    batch's (sync), in two all-reduces as a one-device variance is taken in two passes: the shards' sums and counts
+    give the mean, their squared deviations from it the variance. Summed across this process's devices by add_n and
+    across processes by process_sum, both differentiated by the tape: every shard's gradient includes what flows
+    through the statistics, as if one device held the whole batch."""
+    axes, shape = axes_and_shape()
+    channel = -1 if layout == "nhwc" else 1
+    count = lambda h: tf.cast(tf.size(h) // tf.shape(h)[channel], h.dtype)   # noqa: E731
+    if not sync:
+        return on_devices(devices, lambda h: (*tf.nn.moments(h, axes), count(h)), hs)
+    total = all_sum(on_devices(devices, lambda h: tf.concat([tf.reduce_sum(h, axes), [count(h)]], 0), hs), devices[0])
+    n = total[-1]
+    mean = total[:-1] / n
+    squares = on_devices(devices, lambda h: tf.reduce_sum(tf.square(h - tf.reshape(mean, shape)), axes), hs)
+    var = all_sum(squares, devices[0]) / n
+    return [(mean, var, n)] * len(hs)   # each device's ops copy them over
+
+
+def all_sum(parts, device):
+    """The sum of one tensor per device, on `device`, over every process: differentiable."""
+    with tf.device(device):
+        total = tf.add_n(parts)
+        return process_sum(total) if dist.is_initialized() else total
+
+
+@tf.custom_gradient
+def process_sum(x):
+    """The sum over processes (the strategy's all-reduce) with its gradient: the gradient of a sum reaches every
+    term, so each process's gradient is the sum of every process's."""
+    return dist.all_reduce(x), lambda dy: dist.all_reduce(dy)
+
+
+def batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states):
+    """common.resnet.batch_norm written out on every shard at once, with tf.nn.batch_normalization (Keras's
+    BatchNormalization would keep its own moving statistics by its own convention)."""
+    _, shape = axes_and_shape()
     reshape = lambda v: tf.reshape(v, shape)   # noqa: E731
-    return tf.nn.batch_normalization(h, reshape(mean), reshape(var), reshape(beta), reshape(gamma), bn.eps)
+    running = [(s[f"{name}.running_mean"], s[f"{name}.running_var"]) for s in ss]
+    if training:
+        statistics = batch_statistics(hs, devices, sync)
+        for new, (mean, var), (batch_mean, batch_var, count), device in zip(new_states, running, statistics, devices):
+            with tf.device(device):
+                unbiased = batch_var * count / (count - 1) if bn.unbiased else batch_var
+                new[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * tf.stop_gradient(batch_mean)
+                new[f"{name}.running_var"] = (1 - bn.momentum) * var + bn.momentum * tf.stop_gradient(unbiased)
+        running = [(batch_mean, batch_var) for batch_mean, batch_var, _ in statistics]
+    return on_devices(devices, lambda p, h, mv: tf.nn.batch_normalization(
+        h, reshape(mv[0]), reshape(mv[1]), reshape(p[f"{name}.bias"]), reshape(p[f"{name}.weight"]), bn.eps),
+        ps, hs, running)
+
+
+def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICAL_BN, sync=False):
+    """Every replica on its own shard, in lock-step, layer by layer: a synchronised BatchNorm needs every shard's
+    moments before any shard is normalised. Logits per shard; in training mode also each replica's new BatchNorm
+    state (a list in BN_STATE_NAMES order). Nothing is updated in place."""
+    ps, ss = [dict(zip(PARAM_NAMES, r)) for r in replicas], [dict(zip(BN_STATE_NAMES, s)) for s in bn_states]
+    new_states = [{} for _ in replicas]
+    convs = lambda name, hs: on_devices(devices, lambda p, h: conv(p, name, h), ps, hs)   # noqa: E731
+    norms = lambda name, hs: batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states)   # noqa: E731
+    relus = lambda hs: on_devices(devices, tf.nn.relu, hs)   # noqa: E731
+    hs = relus(norms("stem.bn", convs("stem.conv", on_devices(devices, to_layout, X_shards))))
+    for block, stride in BLOCKS:
+        ys = relus(norms(f"{block}.bn1", convs(f"{block}.conv1", hs)))
+        ys = norms(f"{block}.bn2", convs(f"{block}.conv2", ys))
+        shortcuts = convs(f"{block}.conv3", hs) if has_projection(stride) else hs
+        hs = relus(on_devices(devices, tf.add, ys, shortcuts))
+    pool = [1, 2] if layout == "nhwc" else [2, 3]
+    logits = on_devices(devices, lambda p, h: tf.nn.bias_add(tf.matmul(tf.reduce_mean(h, pool), p["fc.weight"]),
+                                                             p["fc.bias"]), ps, hs)   # global average pooling, fc
+    if not training:
+        return logits
+    return logits, [[new[name] for name in BN_STATE_NAMES] for new in new_states]
 
 
 def forward(params, bn_state, X, training, bn=CANONICAL_BN):
-    """Logits of the NCHW batch X; in training mode (batch statistics) also the new BatchNorm state, a list in
-    BN_STATE_NAMES order. Nothing is updated in place: the caller keeps or drops the new state."""
-    p, s, new_state = dict(zip(PARAM_NAMES, params)), dict(zip(BN_STATE_NAMES, bn_state)), {}
-    norm = lambda name, h: batch_norm(p, s, name, h, training, bn, new_state)   # noqa: E731
-    h = tf.nn.relu(norm("stem.bn", conv(p, "stem.conv", to_layout(X))))
-    for block, stride in BLOCKS:
-        y = tf.nn.relu(norm(f"{block}.bn1", conv(p, f"{block}.conv1", h)))
-        y = norm(f"{block}.bn2", conv(p, f"{block}.conv2", y))
-        h = tf.nn.relu(y + (conv(p, f"{block}.conv3", h) if has_projection(stride) else h))
-    h = tf.reduce_mean(h, [1, 2] if layout == "nhwc" else [2, 3])   # global average pooling
-    logits = tf.nn.bias_add(tf.matmul(h, p["fc.weight"]), p["fc.bias"])
-    return (logits, [new_state[name] for name in BN_STATE_NAMES]) if training else logits
+    """Logits of the NCHW batch X on one replica; in training mode (batch statistics) also its new BatchNorm state."""
+    out = forward_shards([params], [bn_state], [X], [params[0].device], training, bn)
+    return (out[0][0], out[1][0]) if training else out[0]
 
 
 def to_numpy(params):
@@ -76,6 +143,50 @@ def to_numpy(params):
 
 def bn_state_to_numpy(bn_state):
     return {name: t.numpy().astype(np.float32) for name, t in zip(BN_STATE_NAMES, bn_state)}
+
+
+def step_on_shards(replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, sync):
+    """data_parallel.step_on_shards with BatchNorm: one tape over the whole lock-step forward (with sync, a
+    replica's gradient includes what reaches it through the other shards' statistics), the recipe's all-reduce of
+    each parameter's gradients, its update. Returns each device's summed loss and the replicas' new BatchNorm
+    states. One graph for the step (tf.function below), traced per device list and BatchNorm mode."""
+    with tf.GradientTape() as tape:
+        logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync)
+        losses = on_devices(devices, loss_sum, logits, y_shards)
+    grads = tape.gradient(losses, [p for params in replicas for p in params])   # of the losses' sum
+    n = len(PARAM_NAMES)
+    grads = [grads[i * n:(i + 1) * n] for i in range(len(replicas))]
+    summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
+    for params, device_grads in zip(replicas, zip(*summed)):
+        sgd(params, device_grads, lr, batch_size)
+    return losses, new_states
+
+
+step_on_shards = tf.function(step_on_shards, reduce_retracing=True)
+
+
+def train_step(replicas, bn_states, X, y, devices, lr, batch_size=None, sync=False):
+    """data_parallel.train_step with BatchNorm; the replicas' new running statistics go into bn_states."""
+    X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
+    losses, bn_states[:] = step_on_shards(replicas, bn_states, X_shards, y_shards, tuple(devices),
+                                          tf.constant(lr, tf.float32), tf.constant(batch_size or len(X), tf.float32),
+                                          sync)
+    return sum(float(loss) for loss in losses) / len(X)
+
+
+@tf.function(reduce_retracing=True)
+def predict(params, bn_state, X):
+    return tf.argmax(forward(params, bn_state, X, training=False), 1)
+
+
+def evaluate(params, bn_state, X, y, batch_size=1000):
+    """Inference mode: every image normalised by the running statistics."""
+    correct = 0
+    for i in range(0, len(X), batch_size):
+        with tf.device(params[0].device):
+            correct += (predict(params, bn_state, tf.convert_to_tensor(X[i:i + batch_size])).numpy()
+                        == y[i:i + batch_size]).sum()
+    return float(correct) / len(X)
 
 
 # canonical suffix -> the Keras variable's name in each kind of layer
