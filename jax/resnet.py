@@ -13,7 +13,9 @@ from common.layouts import to_canonical, to_channels_last
 from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, by_canonical_name, has_projection,
                            layer_arguments, layers)
 
-from .lenet import DIMENSIONS
+from . import distributed as dist
+from .data_parallel import allreduce, device_of, sgd, split_and_load
+from .lenet import DIMENSIONS, loss_sum
 
 layout = "nhwc"   # as lenet.layout: execution.DEFAULT_LAYOUT
 
@@ -45,38 +47,94 @@ def conv(p, name, h):
     return h + lax.broadcast_in_dim(p[f"{name}.bias"], h.shape, (dims[2].index("C"),))
 
 
-def batch_norm(p, s, name, h, training, bn, new_state):
-    """common.resnet.batch_norm written out in jnp. The batch statistics are those of this array; a synchronised
-    BatchNorm would all-reduce common.resnet.moments of each shard here (lax.psum under shard_map)."""
-    axes, shape = ((0, 1, 2), (1, 1, 1, -1)) if layout == "nhwc" else ((0, 2, 3), (1, -1, 1, 1))
-    gamma, beta = p[f"{name}.weight"], p[f"{name}.bias"]
-    mean, var = s[f"{name}.running_mean"], s[f"{name}.running_var"]
+def axes_and_shape():
+    """The axes a BatchNorm reduces over and the shape its per-channel vectors broadcast in, in `layout`."""
+    return ((0, 1, 2), (1, 1, 1, -1)) if layout == "nhwc" else ((0, 2, 3), (1, -1, 1, 1))
+
+
+def batch_statistics(hs, devices, sync):
+    """Each shard's per-channel (mean, biased variance, count) for training: its own (local BatchNorm), or the global
+    batch's (sync), in two all-reduces as a one-device variance is taken in two passes: the shards' sums and counts
+    give the mean, their squared deviations from it the variance. Summed across this process's devices by
+    device_put (which JAX differentiates: its transpose copies the gradient back) and across processes by
+    process_sum, so every shard's gradient includes what flows through the statistics, as if one device held the
+    whole batch. JAX places an op where its inputs are; `devices` says where each shard's are."""
+    axes, shape = axes_and_shape()
+    if not sync:
+        return [(h.mean(axis=axes), jnp.square(h - h.mean(axis=axes).reshape(shape)).mean(axis=axes),
+                 h.size // h.shape[shape.index(-1)]) for h in hs]
+    count = sum(h.size for h in hs) // hs[0].shape[shape.index(-1)]   # shapes are static in JAX
+    mean = all_sum([h.sum(axis=axes) for h in hs], devices)
+    count = process_sum(jnp.float32(count)) if dist.is_initialized() else count
+    mean = mean / count
+    var = all_sum([jnp.square(h - jax.device_put(mean, d).reshape(shape)).sum(axis=axes) for h, d in zip(hs, devices)],
+                  devices) / count
+    return [(jax.device_put(mean, d), jax.device_put(var, d), count) for d in devices]
+
+
+def all_sum(parts, devices):
+    """The sum of one array per device, on the first device, over every process: differentiable."""
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + jax.device_put(part, devices[0])
+    return process_sum(total) if dist.is_initialized() else total
+
+
+@jax.custom_vjp
+def process_sum(x):
+    """The sum over processes (distributed.all_reduce, a compiled collective over the process mesh) with its
+    gradient: the gradient of a sum reaches every term, so each process's gradient is the sum of every process's.
+    Called eagerly (loss_and_grads below is not jitted), so the collective sees concrete arrays."""
+    return dist.all_reduce(x)
+
+
+process_sum.defvjp(lambda x: (dist.all_reduce(x), None), lambda _, g: (dist.all_reduce(g),))
+
+
+def batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states):
+    """common.resnet.batch_norm written out in jnp, on every shard at once."""
+    _, shape = axes_and_shape()
+    running = [(s[f"{name}.running_mean"], s[f"{name}.running_var"]) for s in ss]
     if training:
-        count = int(np.prod([h.shape[a] for a in axes]))
-        batch_mean = h.mean(axis=axes)
-        batch_var = jnp.square(h - batch_mean.reshape(shape)).mean(axis=axes)
-        running_var = batch_var * count / (count - 1) if bn.unbiased else batch_var
-        new_state[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * lax.stop_gradient(batch_mean)
-        new_state[f"{name}.running_var"] = (1 - bn.momentum) * var + bn.momentum * lax.stop_gradient(running_var)
-        mean, var = batch_mean, batch_var
-    h = (h - mean.reshape(shape)) * lax.rsqrt(var.reshape(shape) + bn.eps)
-    return h * gamma.reshape(shape) + beta.reshape(shape)
+        statistics = batch_statistics(hs, devices, sync)
+        for new, (mean, var), (batch_mean, batch_var, count) in zip(new_states, running, statistics):
+            unbiased = batch_var * count / (count - 1) if bn.unbiased else batch_var
+            new[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * lax.stop_gradient(batch_mean)
+            new[f"{name}.running_var"] = (1 - bn.momentum) * var + bn.momentum * lax.stop_gradient(unbiased)
+        running = [(batch_mean, batch_var) for batch_mean, batch_var, _ in statistics]
+    return [(h - mean.reshape(shape)) * lax.rsqrt(var.reshape(shape) + bn.eps) * p[f"{name}.weight"].reshape(shape)
+            + p[f"{name}.bias"].reshape(shape) for p, h, (mean, var) in zip(ps, hs, running)]
+
+
+def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICAL_BN, sync=False):
+    """Every replica on its own shard, in lock-step, layer by layer: a synchronised BatchNorm needs every shard's
+    moments before any shard is normalised. Logits per shard; in training mode also each replica's new BatchNorm
+    state (a list in BN_STATE_NAMES order). Pure: `training`, `bn` and `sync` are static under jax.jit."""
+    ps, ss = [dict(zip(PARAM_NAMES, r)) for r in replicas], [dict(zip(BN_STATE_NAMES, s)) for s in bn_states]
+    new_states = [{} for _ in replicas]
+    convs = lambda name, hs: [conv(p, name, h) for p, h in zip(ps, hs)]   # noqa: E731
+    norms = lambda name, hs: batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states)   # noqa: E731
+    relus = lambda hs: [jax.nn.relu(h) for h in hs]   # noqa: E731
+    hs = relus(norms("stem.bn", convs("stem.conv", [to_layout(X) for X in X_shards])))
+    for block, stride in BLOCKS:
+        ys = relus(norms(f"{block}.bn1", convs(f"{block}.conv1", hs)))
+        ys = norms(f"{block}.bn2", convs(f"{block}.conv2", ys))
+        shortcuts = convs(f"{block}.conv3", hs) if has_projection(stride) else hs
+        hs = relus([y + shortcut for y, shortcut in zip(ys, shortcuts)])
+    pool = (1, 2) if layout == "nhwc" else (2, 3)
+    # canonical dense weights are (out, in); channels-last ones (in, out)
+    logits = [h.mean(axis=pool) @ (p["fc.weight"] if layout == "nhwc" else p["fc.weight"].T) + p["fc.bias"]
+              for p, h in zip(ps, hs)]   # global average pooling, fc
+    if not training:
+        return logits
+    return logits, [[new[name] for name in BN_STATE_NAMES] for new in new_states]
 
 
 def forward(params, bn_state, X, training, bn=CANONICAL_BN):
-    """Logits of the NCHW batch X; in training mode (batch statistics) also the new BatchNorm state, a list in
-    BN_STATE_NAMES order. `training` and `bn` are static under jax.jit."""
-    p, s, new_state = dict(zip(PARAM_NAMES, params)), dict(zip(BN_STATE_NAMES, bn_state)), {}
-    norm = lambda name, h: batch_norm(p, s, name, h, training, bn, new_state)   # noqa: E731
-    h = jax.nn.relu(norm("stem.bn", conv(p, "stem.conv", to_layout(X))))
-    for block, stride in BLOCKS:
-        y = jax.nn.relu(norm(f"{block}.bn1", conv(p, f"{block}.conv1", h)))
-        y = norm(f"{block}.bn2", conv(p, f"{block}.conv2", y))
-        h = jax.nn.relu(y + (conv(p, f"{block}.conv3", h) if has_projection(stride) else h))
-    h = h.mean(axis=(1, 2) if layout == "nhwc" else (2, 3))   # global average pooling
-    w = p["fc.weight"] if layout == "nhwc" else p["fc.weight"].T   # canonical dense weights are (out, in)
-    logits = h @ w + p["fc.bias"]
-    return (logits, [new_state[name] for name in BN_STATE_NAMES]) if training else logits
+    """Logits of the NCHW batch X on one replica; in training mode (batch statistics) also its new BatchNorm state.
+    `training` and `bn` are static under jax.jit."""
+    out = forward_shards([params], [bn_state], [X], [None], training, bn)
+    return (out[0][0], out[1][0]) if training else out[0]
 
 
 def to_numpy(params):
@@ -86,6 +144,60 @@ def to_numpy(params):
 
 def bn_state_to_numpy(bn_state):
     return {name: np.asarray(t, dtype=np.float32) for name, t in zip(BN_STATE_NAMES, bn_state)}
+
+
+def shard_loss(replicas, bn_states, X_shards, y_shards, devices, sync):
+    """The shards' summed loss through the lock-step forward, and the new BatchNorm states (value_and_grad's aux)."""
+    logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync)
+    losses = [loss_sum(out, y) for out, y in zip(logits, y_shards)]
+    return sum(jax.device_put(loss, devices[0]) for loss in losses), (losses, new_states)
+
+
+@jax.jit
+def one_shard_loss_and_grads(params, bn_state, X, y):
+    """One device's part of a local-BatchNorm step, compiled: its own statistics need nothing from the others."""
+    (_, (losses, (new_state,))), (grads,) = jax.value_and_grad(shard_loss, has_aux=True)(
+        [params], [bn_state], [X], [y], [None], False)
+    return losses[0], grads, new_state
+
+
+def loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync):
+    """Each device's summed loss, each replica's gradients and new BatchNorm state. Local BatchNorm: every device's
+    part compiled on its own, dispatched asynchronously (the devices work in parallel), as lenet.py's. Sync: one
+    jax.value_and_grad through the whole lock-step forward, with sync a replica's gradient including what reaches it
+    through the other shards' statistics; eager, op by op (a jitted function runs on one device or one mesh, and the
+    recipe's devices are separate: the idiomatic form of this is the built-in engine's, a jit over a sharded batch)."""
+    if not sync:
+        return [list(out) for out in zip(*map(one_shard_loss_and_grads, replicas, bn_states, X_shards, y_shards))]
+    (_, (losses, new_states)), grads = jax.value_and_grad(shard_loss, has_aux=True)(
+        replicas, bn_states, X_shards, y_shards, devices, True)
+    return losses, grads, new_states
+
+
+def train_step(replicas, bn_states, X, y, devices, lr, batch_size=None, sync=False):
+    """data_parallel.train_step with BatchNorm: the shards' forward (batch_statistics), the recipe's all-reduce of
+    the gradients and its update; the replicas' new running statistics go into bn_states."""
+    X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
+    losses, grads, bn_states[:] = loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync)
+    summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
+    for params, device_grads in zip(replicas, zip(*summed)):
+        sgd(params, device_grads, lr, batch_size or len(X))
+    return sum(float(loss) for loss in losses) / len(X)
+
+
+@jax.jit
+def predict(params, bn_state, X):
+    return forward(params, bn_state, X, training=False).argmax(1)
+
+
+def evaluate(params, bn_state, X, y, batch_size=1000):
+    """Inference mode: every image normalised by the running statistics."""
+    device = device_of(params[0])
+    correct = 0
+    for i in range(0, len(X), batch_size):
+        X_batch = jax.device_put(X[i:i + batch_size], device)
+        correct += (jax.device_get(predict(params, bn_state, X_batch)) == y[i:i + batch_size]).sum()
+    return float(correct) / len(X)
 
 
 class Residual(nnx.Module):
