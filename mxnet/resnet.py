@@ -165,6 +165,9 @@ def loss_and_grads(replicas, bn_states, X_shards, y_shards, sync):
         logits, new_states = forward_shards(replicas, bn_states, X_shards, True, CANONICAL_BN, sync)
         losses = [loss_sum(out, y) for out, y in zip(logits, y_shards)]
     autograd.backward(losses)
+    if sync and dist.is_initialized():
+        nd.waitall()   # AllSum.backward runs on an engine thread: its all-reduces first, then the gradients' (their
+        #                kvstore keys are declared in the same order on every process, or the workers deadlock)
     return losses, [[p.grad for p in params] for params in replicas], new_states
 
 
@@ -193,13 +196,13 @@ def evaluate(params, bn_state, X, y, batch_size=1000):
 class Residual(gluon.HybridBlock):
     """d2l's Residual (MXNet tab), with explicit in_channels so that the weights can be set before a forward."""
 
-    def __init__(self, c_in, c, stride, bn_args):
+    def __init__(self, c_in, c, stride, norm):
         super().__init__()
         nn = gluon.nn
         self.conv1 = nn.Conv2D(c, 3, stride, 1, in_channels=c_in)
-        self.bn1 = nn.BatchNorm(in_channels=c, **bn_args)
+        self.bn1 = norm(c)
         self.conv2 = nn.Conv2D(c, 3, 1, 1, in_channels=c)
-        self.bn2 = nn.BatchNorm(in_channels=c, **bn_args)
+        self.bn2 = norm(c)
         self.conv3 = nn.Conv2D(c, 1, stride, in_channels=c_in) if has_projection(stride) else None
 
     def hybrid_forward(self, F, X):
@@ -209,16 +212,18 @@ class Residual(gluon.HybridBlock):
 
 
 class ResNet(gluon.HybridBlock):
-    def __init__(self, width, bn_args):
+    """norm(channels) makes each BatchNorm layer: nn.BatchNorm, or contrib's SyncBatchNorm (build_model)."""
+
+    def __init__(self, width, norm):
         super().__init__()
         nn = gluon.nn
         self.conv = nn.Conv2D(width, 3, 1, 1, in_channels=1)
-        self.bn = nn.BatchNorm(in_channels=width, **bn_args)
+        self.bn = norm(width)
         self.blocks = nn.HybridSequential()
         c_in = width
         for block, stride in BLOCKS:
             c = layers(width)[f"{block}.conv1"][1][0]
-            self.blocks.add(Residual(c_in, c, stride, bn_args))
+            self.blocks.add(Residual(c_in, c, stride, norm))
             c_in = c
         self.pool = nn.GlobalAvgPool2D()
         self.fc = nn.Dense(layers(width)["fc"][1][0], in_units=c_in)   # flattens the pooled (N, C, 1, 1)
@@ -237,14 +242,20 @@ def gluon_parameters(net):
     return by_canonical_name(net, GLUON_NAMES)
 
 
-def build_model(weights, bn_state, bn=CANONICAL_BN, static_shape=False):
+def build_model(weights, bn_state, bn=CANONICAL_BN, static_shape=False, sync_devices=None):
     """The same ResNet-18 as an idiomatic Gluon HybridBlock with nn.BatchNorm set to `bn`'s momentum (Gluon's
-    weighs the running value) and epsilon, on the CPU, hybridized. Training mode is autograd.record(); the
+    weighs the running value) and epsilon, on the CPU, hybridized; with sync_devices=n, Gluon's
+    contrib.nn.SyncBatchNorm over the n contexts of this process instead. Training mode is autograd.record(); the
     BatchNorm layers move their running statistics in the BACKWARD pass (a forward alone leaves them).
     Not static_shape, unlike lenet.py: with hybridize(static_alloc=True, static_shape=True), MXNet 1.9.1's graph
     normalises by updated running statistics while the Parameters (running_mean.data(), what a checkpoint saves)
     keep their initial values (tests/test_resnet.py)."""
-    net = ResNet(weights["stem.conv.weight"].shape[0], layer_arguments("mxnet", bn))
+    bn_args = layer_arguments("mxnet", bn)
+    if sync_devices is None:
+        norm = lambda c: gluon.nn.BatchNorm(in_channels=c, **bn_args)   # noqa: E731
+    else:
+        norm = lambda c: gluon.contrib.nn.SyncBatchNorm(in_channels=c, num_devices=sync_devices, **bn_args)  # noqa
+    net = ResNet(weights["stem.conv.weight"].shape[0], norm)
     net.initialize()
     for name, param in gluon_parameters(net).items():
         param.set_data(nd.array({**weights, **bn_state}[name]))
@@ -252,7 +263,9 @@ def build_model(weights, bn_state, bn=CANONICAL_BN, static_shape=False):
     return net
 
 
-def model_to_numpy(net):
-    """(weights, BatchNorm state) of an idiomatic model, canonical numpy: build_model's inverse."""
-    found = {name: param.data().asnumpy().astype(np.float32) for name, param in gluon_parameters(net).items()}
+def model_to_numpy(net, replica=0):
+    """(weights, BatchNorm state) of an idiomatic model, canonical numpy: build_model's inverse; a model on several
+    contexts gives its copy on the replica-th."""
+    found = {name: param.list_data()[replica].asnumpy().astype(np.float32)
+             for name, param in gluon_parameters(net).items()}
     return {name: found[name] for name in PARAM_NAMES}, {name: found[name] for name in BN_STATE_NAMES}
