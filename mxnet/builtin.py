@@ -1,14 +1,18 @@
 """MXNet's own data parallelism: gluon.Trainer over a kvstore. In one process the `device` kvstore
 sums the gradients of the Parameters' copies on every context; across processes the `dist_sync`
-kvstore that distributed.py created also sums them over all workers (through the server)."""
+kvstore that distributed.py created also sums them over all workers (through the server).
+The ResNet's BatchNorm keeps its running statistics as aux Parameters (grad_req 'null'): the kvstore never sees
+them, so each context keeps its own. Synchronised BatchNorm is Gluon's contrib.nn.SyncBatchNorm, which shares the
+moments between the contexts of one process only, and hangs on CPU contexts (measured: the run is refused there)."""
 
 from mxnet import autograd, gluon, nd
 
-from common.interface import Model
+from common.interface import Model, Network, Unavailable
 
-from . import distributed as dist
+from . import distributed as dist, resnet
 from .data_parallel import evaluate as evaluate_params
-from .lenet import build_model, loss_sum, to_numpy as params_to_numpy
+from .idiomatic import build, evaluate as evaluate_gluon, is_resnet
+from .lenet import loss_sum, to_numpy as params_to_numpy
 from .optimizer import Trainer, get_trainer, canonical_state
 
 EXEC = "hybridize"
@@ -16,25 +20,35 @@ COMPILES = "fwd+bwd"
 LAYOUT = "NCHW (Gluon)"
 
 
-def get_model(weights, devices, optimizer=None, state=None):
+def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     """A copy of every Parameter on every context. update_on_kvstore=False: the kvstore only sums the
     gradients and each context applies the SGD update to its own copy, like the scratch sgd (a dist
     kvstore would otherwise run the optimizer on the server, fixed at its first learning rate and batch
     size). Without a kvstore (kvstore=None) the Trainer would update each copy with its own gradient.
     The recipe's plain SGD (optimizer None or is_recipe) is Gluon's "sgd" at the harness's rate; any other
     optimizer is optimizer.py's Trainer: MXNet's optimizer and schedule, and clipping by global norm, from the
-    canonical `state` of a checkpoint if given (every context's updater, in every process, gets it)."""
-    net = build_model(weights)             # hybridized, on the CPU
+    canonical `state` of a checkpoint if given (every context's updater, in every process, gets it).
+    The ResNet's sync BatchNorm: SyncBatchNorm over this process's contexts (GPUs: written, not run here)."""
+    if network.sync and dist.is_initialized():
+        raise Unavailable("Gluon's contrib SyncBatchNorm synchronises the contexts of one process only, not a "
+                          "kvstore's workers: run --bn sync in 1 process")
+    if network.sync and devices[0].device_type == "cpu":
+        raise Unavailable("Gluon's contrib SyncBatchNorm hangs on CPU contexts (MXNet 1.9.1: each context's engine "
+                          "thread waits in each layer for the others; measured: 2 layers finish, 3 never do)")
+    net = build(weights, network, len(devices) if network.sync else None)   # hybridized, on the CPU
     net.collect_params().reset_ctx(devices)
     kvstore = {"kvstore": dist.KV if dist.is_initialized() else "device", "update_on_kvstore": False}
     if optimizer is None or optimizer.is_recipe:
         trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0}, **kvstore)
     else:
         trainer = get_trainer(net.collect_params(), optimizer, state=state, **kvstore)
-    if dist.is_initialized():
-        trainer._init_kvstore()            # broadcast the weights now, not in the first step: there, on the
-        trainer._init_params()             # CPU, the weights' pull can overtake the gradients' pushpull and
-        nd.waitall()                       # come back holding the summed gradients (MXNet 1.9.1)
+    # Broadcast the Parameters now, not in the first step (MXNet 1.9.1): there, across processes on the CPU, the
+    # weights' pull can overtake the gradients' pushpull and come back holding the summed gradients; and in any
+    # run it copies the first context's running statistics, already moved by the first backward, over every
+    # other context's (tests/test_resnet_modes.py).
+    trainer._init_kvstore()
+    trainer._init_params()
+    nd.waitall()
     return Model(net, trainer, devices)
 
 
@@ -60,7 +74,18 @@ def params(net):
 
 
 def to_numpy(model):
+    if is_resnet(model.net):
+        return resnet.model_to_numpy(model.net)[0]
     return params_to_numpy(params(model.net))
+
+
+def bn_state(model):
+    return resnet.model_to_numpy(model.net)[1]
+
+
+def replica_bn_states(model):
+    """Every context's copy of the running statistics, as each context's BatchNorm moved it."""
+    return [resnet.model_to_numpy(model.net, i)[1] for i in range(len(model.placement))]
 
 
 def optimizer_state(model):
@@ -68,4 +93,6 @@ def optimizer_state(model):
 
 
 def evaluate(model, X, y):
+    if is_resnet(model.net):
+        return evaluate_gluon(model, X, y)   # outside autograd.record: inference mode, on the first context
     return evaluate_params(params(model.net), X, y)

@@ -4,8 +4,9 @@ it beside the scratch step to show what the from-scratch recipe costs."""
 
 from mxnet import autograd, gluon, nd
 
-from common.interface import Model, RosettaError, Unavailable
+from common.interface import Model, Network, RosettaError, Unavailable
 
+from . import resnet
 from .lenet import build_model, to_numpy as params_to_numpy
 from .optimizer import CLASSES, Trainer, get_trainer, canonical_state
 
@@ -19,19 +20,32 @@ loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()   # one loss per example
 PORTS = tuple(CLASSES)
 
 
-def get_model(weights, devices, optimizer=None, state=None, port="canonical"):
+def get_model(weights, devices, optimizer=None, state=None, port="canonical", network=Network()):
     """On one context the Trainer updates the weights itself (it makes no kvstore). The recipe's plain SGD
     (optimizer None or is_recipe) is Gluon's "sgd" at the harness's rate; any other optimizer is optimizer.py's
-    Trainer, as in builtin.py, from the canonical `state` of a checkpoint if given."""
+    Trainer, as in builtin.py, from the canonical `state` of a checkpoint if given. The network is the LeNet, or
+    the ResNet with nn.BatchNorm (network.sync changes nothing on one context)."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     if port not in PORTS:
         raise RosettaError(f"unknown port {port!r}; choose from {', '.join(PORTS)}")
-    net = build_model(weights)
+    net = build(weights, network)
     net.collect_params().reset_ctx(devices[0])
     if optimizer is None or optimizer.is_recipe:
         return Model(net, gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0}))
     return Model(net, get_trainer(net.collect_params(), optimizer, port, state))
+
+
+def build(weights, network, sync_devices=None):
+    """The idiomatic network, hybridized on the CPU: the LeNet, or the ResNet holding network.bn_state (its
+    BatchNorm Gluon's SyncBatchNorm over sync_devices contexts if given)."""
+    if network.bn_state is None:
+        return build_model(weights)
+    return resnet.build_model(weights, network.bn_state, sync_devices=sync_devices)
+
+
+def is_resnet(net):
+    return isinstance(net, resnet.ResNet)
 
 
 def train_step(model, X, y, devices, lr, batch_size=None):
@@ -51,7 +65,17 @@ def train_step(model, X, y, devices, lr, batch_size=None):
 
 
 def to_numpy(model):
+    if is_resnet(model.net):
+        return resnet.model_to_numpy(model.net)[0]
     return params_to_numpy([p.data() for p in model.net.collect_params().values()])
+
+
+def bn_state(model):
+    return resnet.model_to_numpy(model.net)[1]
+
+
+def replica_bn_states(model):
+    return [bn_state(model)]   # one context
 
 
 def optimizer_state(model):
@@ -59,6 +83,7 @@ def optimizer_state(model):
 
 
 def evaluate(model, X, y, batch_size=1000):
+    """Outside autograd.record(): inference mode, the ResNet's BatchNorm by its running statistics."""
     net = model.net
     correct = 0
     for i in range(0, len(X), batch_size):

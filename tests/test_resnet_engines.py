@@ -84,7 +84,8 @@ LOCAL_BUILTIN_STATES = {
 # Where a framework's own synchronised BatchNorm cannot run here, the row is skipped with the framework's reason.
 SYNC_BUILTIN_SKIPS = {
     ("pytorch", 2): "SyncBatchNorm",   # torch.nn.SyncBatchNorm: GPU modules only
-    ("mxnet", 2): "SyncBatchNorm",     # Gluon's contrib SyncBatchNorm: the devices of one process only
+    ("mxnet", 1): "SyncBatchNorm",     # Gluon's contrib SyncBatchNorm: hangs on CPU contexts
+    ("mxnet", 2): "SyncBatchNorm",     # and synchronises the devices of one process only
 }
 
 
