@@ -7,11 +7,10 @@ of common/optim.py the step sums them itself, before the Keras optimizer clips t
 
 import tensorflow as tf
 
-from common.interface import Model, RosettaError
+from common.interface import Model, Network, RosettaError
 
-from . import distributed as dist
-from .idiomatic import evaluate as evaluate_keras, loss_fn, to_numpy as keras_to_numpy
-from .lenet import build_model
+from . import distributed as dist, resnet
+from .idiomatic import build, evaluate as evaluate_keras, is_resnet, loss_fn, to_numpy as keras_to_numpy
 from .optimizer import follows_its_schedule, get_trainer, canonical_state, load_state
 
 EXEC = "tf.function"
@@ -19,12 +18,14 @@ COMPILES = "whole step"
 LAYOUT = "NHWC (Keras)"
 
 
-def get_model(weights, devices, optimizer=None, state=None):
+def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     """On the CPU the in-process strategy reduces on the first device, like the scratch allreduce (its
     default, NCCL, is for GPUs only). MultiWorkerMirroredStrategy picks its own devices: every GPU, or one
     replica per CPU worker (on the worker's CPU:0, whichever logical CPU the worker was given). The trainer is the
     recipe's SGD (optimizer None or the recipe's), or Keras's optimizer and schedule computing `optimizer`, from a
-    checkpoint's canonical `state` if given (its mirrored variables assigned on every replica)."""
+    checkpoint's canonical `state` if given (its mirrored variables assigned on every replica). The ResNet's
+    BatchNormalization normalises each replica's shard by its own moments, or with network.sync by the moments
+    summed over every replica of the strategy (synchronized=True: across processes too)."""
     if dist.is_initialized():
         strategy = dist.STRATEGY
     elif tf.DeviceSpec.from_string(devices[0]).device_type == "GPU":
@@ -36,7 +37,7 @@ def get_model(weights, devices, optimizer=None, state=None):
         raise RosettaError(f"MultiWorkerMirroredStrategy runs {replicas} replica(s) per process here, "
                            f"not {len(devices)}: use as many processes as devices")
     with strategy.scope():   # everything that makes variables: the model and the optimizer's state
-        net = build_model(weights)
+        net = build(weights, network, synchronized=network.sync)
         if optimizer is None or optimizer.is_recipe:
             trainer = tf.keras.optimizers.SGD(learning_rate=0.0)
         else:
@@ -81,6 +82,17 @@ def train_step(model, batch, lr, batch_size):
 
 def to_numpy(model):
     return keras_to_numpy(model)   # the Keras model, as idiomatic.py holds it
+
+
+def bn_state(model):
+    return resnet.model_to_numpy(model.net)[1]
+
+
+def replica_bn_states(model):
+    """Each replica's copy of the moving statistics, as the strategy keeps them (experimental_local_results)."""
+    variables = resnet.keras_variables(model.net)
+    copies = [model.placement.experimental_local_results(variables[name].value) for name in resnet.BN_STATE_NAMES]
+    return [resnet.bn_state_to_numpy(replica) for replica in zip(*copies)]
 
 
 def optimizer_state(model):

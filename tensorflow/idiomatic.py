@@ -4,8 +4,9 @@ benchmark times it beside the scratch step to show what the from-scratch recipe 
 
 import tensorflow as tf
 
-from common.interface import Model, Unavailable
+from common.interface import Model, Network, Unavailable
 
+from . import resnet
 from .lenet import build_model, to_numpy as params_to_numpy
 from .optimizer import follows_its_schedule, get_trainer, canonical_state, load_state
 
@@ -17,14 +18,15 @@ LAYOUT = "NHWC (Keras)"
 loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
 
 
-def get_model(weights, devices, optimizer=None, state=None, port="canonical"):
+def get_model(weights, devices, optimizer=None, state=None, port="canonical", network=Network()):
     """The recipe's SGD (optimizer None or the recipe's), or Keras's optimizer and schedule for a
     common.optim.Optimizer: computing its update ("canonical"), or as a straightforward port has it ("stock":
-    optimizer.get_trainer says what differs); from a checkpoint's canonical `state` if given."""
+    optimizer.get_trainer says what differs); from a checkpoint's canonical `state` if given. The network is the
+    LeNet, or the ResNet with BatchNormalization (network.sync changes nothing on one device)."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     with tf.device(devices[0]):
-        net = build_model(weights)
+        net = build(weights, network)
         if optimizer is None or optimizer.is_recipe:
             trainer = tf.keras.optimizers.SGD(learning_rate=0.0)
         else:
@@ -33,6 +35,18 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical"):
         if state is not None:
             load_state(trainer, state)
     return Model(net, trainer)
+
+
+def build(weights, network, synchronized=False):
+    """The idiomatic network: the LeNet, or the ResNet holding network.bn_state (its BatchNormalization layers
+    synchronised over a strategy's replicas if asked)."""
+    if network.bn_state is None:
+        return build_model(weights)
+    return resnet.build_model(weights, network.bn_state, synchronized=synchronized)
+
+
+def is_resnet(net):
+    return any(layer.name == "stem.conv" for layer in net.layers)
 
 
 # One graph for the step; reduce_retracing: the last, smaller batch of an epoch does not retrace again.
@@ -62,7 +76,17 @@ def train_step(model, X, y, devices, lr, batch_size=None):
 
 
 def to_numpy(model):
+    if is_resnet(model.net):
+        return resnet.model_to_numpy(model.net)[0]
     return params_to_numpy(model.net.weights)   # to_canonical on each, in PARAM_NAMES order
+
+
+def bn_state(model):
+    return resnet.model_to_numpy(model.net)[1]
+
+
+def replica_bn_states(model):
+    return [bn_state(model)]   # one device
 
 
 def optimizer_state(model):
@@ -70,6 +94,7 @@ def optimizer_state(model):
 
 
 def evaluate(model, X, y, batch_size=1000):
+    """training=False: inference mode, the ResNet's BatchNorm by its moving statistics."""
     net = model.net
     correct = 0
     for i in range(0, len(X), batch_size):

@@ -84,8 +84,12 @@ def all_sum(parts, device):
 @tf.custom_gradient
 def process_sum(x):
     """The sum over processes (the strategy's all-reduce) with its gradient: the gradient of a sum reaches every
-    term, so each process's gradient is the sum of every process's."""
-    return dist.all_reduce(x), lambda dy: dist.all_reduce(dy)
+    term, so each process's gradient is the sum of every process's. The gradient's all-reduce is placed on the
+    strategy's device: the tape builds it outside every tf.device scope, and the collective needs one."""
+    def grad(dy):
+        with tf.device(dist.STRATEGY.extended.worker_devices[0]):
+            return dist.all_reduce(tf.identity(dy))
+    return dist.all_reduce(x), grad
 
 
 def batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states):
@@ -155,7 +159,9 @@ def step_on_shards(replicas, bn_states, X_shards, y_shards, devices, lr, batch_s
         losses = on_devices(devices, loss_sum, logits, y_shards)
     grads = tape.gradient(losses, [p for params in replicas for p in params])   # of the losses' sum
     n = len(PARAM_NAMES)
-    grads = [grads[i * n:(i + 1) * n] for i in range(len(replicas))]
+    # each replica's gradients on its device: the tape builds them outside every tf.device scope, and a
+    # multi-process all-reduce needs its tensor's device
+    grads = [on_devices([d] * n, tf.identity, grads[i * n:(i + 1) * n]) for i, d in enumerate(devices)]
     summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
     for params, device_grads in zip(replicas, zip(*summed)):
         sgd(params, device_grads, lr, batch_size)
@@ -206,20 +212,26 @@ def keras_variables(model):
     return found
 
 
-def build_model(weights, bn_state, bn=CANONICAL_BN):
+def build_model(weights, bn_state, bn=CANONICAL_BN, synchronized=False):
     """The same ResNet-18 as an idiomatic Keras functional model: it takes the canonical NCHW batch and Permutes it
     channels-last, as forward does; ZeroPadding2D before each "valid" convolution gives the symmetric padding;
     BatchNormalization gets `bn`'s momentum (Keras's weighs the running value: 0.9, not PyTorch's 0.1) and epsilon
-    (Keras's default is 1e-3). model(X, training=True) updates the moving statistics."""
+    (Keras's default is 1e-3), and `synchronized` (the moments summed over a tf.distribute strategy's replicas).
+    model(X, training=True) updates the moving statistics. The projections' 1x1 stride-2 convolutions take every
+    other row and column, then convolve with stride 1: TensorFlow 2.21's oneDNN backward of a 1x1 stride-2 Conv2D
+    corrupts the heap when the batch is odd (97 images: "free(): invalid size"; 96 and TF_ENABLE_ONEDNN_OPTS=0 do
+    not), the bug pytorch/resnet.py meets in channels-last memory (uxlfoundation/oneDNN#6035)."""
     keras = tf.keras
     L = keras.layers
     shapes = layers(weights["stem.conv.weight"].shape[0])
-    bn_args = layer_arguments("tensorflow", bn)
+    bn_args = {**layer_arguments("tensorflow", bn), "synchronized": synchronized}
 
     def conv(name, h):
         kernel, stride, pad = CONVS[name]
         if pad:
             h = L.ZeroPadding2D(pad, name=f"{name}.pad")(h)
+        if kernel == 1 and stride > 1:   # the same numbers; see below
+            h, stride = h[:, ::stride, ::stride, :], 1
         return L.Conv2D(shapes[name][1][0], kernel, stride, "valid", name=name)(h)
 
     def norm(name, h):
