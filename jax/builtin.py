@@ -7,7 +7,13 @@ compiled as one program; it is here too, and computes the same step. (jax.pmap, 
 maintenance mode upstream.) Across processes the mesh spans every process's devices (distributed.py joined
 them) and each process contributes its own rows of the global batch (pipeline.py).
 A stateful optimizer is Optax's (optimizer.py): its state, a pytree like the parameters and replicated like them,
-goes into the compiled step and comes back new; it sees the gradient once it is all-reduced, in both forms."""
+goes into the compiled step and comes back new; it sees the gradient once it is all-reduced, in both forms.
+The ResNet is the Flax module (resnet.py), split into its parameters and BatchNorm statistics (nnx.split). Its two
+BatchNorm modes are the two forms: under jit the batch axis is global, so nnx.BatchNorm's statistics are the global
+batch's (synchronised BatchNorm, XLA inserting the collectives); under shard_map each device normalises by its own
+shard's and keeps its own running statistics, stacked along the mesh axis (local BatchNorm). The padded rows are
+masked out of both (nnx.BatchNorm's mask). Flax's own synchronisation, BatchNorm(axis_name=...) under shard_map,
+pmeans each device's masked mean: with unequal real rows per device (97 = 49 + 48) that is not the global mean."""
 import functools
 
 import jax
@@ -16,13 +22,16 @@ import numpy as np
 import optax
 from jax import lax
 from jax.experimental import multihost_utils
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from common.interface import Model
+from common.interface import Model, Network
 from common.lenet import PARAM_NAMES
 
+from . import resnet
 from .data_parallel import evaluate as evaluate_params
 from .execution import DEFAULT_LAYOUT, LAYOUTS
+from .idiomatic import evaluate as evaluate_flax
 from .lenet import forward, held, to_numpy as params_to_numpy
 from .optimizer import optax_canonical, optax_state, get_trainer
 
@@ -101,6 +110,50 @@ def compile_optax_step(mesh, form, tx):
         P(), P(), P("devices"), P("devices"), P("devices"), P()), out_specs=(P(), P(), P("devices"))))
 
 
+def batchnorm_loss(graphdef, params, stats, X, y, mask):
+    """The Flax ResNet's summed loss in training mode, each row's, and its new BatchNorm statistics. copy: fresh
+    Variables at this trace level, which the forward may update."""
+    model = nnx.merge(graphdef, params, stats, copy=True)
+    logp = jax.nn.log_softmax(model(X, mask))
+    rows = -jnp.take_along_axis(logp, y[:, None], axis=1)[:, 0] * mask
+    return rows.sum(), (rows, nnx.state(model, nnx.BatchStat))
+
+
+def jit_batchnorm_step(graphdef, params, stats, X, y, mask, scale):
+    """Written for one device: the global batch's statistics, whatever the shardings."""
+    (_, (rows, stats)), grads = jax.value_and_grad(batchnorm_loss, argnums=1, has_aux=True)(
+        graphdef, params, stats, X, y, mask)
+    return jax.tree.map(lambda p, g: p - scale * g, params, grads), stats, rows
+
+
+def shard_map_batchnorm_step(graphdef, params, stats, X, y, mask, scale):
+    """Each device's shard, statistics and running statistics (its block of the stacked `stats`), then the psum."""
+    own = jax.tree.map(lambda s: s[0], stats)
+    (_, (rows, own)), grads = jax.value_and_grad(batchnorm_loss, argnums=1, has_aux=True)(
+        graphdef, lax.pvary(params, "devices"), own, X, y, mask)
+    grads = lax.psum(grads, "devices")
+    return jax.tree.map(lambda p, g: p - scale * g, params, grads), jax.tree.map(lambda s: s[None], own), rows
+
+
+def compile_batchnorm_step(mesh, graphdef, sync):
+    replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
+    if sync:
+        return jax.jit(functools.partial(jit_batchnorm_step, graphdef), out_shardings=(replicated, replicated, rows))
+    return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef), mesh=mesh, in_specs=(
+        P(), P("devices"), P("devices"), P("devices"), P("devices"), P()), out_specs=(P(), P("devices"), P("devices"))))
+
+
+class BatchNormTrainer:
+    """The ResNet's step: the model is [parameters, BatchNorm statistics], two pytrees of global arrays."""
+
+    def __init__(self, step, graphdef, sync):
+        self.step, self.graphdef, self.sync = step, graphdef, sync
+
+    def __call__(self, net, X, y, mask, scale):
+        params, stats, rows = self.step(*net, X, y, mask, scale)
+        return [params, stats], rows
+
+
 class OptaxTrainer:
     """Optax's transformation is pure: this holds its state between steps and threads it through the step."""
 
@@ -112,7 +165,7 @@ class OptaxTrainer:
         return net, rows
 
 
-def get_model(weights, devices, optimizer=None, state=None, form="jit"):
+def get_model(weights, devices, optimizer=None, state=None, form="jit", network=Network()):
     """The recipe's plain SGD (optimizer None or its is_recipe) is today's step; any other optimizer is Optax's
     transformation (optimizer.py), its state made by a compiled tx.init, or holding the canonical `state` of a
     checkpoint (buffers laid out as the parameters, every count at its step): global arrays replicated over the
@@ -124,6 +177,15 @@ def get_model(weights, devices, optimizer=None, state=None, form="jit"):
         a = np.asarray(a)
         return jax.make_array_from_callback(a.shape, replicated, lambda index: a[index])
 
+    if network.bn_state is not None:   # the ResNet: the form follows the BatchNorm (module docstring)
+        graphdef, params, stats = nnx.split(resnet.build_model(weights, network.bn_state), nnx.Param, nnx.BatchStat)
+        if not network.sync:   # one copy per device, stacked along the mesh axis
+            stats = jax.tree.map(lambda s: np.stack([np.asarray(s)] * mesh.size), stats)
+        put = replicate if network.sync else lambda a: jax.make_array_from_callback(
+            a.shape, NamedSharding(mesh, P("devices")), lambda index: a[index])
+        params, stats = jax.tree.map(lambda a: replicate(np.asarray(a)), params), jax.tree.map(put, stats)
+        step = compile_batchnorm_step(mesh, graphdef, network.sync)
+        return Model([params, stats], BatchNormTrainer(step, graphdef, network.sync), mesh)
     host = [held(name, weights[name]) for name in PARAM_NAMES]
     params = [replicate(w) for w in host]
     if optimizer is None or optimizer.is_recipe:
@@ -154,8 +216,35 @@ def local_params(model):
     return [p.addressable_data(0) for p in model.net]
 
 
+def local_model(model, device=0):
+    """The ResNet as a Flax module holding this process's copy of the parameters and its device-th statistics."""
+    params, stats = model.net
+    params = jax.tree.map(lambda a: a.addressable_data(0), params)
+    if model.trainer.sync:
+        stats = jax.tree.map(lambda a: a.addressable_data(device), stats)
+    else:
+        stats = jax.tree.map(lambda a: a.addressable_data(device)[0], stats)
+    return nnx.merge(model.trainer.graphdef, params, stats)
+
+
+def is_resnet(model):
+    return isinstance(model.trainer, BatchNormTrainer)
+
+
 def to_numpy(model):
+    if is_resnet(model):
+        return resnet.model_to_numpy(local_model(model))[0]
     return params_to_numpy(local_params(model))
+
+
+def bn_state(model):
+    return resnet.model_to_numpy(local_model(model))[1]
+
+
+def replica_bn_states(model):
+    """Each of this process's devices' statistics: its own block (local), or its copy of the replicated ones."""
+    devices = len(model.placement.local_devices)
+    return [resnet.model_to_numpy(local_model(model, i))[1] for i in range(devices)]
 
 
 def optimizer_state(model):
@@ -165,4 +254,6 @@ def optimizer_state(model):
 
 
 def evaluate(model, X, y):
+    if is_resnet(model):
+        return evaluate_flax(Model(local_model(model), None), X, y)
     return evaluate_params(local_params(model), X, y)

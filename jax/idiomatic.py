@@ -7,9 +7,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from common.interface import Model, Unavailable
+from common.interface import Model, Network, Unavailable
 from common.layouts import to_canonical
 
+from . import resnet
 from .lenet import build_model, model_to_numpy
 from .optimizer import load_state, canonical_state, get_trainer
 
@@ -18,22 +19,32 @@ COMPILES = "whole step"
 LAYOUT = "NHWC (Flax)"
 
 
-def get_model(weights, devices, optimizer=None, state=None, port="canonical"):
+def get_model(weights, devices, optimizer=None, state=None, port="canonical", network=Network()):
     """The recipe's plain SGD (optimizer None or its is_recipe): optax.inject_hyperparams makes the learning rate
     a value of the optimizer state, so a step can set it without recompiling (the recipe's lr / batch size changes
     on an epoch's last, smaller batch). Any other optimizer: optimizer.py's Optax transformation, its own
     schedule driven by its own step count, from the canonical `state` of a checkpoint if given (its buffers and
-    counts: the next update is step state["step"]); port="stock", what a straightforward port builds (optimizer.py)."""
+    counts: the next update is step state["step"]); port="stock", what a straightforward port builds (optimizer.py).
+    The network is the LeNet, or the ResNet with nnx.BatchNorm (network.sync changes nothing on one device)."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     recipe = optimizer is None or optimizer.is_recipe
     with jax.default_device(devices[0]):
-        net = build_model(weights)
+        net = build(weights, network)
         tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0) if recipe else get_trainer(optimizer, port)
         trainer = nnx.Optimizer(net, tx, wrt=nnx.Param)
         if state is not None and not recipe:
             load_state(trainer, state)
     return Model(net, trainer)
+
+
+def build(weights, network):
+    """The idiomatic network: the LeNet, or the ResNet holding network.bn_state, in training mode."""
+    return build_model(weights) if network.bn_state is None else resnet.build_model(weights, network.bn_state)
+
+
+def is_resnet(net):
+    return isinstance(net, resnet.ResNet)
 
 
 def summed_loss(net, X, y):
@@ -72,7 +83,17 @@ def train_step(model, X, y, devices, lr, batch_size=None):
 
 
 def to_numpy(model):
+    if is_resnet(model.net):
+        return resnet.model_to_numpy(model.net)[0]
     return model_to_numpy(model.net)
+
+
+def bn_state(model):
+    return resnet.model_to_numpy(model.net)[1]
+
+
+def replica_bn_states(model):
+    return [bn_state(model)]   # one device
 
 
 def optimizer_state(model):
@@ -88,8 +109,11 @@ def predict(net, X):
 
 
 def evaluate(model, X, y, batch_size=1000):
+    """In eval mode: the ResNet's BatchNorm by its running statistics (then back to training mode)."""
     net = model.net
+    net.eval()
     correct = 0
     for i in range(0, len(X), batch_size):
         correct += (jax.device_get(predict(net, X[i:i + batch_size])) == y[i:i + batch_size]).sum()
+    net.train()
     return float(correct) / len(X)

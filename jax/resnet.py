@@ -212,15 +212,16 @@ class Residual(nnx.Module):
         self.conv3 = nnx.Conv(c_in, c, (1, 1), strides=stride, padding="VALID", rngs=rngs) \
             if has_projection(stride) else None
 
-    def __call__(self, X):
-        Y = nnx.relu(self.bn1(self.conv1(X)))
-        Y = self.bn2(self.conv2(Y))
+    def __call__(self, X, mask=None):
+        Y = nnx.relu(self.bn1(self.conv1(X), mask=mask))
+        Y = self.bn2(self.conv2(Y), mask=mask)
         return nnx.relu(Y + (self.conv3(X) if self.conv3 is not None else X))
 
 
 class ResNet(nnx.Module):
     """The same ResNet-18 as an idiomatic Flax NNX module: it takes the canonical NCHW batch and transposes it, like
-    Keras's Permute. model.train() / model.eval() switch its BatchNorm layers (use_running_average)."""
+    Keras's Permute. model.train() / model.eval() switch its BatchNorm layers (use_running_average). `mask`, one
+    value per image (0: padding), keeps padded rows out of the batch statistics (builtin.py's padded shards)."""
 
     def __init__(self, width, bn_args, rngs):
         self.conv = nnx.Conv(1, width, (3, 3), padding=((1, 1), (1, 1)), rngs=rngs)
@@ -233,10 +234,11 @@ class ResNet(nnx.Module):
         self.blocks = nnx.List(blocks)
         self.fc = nnx.Linear(c_in, layers(width)["fc"][1][0], rngs=rngs)
 
-    def __call__(self, X):
-        h = nnx.relu(self.bn(self.conv(X.transpose(0, 2, 3, 1))))   # NCHW -> NHWC
+    def __call__(self, X, mask=None):
+        mask = None if mask is None else mask.reshape(-1, 1, 1, 1).astype(bool)   # broadcast over NHWC
+        h = nnx.relu(self.bn(self.conv(X.transpose(0, 2, 3, 1)), mask=mask))   # NCHW -> NHWC
         for residual in self.blocks:
-            h = residual(h)
+            h = residual(h, mask)
         return self.fc(h.mean(axis=(1, 2)))   # global average pooling
 
 
