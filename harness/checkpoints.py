@@ -86,15 +86,19 @@ def native_shape(framework, name, shape=None):
 @functools.cache
 def resnet_keys(framework):
     """(canonical name -> key, the format's own extra keys) of the ResNet's native file, read off a file the
-    framework itself writes: a width-1 ResNet whose every parameter and running statistic holds its own number
+    framework itself writes (or, for a format with `stored`, the tree its file holds): a width-1 ResNet whose every parameter and running statistic holds its own number
     (PyTorch's num_batches_tracked, which no other framework keeps, is the one extra)."""
     checkpoint = load_module(framework, "checkpoint")
     shapes = {**resnet.param_shapes(1), **resnet.bn_state_shapes(1)}
     marked = {name: np.full(shape, i + 1, np.float32) for i, (name, shape) in enumerate(shapes.items())}
-    with tempfile.TemporaryDirectory(prefix="rosetta-keys-") as folder:
-        probe = os.path.join(folder, "probe" + SUFFIXES[framework])
-        checkpoint.save({n: marked[n] for n in resnet.PARAM_NAMES}, probe, {n: marked[n] for n in resnet.BN_STATE_NAMES})
-        stored = checkpoint.read(probe)
+    weights, bn_state = {n: marked[n] for n in resnet.PARAM_NAMES}, {n: marked[n] for n in resnet.BN_STATE_NAMES}
+    if hasattr(checkpoint, "stored"):   # a format that not every process can write (JAX's Orbax)
+        stored = dict(checkpoint.flatten(checkpoint.stored(weights, bn_state)))
+    else:
+        with tempfile.TemporaryDirectory(prefix="rosetta-keys-") as folder:
+            probe = os.path.join(folder, "probe" + SUFFIXES[framework])
+            checkpoint.save(weights, probe, bn_state)
+            stored = checkpoint.read(probe)
     by_marker = {float(a.flat[0]): key for key, a in stored.items() if a.size and np.all(a == a.flat[0])}
     keys = {name: by_marker[i + 1.0] for i, name in enumerate(shapes)}
     return keys, frozenset(stored) - set(keys.values())

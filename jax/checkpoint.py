@@ -41,9 +41,14 @@ def idiomatic(weights, bn_state=None):
 
 def save(weights, path, bn_state=None):
     """The ResNet's state holds its running statistics (nnx.BatchStat) beside the parameters."""
-    state = nnx.to_pure_dict(nnx.state(idiomatic(weights, bn_state)))
     with checkpointer() as saver:
-        saver.save(os.path.abspath(path), jax.tree.map(np.asarray, state))   # Orbax takes absolute paths only
+        saver.save(os.path.abspath(path), stored(weights, bn_state))   # Orbax takes absolute paths only
+
+
+def stored(weights, bn_state=None):
+    """The tree save() writes. Orbax writes numpy arrays from process 0 only, so in a multi-process run the others
+    learn a file's keys from this (harness/checkpoints.py), not from a file they write."""
+    return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(idiomatic(weights, bn_state))))
 
 
 def load(path, width=None):

@@ -14,7 +14,7 @@ from common.interface import Model, Network, RosettaError, Unavailable
 from . import resnet
 from .data_parallel import evaluate as evaluate_params, sgd
 from .execution import DEFAULT_LAYOUT, LAYOUTS
-from .idiomatic import build, is_resnet
+from .idiomatic import build, evaluate as evaluate_idiomatic, is_resnet
 from .lenet import loss_sum, to_numpy as params_to_numpy
 from .optimizer import Trainer, canonical_state, get_trainer
 
@@ -110,5 +110,5 @@ def optimizer_state(model):
 
 def evaluate(model, X, y):
     if is_resnet(model.net.module):
-        return resnet.evaluate_model(model.net.module, X, y)
+        return evaluate_idiomatic(Model(model.net.module, None), X, y)
     return evaluate_params(list(model.net.module.parameters()), X, y)

@@ -80,13 +80,15 @@ def optimizer_state(model):
 
 
 def evaluate(model, X, y, batch_size=1000):
+    """In inference mode: the ResNet's BatchNorm by its running statistics (then back to training mode)."""
     net = model.net
-    if is_resnet(net):
-        return resnet.evaluate_model(net, X, y, batch_size)
+    layout = (lambda x: x) if is_resnet(net) else to_layout   # the ResNet lays its input out itself
     device = next(net.parameters()).device
     correct = 0
+    net.eval()
     with torch.no_grad():
         for i in range(0, len(X), batch_size):
-            logits = net(to_layout(torch.from_numpy(X[i:i + batch_size]).to(device)))
+            logits = net(layout(torch.from_numpy(X[i:i + batch_size]).to(device)))
             correct += (logits.argmax(1).cpu().numpy() == y[i:i + batch_size]).sum()
+    net.train()
     return float(correct) / len(X)

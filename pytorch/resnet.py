@@ -210,19 +210,6 @@ def build_model(weights, bn_state, bn=CANONICAL_BN):
     return model.to(memory_format=MEMORY_FORMATS[layout])
 
 
-def evaluate_model(model, X, y, batch_size=1000):
-    """Accuracy of an idiomatic model in inference mode (model.eval(): the running statistics), left in training mode."""
-    device = next(model.parameters()).device
-    correct = 0
-    model.eval()
-    with torch.no_grad():
-        for i in range(0, len(X), batch_size):
-            logits = model(torch.from_numpy(X[i:i + batch_size]).to(device))
-            correct += (logits.argmax(1).cpu().numpy() == y[i:i + batch_size]).sum()
-    model.train()
-    return float(correct) / len(X)
-
-
 def model_to_numpy(model):
     """(weights, BatchNorm state) of an idiomatic model, canonical numpy: build_model's inverse."""
     state = model.state_dict()

@@ -149,19 +149,25 @@ def bn_state_to_numpy(bn_state):
     return {name: t.numpy().astype(np.float32) for name, t in zip(BN_STATE_NAMES, bn_state)}
 
 
-def step_on_shards(replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, sync):
-    """data_parallel.step_on_shards with BatchNorm: one tape over the whole lock-step forward (with sync, a
-    replica's gradient includes what reaches it through the other shards' statistics), the recipe's all-reduce of
-    each parameter's gradients, its update. Returns each device's summed loss and the replicas' new BatchNorm
-    states. One graph for the step (tf.function below), traced per device list and BatchNorm mode."""
+def loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync):
+    """The devices' summed losses and each replica's gradients, on its device, from one tape over the whole lock-step
+    forward: with sync, a replica's gradient includes what reaches it through the other shards' statistics. Also the
+    replicas' new BatchNorm states."""
     with tf.GradientTape() as tape:
         logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync)
         losses = on_devices(devices, loss_sum, logits, y_shards)
     grads = tape.gradient(losses, [p for params in replicas for p in params])   # of the losses' sum
     n = len(PARAM_NAMES)
-    # each replica's gradients on its device: the tape builds them outside every tf.device scope, and a
-    # multi-process all-reduce needs its tensor's device
-    grads = [on_devices([d] * n, tf.identity, grads[i * n:(i + 1) * n]) for i, d in enumerate(devices)]
+    # on their devices: the tape builds them outside every tf.device scope, and a cross-process all-reduce needs it
+    return losses, [on_devices([d] * n, tf.identity, grads[i * n:(i + 1) * n]) for i, d in enumerate(devices)], \
+        new_states
+
+
+def step_on_shards(replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, sync):
+    """data_parallel.step_on_shards with BatchNorm: loss_and_grads, the recipe's all-reduce of each parameter's
+    gradients, its update. Returns each device's summed loss and the replicas' new BatchNorm states. One graph for
+    the step (tf.function below), traced per device list and BatchNorm mode."""
+    losses, grads, new_states = loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync)
     summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
     for params, device_grads in zip(replicas, zip(*summed)):
         sgd(params, device_grads, lr, batch_size)

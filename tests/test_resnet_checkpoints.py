@@ -7,7 +7,7 @@ import pytest
 
 from common import resnet as spec
 from common.interface import RosettaError
-from conftest import installed_frameworks
+from conftest import framework_or_skip, installed_frameworks
 from harness.checkpoints import SUFFIXES, read_model, resnet_keys, resume_point, write_weights
 from harness.convert import main as convert
 from harness.loader import load_module
@@ -53,6 +53,16 @@ def test_every_format_holds_the_weights_and_running_statistics_exactly(fw, train
     # PyTorch alone keeps a step count per BatchNorm (num_batches_tracked): 17 BatchNorm layers
     assert sorted(extras) == sorted(f"{layer}.num_batches_tracked" for layer in spec.BN_LAYERS) \
         if fw.name == "pytorch" else not extras
+
+
+def test_jax_s_stored_tree_is_what_its_file_holds(trained, tmp_path):
+    """JAX's keys come from the tree its checkpoint writes (Orbax writes numpy arrays from process 0 only, so the
+    other processes of a run cannot probe with a file of their own): that tree is the file, keys and arrays."""
+    framework_or_skip("jax")
+    checkpoint = load_module("jax", "checkpoint")
+    on_file = checkpoint.read(saved("jax", tmp_path, trained))
+    tree = dict(checkpoint.flatten(checkpoint.stored(*trained)))
+    assert sorted(tree) == sorted(on_file) and all(np.array_equal(tree[k], on_file[k]) for k in tree)
 
 
 def test_every_conversion_runs_in_inference_mode_with_the_same_logits(digits, trained, tmp_path, available, capsys):
