@@ -78,14 +78,13 @@ def states(results):
 LOCAL_BUILTIN_STATES = {
     "pytorch": (2, 2),      # DDP: rank 0's buffers broadcast before each forward, then each rank's shard moves its own
     "mxnet": (2, 2),        # Gluon: each context keeps its own
-    "tensorflow": (2, 2),   # Keras under MirroredStrategy: each replica's own copy (reading the variable gives replica 0's)
+    "tensorflow": (2, 2),   # Keras under tf.distribute: each replica's own copy (reading the variable gives replica 0's)
     "jax": (2, 2),          # shard_map: each device's shard's statistics, out of shard_map per device
 }
 # Where a framework's own synchronised BatchNorm cannot run here, the row is skipped with the framework's reason.
 SYNC_BUILTIN_SKIPS = {
-    ("pytorch", 2): "SyncBatchNorm",   # torch.nn.SyncBatchNorm: GPU modules only
-    ("mxnet", 1): "SyncBatchNorm",     # Gluon's contrib SyncBatchNorm: hangs on CPU contexts
-    ("mxnet", 2): "SyncBatchNorm",     # and synchronises the devices of one process only
+    "pytorch": "SyncBatchNorm",   # torch.nn.SyncBatchNorm: GPU modules only
+    "mxnet": "SyncBatchNorm",     # Gluon's contrib SyncBatchNorm: the devices of one process only
 }
 
 
@@ -100,41 +99,40 @@ def test_sync_batchnorm_across_processes_is_one_device(framework, reference, tmp
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_the_built_in_engine_computes_the_local_step(framework, reference, tmp_path):
-    processes = 2 if framework == "pytorch" else 1   # DDP: a process per device
-    results, weights = workers(framework, "builtin", 2, processes, "local", tmp_path)
+    """Across 2 processes of a device each (one process of 2 devices: tests/test_resnet_modes.py)."""
+    results, weights = workers(framework, "builtin", 2, 2, "local", tmp_path)
     assert weights is not None, results
     assert_weights(weights, reference(framework, 2, False), f"{framework} builtin local")
     assert states(results) == LOCAL_BUILTIN_STATES[framework]
 
 
-@pytest.mark.parametrize("framework,processes", [(f, p) for f in FRAMEWORKS for p in (1, 2)
-                                                 if (f, p) != ("pytorch", 1)])   # DDP: a process per device
-def test_the_built_in_engine_synchronises_or_says_why_not(framework, processes, reference, tmp_path):
-    results, weights = workers(framework, "builtin", 2, processes, "sync", tmp_path)
-    skip = SYNC_BUILTIN_SKIPS.get((framework, processes))
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_built_in_engine_synchronises_or_says_why_not(framework, reference, tmp_path):
+    """Across 2 processes of a device each (one process of 2 devices: tests/test_resnet_modes.py)."""
+    results, weights = workers(framework, "builtin", 2, 2, "sync", tmp_path)
+    skip = SYNC_BUILTIN_SKIPS.get(framework)
     if skip:
         assert weights is None and skip in results, results
         return
     assert weights is not None, results
-    assert_weights(weights, reference(framework, 1, False), f"{framework} builtin sync {processes} process(es)")
+    assert_weights(weights, reference(framework, 1, False), f"{framework} builtin sync 2 processes")
     assert states(results) == (1, 2)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_resumed_run_ends_with_the_uninterrupted_run_s_weights_and_statistics(framework, tmp_path):
-    """Two epochs in one go, and one epoch then one more from its checkpoint (weights and running statistics in the
-    framework's own format): the same weights bit for bit, and the same running statistics in the final file."""
+    """Two epochs in one go, checkpointing after each, and the second epoch again from the first's checkpoint
+    (weights and running statistics in the framework's own format): the same weights bit for bit, and the same
+    running statistics in the final file. Two full batches an epoch of synthetic images: no retrace for a last batch."""
     from harness.checkpoints import checkpoint_name, read_model
     from harness.spec import RunSpec
     spec = RunSpec(framework=framework, model="resnet18", width=WIDTH, bn="local", mode="scratch", devices=2,
-                   dataset="digits", epochs=2, batch_size=256, lr=LR, seed=SEED, threads=1,
-                   checkpoint_dir=str(tmp_path / "whole"))
+                   dataset="synthetic", n_synthetic=512, epochs=2, batch_size=256, lr=LR, seed=SEED, threads=1,
+                   checkpoint_dir=str(tmp_path / "whole"), checkpoint_every=1)
     (whole,) = run_workers(spec, timeout=300)
     assert whole["status"] == "ok", whole.get("error")
-    first = spec.replace(epochs=1, checkpoint_dir=str(tmp_path / "first"))
-    assert run_workers(first, timeout=300)[0]["status"] == "ok"
-    resumed = spec.replace(checkpoint_dir=str(tmp_path / "resumed"),
-                           resume_from=str(tmp_path / "first" / checkpoint_name(first, 1)))
+    resumed = spec.replace(checkpoint_dir=str(tmp_path / "resumed"), checkpoint_every=None,
+                           resume_from=str(tmp_path / "whole" / checkpoint_name(spec, 1)))
     (rest,) = run_workers(resumed, timeout=300)
     assert rest["status"] == "ok", rest.get("error")
     assert rest["digest"] == whole["digest"] and rest["first_epoch"] == 1
