@@ -10,7 +10,7 @@ import tensorflow as tf
 from common.interface import Model, Network, RosettaError
 
 from . import distributed as dist, resnet
-from .idiomatic import build, evaluate as evaluate_keras, is_resnet, loss_fn, to_numpy as keras_to_numpy
+from .idiomatic import build, evaluate as evaluate_keras, loss_fn, to_numpy as keras_to_numpy
 from .optimizer import follows_its_schedule, get_trainer, canonical_state, load_state
 
 EXEC = "tf.function"

@@ -10,6 +10,8 @@ from conftest import framework_or_skip
 from harness.spec import RunSpec
 from harness.training import runner, train
 
+pytestmark = pytest.mark.slow   # each framework's engines built and stepped in this process: compilation dominates
+
 WIDTH, BATCH, SEED, LR = 8, 97, 5, 0.1   # 97 rows: shards of 49 and 48, so padding and uneven counts show
 TOL = 1e-3   # one step of BatchNorm in float32: see tests/test_resnet_engines.py
 # MXNet's own BatchNorm op is less precise in float32: its stem gradient is 0.74 off float64's (of 71.7), where the

@@ -1,7 +1,8 @@
 """The recipe with BatchNorm (each framework's resnet.train_step), in one process: with local BatchNorm each replica
 normalises by its own shard and its running statistics follow that shard (the spec's forward on the shard), and the
 update is the sum of the shards' own gradients; with synchronised BatchNorm, N devices are one device holding the
-whole batch, uneven shards included. A tiny width and batch keep the file in the fast tier."""
+whole batch, uneven shards included. A tiny width and batch keep it small; the several-device steps (JAX's
+synchronised one runs op by op, each op compiled per shard shape) are in the slow tier."""
 import numpy as np
 import pytest
 
@@ -67,6 +68,7 @@ def test_one_device_is_the_spec_forward(name, case):
     assert_dicts_close(bn_state, want_state, what="running statistics")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("devices", (2, 3))
 @pytest.mark.parametrize("name", ("pytorch", "mxnet", "tensorflow", "jax"))
 def test_local_batchnorm_follows_each_shard(name, case, devices):
@@ -88,6 +90,7 @@ def test_local_batchnorm_follows_each_shard(name, case, devices):
         assert_dicts_close(replica, moved, what=f"replica {i}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("devices", (2, 3))
 @pytest.mark.parametrize("name", ("pytorch", "mxnet", "tensorflow", "jax"))
 def test_sync_batchnorm_on_n_devices_is_one_device(name, case, devices):
@@ -102,6 +105,7 @@ def test_sync_batchnorm_on_n_devices_is_one_device(name, case, devices):
         assert_dicts_close(bn_state, one_state, what=f"replica {i}'s running statistics")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ("pytorch", "mxnet", "tensorflow", "jax"))
 def test_sync_and_local_are_different_steps(name, case):
     """The two are not the same computation under another name: on 2 devices their weights differ."""
