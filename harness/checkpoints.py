@@ -86,8 +86,9 @@ def native_shape(framework, name, shape=None):
 @functools.cache
 def resnet_keys(framework):
     """(canonical name -> key, the format's own extra keys) of the ResNet's native file, read off a file the
-    framework itself writes (or, for a format with `stored`, the tree its file holds): a width-1 ResNet whose every parameter and running statistic holds its own number
-    (PyTorch's num_batches_tracked, which no other framework keeps, is the one extra)."""
+    framework itself writes (or, for a format with `stored`, the tree its file holds): a width-1 ResNet whose every
+    parameter and running statistic holds its own number (PyTorch's num_batches_tracked, which no other framework
+    keeps, is the one extra)."""
     checkpoint = load_module(framework, "checkpoint")
     shapes = {**resnet.param_shapes(1), **resnet.bn_state_shapes(1)}
     marked = {name: np.full(shape, i + 1, np.float32) for i, (name, shape) in enumerate(shapes.items())}

@@ -57,7 +57,8 @@ def test_every_format_holds_the_weights_and_running_statistics_exactly(fw, train
 
 def test_jax_s_stored_tree_is_what_its_file_holds(trained, tmp_path):
     """JAX's keys come from the tree its checkpoint writes (Orbax writes numpy arrays from process 0 only, so the
-    other processes of a run cannot probe with a file of their own): that tree is the file, keys and arrays."""
+    other processes of a run cannot probe with a file of their own): Orbax's round trip keeps that tree's keys and
+    arrays as read() reports them. (A tree missing an entry fails the format test above.)"""
     framework_or_skip("jax")
     checkpoint = load_module("jax", "checkpoint")
     on_file = checkpoint.read(saved("jax", tmp_path, trained))
