@@ -225,8 +225,9 @@ def build_model(weights, bn_state, bn=CANONICAL_BN, synchronized=False):
     (Keras's default is 1e-3), and `synchronized` (the moments summed over a tf.distribute strategy's replicas).
     model(X, training=True) updates the moving statistics. The projections' 1x1 stride-2 convolutions take every
     other row and column, then convolve with stride 1: TensorFlow 2.21's oneDNN backward of a 1x1 stride-2 Conv2D
-    corrupts the heap when the batch is odd (97 images: "free(): invalid size"; 96 and TF_ENABLE_ONEDNN_OPTS=0 do
-    not), the bug pytorch/resnet.py meets in channels-last memory (uxlfoundation/oneDNN#6035)."""
+    corrupts the heap when the batch is odd and the input has fewer than 16 channels (97 images: "free(): invalid
+    size"; 96 and TF_ENABLE_ONEDNN_OPTS=0 do not), the bug pytorch/resnet.py meets in channels-last memory
+    (uxlfoundation/oneDNN#6035)."""
     keras = tf.keras
     L = keras.layers
     shapes = layers(weights["stem.conv.weight"].shape[0])
@@ -236,7 +237,7 @@ def build_model(weights, bn_state, bn=CANONICAL_BN, synchronized=False):
         kernel, stride, pad = CONVS[name]
         if pad:
             h = L.ZeroPadding2D(pad, name=f"{name}.pad")(h)
-        if kernel == 1 and stride > 1:   # the same numbers; see below
+        if kernel == 1 and stride > 1:   # the same numbers, without oneDNN's stride-2 1x1 backward (docstring)
             h, stride = h[:, ::stride, ::stride, :], 1
         return L.Conv2D(shapes[name][1][0], kernel, stride, "valid", name=name)(h)
 
