@@ -25,8 +25,10 @@ import numpy as np
 from common import resnet
 from common.interface import RosettaError
 from common.layouts import to_channels_last, to_canonical
+from common.models import has_batchnorm
 from common.lenet import PARAM_NAMES, PARAM_SHAPES
 from common.optim import OPTIMIZERS, Optimizer
+
 
 from .loader import load_module
 
@@ -260,6 +262,12 @@ def read_state(framework, path, optimizer=None):
     return state
 
 
+def keeps_optimizer_state(model, optimizer):
+    """Whether a run's checkpoints carry its optimizer's state: not for the recipe's SGD, and not for the ResNet,
+    whose SGD is stateless (a schedule's position is the epoch's)."""
+    return not optimizer.is_recipe and not has_batchnorm(model)
+
+
 def saver(spec, rank, optimizer):
     """The after-epoch hook of a run with a checkpoint_dir: rank 0 writes the weights (and the optimizer's state,
     first, unless it is the recipe's stateless SGD) every checkpoint_every epochs (if given) and after the last."""
@@ -270,7 +278,7 @@ def saver(spec, rank, optimizer):
     def save(epoch, runner):
         if epoch == spec.epochs or (every and epoch % every == 0):
             path = os.path.join(folder, checkpoint_name(spec, epoch))
-            if not optimizer.is_recipe:
+            if keeps_optimizer_state(spec.model, optimizer):
                 write_state(spec.framework, runner.optimizer_state(), optimizer, path)
             write_weights(spec.framework, runner.weights(), path, runner.bn_state())
     return save
@@ -291,7 +299,7 @@ def resume_point(spec, optimizer, steps_per_epoch):
     wants = "lenet" if spec.model == "lenet" else f"{spec.model} of width {spec.width}"
     if holds != wants:
         raise RosettaError(f"{path}: holds the {holds}; this run trains the {wants}")
-    if optimizer.is_recipe:
+    if not keeps_optimizer_state(spec.model, optimizer):
         return weights, bn_state, None, epoch
     state = read_state(framework, path, optimizer)
     if state["step"] != epoch * steps_per_epoch:

@@ -9,10 +9,10 @@ import sys
 import tempfile
 
 from common.interface import FRAMEWORKS
-from common.optim import DEFAULT_LR
 
 from .loader import installed_version
 from .provenance import provenance, provenance_line
+from .spec import default_lr
 
 COLUMNS = ("framework", "mode", "exec", "layout", "devices", "processes", "epochs", "train s", "images/s",
            "test acc", "final loss", "|Δ step-1 loss|", "status")
@@ -297,8 +297,9 @@ def optimizer_line(args):
     if (args.optimizer, args.lr_schedule, args.warmup_epochs, args.weight_decay, args.clip_norm) == \
             ("sgd", "constant", 0, 0, None):
         return None
+    lr = args.lr if args.lr is not None else default_lr(getattr(args, "model", "lenet"), args.optimizer)
     parts = [args.optimizer + (f" {args.momentum:g}" if args.optimizer in ("momentum", "nesterov") else ""),
-             f"lr {args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]:g}"
+             f"lr {lr:g}"
              + (f" x batch / {args.reference_batch}" if args.lr_scaling == "linear" else ""),
              f"{args.lr_schedule} schedule"]
     if args.warmup_epochs:

@@ -23,6 +23,14 @@ from .timing import Timer
 LOGGED_STEPS = 2000   # per-step losses kept, for the parity checks and the loss curves
 
 
+def check_resnet_optimizer(optimizer):
+    """The ResNet's steps are the recipe's SGD, at the rate train() hands each step: a schedule and a warm-up work,
+    a stateful optimizer, weight decay or clipping does not yet."""
+    if not optimizer.rate_only:
+        raise RosettaError("the ResNet trains with plain SGD (a schedule and a warm-up included; no momentum, Adam, "
+                           "weight decay or clipping yet): the optimizers' state is the LeNet's (issue 19)")
+
+
 class Scratch:
     """The recipe from scratch: one replica per device and the framework's own train_step."""
 
@@ -92,9 +100,7 @@ class ScratchBN(Scratch):
         self.net = load_module(fw.name, "resnet")
 
     def start(self, weights, optimizer, state=None):
-        if not optimizer.is_recipe:
-            raise RosettaError("the ResNet trains with the recipe's plain SGD so far (--optimizer sgd, no schedule, "
-                               "decay or clipping): stateful optimizers are the LeNet's (issue 19)")
+        check_resnet_optimizer(optimizer)
         self.replicas = [self.net.get_params(weights, d) for d in self.devices]
         self.bn_states = [self.net.get_bn_state(self.network.bn_state, d) for d in self.devices]
 
@@ -133,9 +139,9 @@ class Builtin(Scratch):
     def start(self, weights, optimizer, state=None):
         """The engine's model and its trainer: the framework's own optimizer and schedule computing `optimizer`,
         from the canonical `state` of a checkpoint if given; the network and, for the ResNet, its BatchNorm."""
-        if has_batchnorm(self.network.name) and not optimizer.is_recipe:
-            raise RosettaError("the ResNet trains with the recipe's plain SGD so far (--optimizer sgd, no schedule, "
-                               "decay or clipping): stateful optimizers are the LeNet's (issue 19)")
+        if has_batchnorm(self.network.name):
+            check_resnet_optimizer(optimizer)
+            optimizer = None   # the recipe's SGD, at the rate train() hands each step
         self.model = self.engine.get_model(weights, self.devices, optimizer, state=state, network=self.network)
 
     def feed(self, data, order, rank, world):

@@ -66,14 +66,25 @@ def test_every_bn_mode_is_a_row_and_exec_levels_stay_the_lenet_s():
     (["--model", "resnet50"], "invalid choice: 'resnet50'"),
     (["--model", "resnet18", "--width", "0"], "--width must be >= 1"),
     (["--model", "resnet18", "--init", "recipe"], "--init recipe is the LeNet's"),
-    (["--model", "resnet18", "--optimizer", "momentum"], "the ResNet trains with the recipe's plain SGD so far"),
-    (["--model", "resnet18", "--lr-schedule", "cosine"], "the ResNet trains with the recipe's plain SGD so far"),
+    (["--model", "resnet18", "--optimizer", "momentum"], "the ResNet trains with plain SGD"),
+    (["--model", "resnet18", "--weight-decay", "1e-4"], "the ResNet trains with plain SGD"),
 ])
 def test_what_the_resnet_refuses_is_one_line(args, message):
     proc = compare(*args)
     assert proc.returncode != 0
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_optimizer_line_names_the_resnet_s_own_default_rate():
+    """A schedule prints the training options above the table: the rate the ResNet trains at is d2l's 0.1."""
+    import argparse
+    from harness.report import optimizer_line
+    args = argparse.Namespace(model="resnet18", optimizer="sgd", lr=None, lr_scaling="none", lr_schedule="cosine",
+                              warmup_epochs=0, weight_decay=0, clip_norm=None, momentum=0.9)
+    assert optimizer_line(args) == "optimizer: sgd, lr 0.1, cosine schedule"
+    assert optimizer_line(argparse.Namespace(**{**vars(args), "model": "lenet"})) == \
+        "optimizer: sgd, lr 0.2, cosine schedule"
 
 
 def run(framework, devices, loss, bn="local", model="resnet18", processes=1, states=None):
