@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 
+from common.buckets import ALLREDUCES, BUCKET_MB
 from common.data import DATASETS, load_dataset
 from common.interface import FRAMEWORKS, RosettaError
 from common.lenet import INITS
@@ -60,6 +61,10 @@ def parse_args(argv):
     p.add_argument("--layout", type=name_list(LAYOUT_OPTIONS, "layout"), default="default",
                    help="the scratch step's memory layout of images and conv kernels: default (the faster one "
                         "here: nhwc, MXNet's only nchw), nchw (channels first), nhwc (channels last)")
+    p.add_argument("--allreduce", type=name_list(ALLREDUCES, "all-reduce"), default=default("allreduce"),
+                   help="how the scratch step sums the gradients across devices and processes: per-tensor (the "
+                        "recipe: one all-reduce per parameter) or bucketed (DDP's way: flattened into buckets of "
+                        f"{BUCKET_MB} MiB, one all-reduce each; common/buckets.py); comma-separated")
     p.add_argument("--devices", type=int_list, default="2", help="device counts, e.g. 1,2")
     p.add_argument("--processes", type=int_list, default="1",
                    help="process counts, e.g. 1,2: the devices are shared out among them")

@@ -33,6 +33,11 @@ CONTRACT = {
     "split_and_load": "split_and_load(array, devices) -> list of len(devices) contiguous shards along axis 0, "
                       "sizes differing by at most one (common.sharding), shard i on devices[i].",
     "allreduce": "allreduce(tensors) -> the same list, every tensor now holding the element-wise sum.",
+    "allreduce_gradients": "allreduce_gradients(grads, bucket_bytes=None) -> grads[d] (device d's list of gradients) "
+                           "summed across devices and processes: one allreduce per parameter, or with bucket_bytes "
+                           "one per bucket of common.buckets.plan's (each device's gradients flattened into one "
+                           "buffer, summed, cut back into their shapes); the same sums either way. train_step and "
+                           "the ResNet's use it with the module's BUCKET_BYTES (the run's --allreduce).",
     "train_step": "train_step(replicas, X, y, devices, lr, batch_size=None, states=None) -> float: one "
                   "synchronous SGD step on a numpy batch (summed loss per shard, gradients summed across devices, "
                   "update divided by batch_size, the global batch size: len(X) unless processes share the batch), "

@@ -6,9 +6,9 @@ import statistics
 from common.models import flops_per_image
 
 from .provenance import CSV_COLUMNS
-from .report import has_resnet, replaced_atomically
+from .report import has_buckets, has_resnet, replaced_atomically
 
-ROW_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "devices", "processes", "cores")
+ROW_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "devices", "processes", "cores")
 TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "input_seconds_median",
                  "first_step_seconds",
                  "startup_seconds", "test_accuracy", "seconds_to_target", "peak_rss_bytes", "train_memory_bytes",
@@ -22,7 +22,7 @@ CSV_FIELDS = (
     ("bn_replicas", lambda r: r.get("bn_replicas"), None),
     ("mode", lambda r: r["mode"], None),
     ("exec", lambda r: r.get("exec"), None), ("compiles", lambda r: r.get("compiles"), None),
-    ("layout", lambda r: r.get("layout"), None),
+    ("layout", lambda r: r.get("layout"), None), ("allreduce", lambda r: r.get("allreduce"), None),
     ("cores", lambda r: r.get("cores"), None), ("threads_per_process", lambda r: r.get("threads"), None),
     ("devices", lambda r: r["devices"], None), ("processes", lambda r: r["processes"], None),
     ("hosts", lambda r: len(r["hosts"]) if r.get("hosts") else None, None),
@@ -54,6 +54,7 @@ CSV_FIELDS = (
 # Left out of a file when no row has a value: device memory exists only on GPUs, errors only when a row failed.
 # So are the hosts (only a run over several has them) and the restarts (only with --max-restarts).
 MODEL_CSV_FIELDS = ("model", "width", "bn", "bn_states", "bn_replicas")   # only in a file with a ResNet row
+ALLREDUCE_CSV_FIELDS = ("allreduce",)   # only in a file with a bucketed row
 OPTIONAL_CSV_FIELDS = ("target_accuracy", "seconds_to_target", "epochs_to_target", "peak_device_memory_mib", "error", "scaling_base", "hosts", "restarts", "lost_seconds")
 
 
@@ -93,7 +94,7 @@ def aggregate(trials):
     return row
 
 
-SCALING_KEY = ("framework", "mode", "exec", "layout", "cores")   # what a row and its 1-device base share
+SCALING_KEY = ("framework", "mode", "exec", "layout", "allreduce", "cores")   # what a row and its 1-device base share
 
 
 def add_scaling(rows):
@@ -119,7 +120,8 @@ def write_csv(path, rows, env):
     table = [{**{name: rounded(value(r), decimals) for name, value, decimals in CSV_FIELDS}, **where} for r in rows]
     columns = [name for name, _, _ in CSV_FIELDS
                if (name not in OPTIONAL_CSV_FIELDS or any(t[name] is not None for t in table))
-               and (name not in MODEL_CSV_FIELDS or has_resnet(rows))] + list(CSV_COLUMNS)
+               and (name not in MODEL_CSV_FIELDS or has_resnet(rows))
+               and (name not in ALLREDUCE_CSV_FIELDS or has_buckets(rows))] + list(CSV_COLUMNS)
     with replaced_atomically(path, newline="") as f:
         writer = csv.DictWriter(f, columns, extrasaction="ignore")
         writer.writeheader()

@@ -49,11 +49,12 @@ def run_specs(args):
     usable = len(os.sched_getaffinity(0))
     seen = {}
     for mode, levels, shapes, cores, layouts in args.plan:
-        for level, layout, bn, (devices, processes), name in itertools.product(levels, layouts, args.bn, shapes,
-                                                                              args.frameworks):
+        for level, layout, allreduce, bn, (devices, processes), name in itertools.product(
+                levels, layouts, args.allreduce, args.bn, shapes, args.frameworks):
             world = devices if process_per_device(name, mode, processes) else processes
             threads = share * devices // world if cores == "per-device" else args.threads // world
-            spec = RunSpec(framework=name, model=args.model, width=args.width, bn=bn, mode=mode, exec=level, layout=layout, devices=devices, processes=world,
+            spec = RunSpec(framework=name, model=args.model, width=args.width, bn=bn, mode=mode, exec=level, layout=layout, allreduce=allreduce, devices=devices,
+                           processes=world,
                            cores=cores, threads=max(1, threads), dataset=args.dataset, data_dir=args.data_dir,
                            n_synthetic=args.n_synthetic, epochs=args.epochs, lr=args.lr,
                            batch_size=args.per_device_batch * devices if args.per_device_batch else args.batch_size,
@@ -74,6 +75,8 @@ def skip_reason(spec, share, usable, most_devices, threads, seen):
         return f"exec levels apply to the scratch mode; {spec.mode} runs its framework's own way"
     if spec.mode != "scratch" and spec.layout != "default":
         return f"layouts apply to the scratch mode; {spec.mode} runs in its framework's own layout"
+    if spec.mode != "scratch" and spec.allreduce != "per-tensor":
+        return f"--allreduce is the scratch step's; {spec.mode} sums the gradients its framework's own way"
     if spec.model != "lenet" and (spec.exec, spec.layout) != ("default", "default"):
         return f"exec levels and layouts are the LeNet's; the {spec.model} scratch step runs its framework's default"
     if spec.mode == "idiomatic" and (spec.devices, spec.processes) != (1, 1):
@@ -89,6 +92,7 @@ def skip_reason(spec, share, usable, most_devices, threads, seen):
 def row_label(spec):
     model = "" if spec.model == "lenet" else f"{spec.model} w{spec.width} {spec.bn} BN, "
     layout = "" if spec.layout == "default" else f", {spec.layout}"
+    layout += "" if spec.allreduce == "per-tensor" else f", {spec.allreduce}"
     per_device = ", a core per device" if spec.cores == "per-device" else ""
     return (f"{spec.framework} {spec.mode} ({model}{spec.exec}{layout}), {spec.devices} device(s), "
             f"{spec.processes} process(es){per_device}")

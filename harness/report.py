@@ -120,6 +120,15 @@ def has_resnet(runs):
     return any((r.get("model") or "lenet") != "lenet" for r in runs)
 
 
+def has_buckets(runs):
+    return any(r.get("allreduce") == "bucketed" for r in runs)
+
+
+def allreduce_cell(r):
+    """How the scratch step summed the gradients (--allreduce); an engine sums them its own way."""
+    return r.get("allreduce") or "per-tensor" if r["mode"] == "scratch" else "-"
+
+
 def model_cells(r):
     """The network, and for BatchNorm its mode and how many different running states the replicas ended with."""
     if (r.get("model") or "lenet") == "lenet":
@@ -207,6 +216,10 @@ def format_table(runs, timing=False, markdown=False):
         at = columns.index("test acc")
         columns = (*columns[:at], f"s to {'/'.join(f'{t:g}' for t in targets)} acc", *columns[at:])
         rows = [[*row[:at], target_cell(r), *row[at:]] for row, r in zip(rows, runs)]
+    if has_buckets(runs):   # after the layout: one all-reduce per parameter or per bucket
+        at = columns.index("layout") + 1
+        columns = (*columns[:at], "all-reduce", *columns[at:])
+        rows = [[*row[:at], allreduce_cell(r), *row[at:]] for row, r in zip(rows, runs)]
     if has_resnet(runs):   # after the framework: the network, and the BatchNorm's distinct running states
         columns = (columns[0], *MODEL_COLUMNS, *columns[1:])
         rows = [[row[0], *model_cells(r), *row[1:]] for row, r in zip(rows, runs)]

@@ -4,6 +4,7 @@ worker's JSON may give only some fields (docs/usage.md: "Multi-process runs by h
 import dataclasses
 import json
 
+from common.buckets import ALLREDUCES
 from common.data import SYNTHETIC_SIZE
 from common.interface import RosettaError
 from common.models import DEFAULT_WIDTH, RESNET_SGD_LR, check, check_bn, has_batchnorm
@@ -11,7 +12,7 @@ from common.optim import DEFAULT_LR, REFERENCE_BATCH, Optimizer, scaled_lr
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 # The fields that make a row of the table what it is (the rest say where the data and files are).
-ROW_FIELDS = ("framework", "model", "width", "bn", "mode", "exec", "layout", "devices", "processes", "cores", "epochs", "batch_size", "lr",
+ROW_FIELDS = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "devices", "processes", "cores", "epochs", "batch_size", "lr",
               "seed", "init", "threads", "optimizer", "momentum", "weight_decay", "lr_schedule", "warmup_epochs",
               "clip_norm", "lr_scaling", "reference_batch", "target_accuracy")
 
@@ -41,6 +42,7 @@ class RunSpec:
     mode: str = "scratch"            # scratch | builtin | idiomatic (harness/training.py MODES)
     exec: str = "default"            # the scratch step's exec level (each execution.py's LEVELS)
     layout: str = "default"          # the scratch step's memory layout (each execution.py's LAYOUTS)
+    allreduce: str = "per-tensor"    # the scratch step's sum of the gradients: per-tensor | bucketed (common/buckets.py)
     devices: int = 1                 # in all, over every process
     processes: int = 1
     cores: str = "shared"            # shared | per-device (harness/cores.py)
@@ -80,6 +82,8 @@ class RunSpec:
             object.__setattr__(self, "lr", default_lr(self.model, self.optimizer))
         check(self.model, self.width if has_batchnorm(self.model) else None, self.init)
         check_bn(self.model, self.bn)
+        if self.allreduce not in ALLREDUCES:
+            raise RosettaError(f"unknown all-reduce {self.allreduce!r}; choose from {', '.join(ALLREDUCES)}")
         if has_batchnorm(self.model):
             object.__setattr__(self, "width", self.width or DEFAULT_WIDTH)
         else:   # the LeNet has neither: a hand-written spec may leave them out or give the defaults

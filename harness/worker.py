@@ -100,6 +100,7 @@ def run(spec, started):
     from .checkpoints import resume_point, saver
     from .profile import profiler
     from .stepcheck import copies
+    from common.buckets import bucket_bytes
     from common.data import load_dataset
     from .training import runner as runner_for, steps_per_epoch, train
     data = load_dataset(spec.dataset, spec.data_dir, spec.n_synthetic, spec.seed)
@@ -112,6 +113,8 @@ def run(spec, started):
         execution = load_module(fw.name, "execution") if spec.mode == "scratch" else None
         # the built-in engines and reference loops run their own way, in their own layout
         layout_name = execution.use_layout(spec.layout) if execution else runner.engine.LAYOUT
+        if execution:   # before use(): TensorFlow traces the step with it
+            load_module(fw.name, "data_parallel").BUCKET_BYTES = bucket_bytes(spec.allreduce)
         exec_name = execution.use(spec.exec) if execution else None   # an engine's: once it has built its model
         compiles = execution.COMPILES[exec_name] if execution else runner.engine.COMPILES
         per_epoch = steps_per_epoch(len(data.y_train), spec.batch_size, spec.devices)

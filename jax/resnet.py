@@ -13,8 +13,8 @@ from common.layouts import to_canonical, to_channels_last
 from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, by_canonical_name, has_projection,
                            layer_arguments, layers)
 
-from . import distributed as dist
-from .data_parallel import allreduce, device_of, sgd, split_and_load
+from . import data_parallel, distributed as dist
+from .data_parallel import allreduce_gradients, device_of, sgd, split_and_load
 from .lenet import DIMENSIONS, loss_sum
 
 layout = "nhwc"   # as lenet.layout: execution.DEFAULT_LAYOUT
@@ -179,8 +179,8 @@ def train_step(replicas, bn_states, X, y, devices, lr, batch_size=None, sync=Fal
     the gradients and its update; the replicas' new running statistics go into bn_states."""
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, grads, bn_states[:] = loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync)
-    summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
-    for params, device_grads in zip(replicas, zip(*summed)):
+    grads = allreduce_gradients(grads, data_parallel.BUCKET_BYTES)
+    for params, device_grads in zip(replicas, grads):
         sgd(params, device_grads, lr, batch_size or len(X))
     return sum(float(loss) for loss in losses) / len(X)
 

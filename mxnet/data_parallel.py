@@ -3,6 +3,7 @@ sum the gradients across contexts, apply the same SGD update to every replica (o
 update of optimizer.py)."""
 from mxnet import autograd, nd
 
+from common.buckets import plan
 from common.sharding import shard_bounds
 
 from . import distributed as dist
@@ -30,6 +31,30 @@ def allreduce(tensors, key=0):
     return tensors
 
 
+BUCKET_BYTES = None   # the run's --allreduce (common.buckets.bucket_bytes): None, one allreduce per parameter
+BUCKET_KEYS = 500     # the kvstore keys of the buckets: past the parameters' (one each), below resnet.KEYS
+
+
+def allreduce_gradients(grads, bucket_bytes=None):
+    """Every parameter's gradient summed across contexts, in place (grads[d]: context d's list): an allreduce per
+    parameter (its kvstore key: its index), or per bucket of parameters (common/buckets.py), each context's
+    gradients flattened into one buffer (nd.concat) and the sum written back into them, as DDP does."""
+    if bucket_bytes is None:
+        for key, per_device in enumerate(zip(*grads)):   # one parameter's gradient on every context
+            allreduce(list(per_device), key)
+        return grads
+    for b, bucket in enumerate(plan([g.size for g in grads[0]], bucket_bytes)):
+        buffers = allreduce([nd.concat(*[device_grads[i].reshape(-1) for i in bucket], dim=0)
+                             for device_grads in grads], BUCKET_KEYS + b)
+        for device_grads, buffer in zip(grads, buffers):
+            start = 0
+            for i in bucket:
+                g = device_grads[i]
+                g[:] = buffer[start:start + g.size].reshape(g.shape)   # in place: the parameter's .grad
+                start += g.size
+    return grads
+
+
 def sgd(params, grads, lr, batch_size):
     """The recipe's update, lr / batch_size times the summed gradient, made in place (update)."""
     update(params, grads, lr / batch_size)
@@ -52,17 +77,16 @@ def loss_and_grads(params, X, y):
     return loss, [p.grad for p in params]
 
 
-def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size, states=None):
-    """The step on shards already on their contexts: each context's loss and gradients, the gradients summed
-    across contexts, the same update on every replica (the recipe's sgd, or optimizer.apply with each replica's
-    state). Returns each context's summed loss."""
+def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size, states=None, bucket_bytes=None):
+    """The step on shards already on their contexts: each context's loss and gradients, the gradients summed across
+    contexts (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same update on every replica (the
+    recipe's sgd, or optimizer.apply with each replica's state). Returns each context's summed loss."""
     losses, grads = [], []
     for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):   # queued asynchronously:
         loss, device_grads = loss_and_grads(params, X_shard, y_shard)   # the contexts work in parallel
         losses.append(loss)
         grads.append(device_grads)
-    for key, per_device in enumerate(zip(*grads)):   # one parameter's gradient on every context
-        allreduce(list(per_device), key)
+    allreduce_gradients(grads, bucket_bytes)
     if states is None:
         for params, device_grads in zip(replicas, grads):
             sgd(params, device_grads, lr, batch_size)
@@ -79,7 +103,8 @@ forward = hybridized(forward)
 
 def train_step(replicas, X, y, devices, lr, batch_size=None, states=None):
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
-    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X), states)
+    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X), states,
+                            BUCKET_BYTES)
     return sum(loss.asscalar() for loss in losses) / len(X)
 
 

@@ -7,8 +7,8 @@ from mxnet import autograd, gluon, nd
 from common.resnet import (BLOCKS, BN_LAYERS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, by_canonical_name,
                            has_projection, layer_arguments, layers)
 
-from . import distributed as dist
-from .data_parallel import allreduce, sgd, split_and_load
+from . import data_parallel, distributed as dist
+from .data_parallel import allreduce_gradients, sgd, split_and_load
 from .lenet import loss_sum
 
 
@@ -74,7 +74,7 @@ def batch_statistics(hs, sync, layer):
             for h, d in zip(hs, centred)]
 
 
-# The kvstore keys of the statistics' all-reduces, past data_parallel.allreduce's (one per parameter): four per
+# The kvstore keys of the statistics' all-reduces, past data_parallel's (one per parameter, or per bucket): four per
 # BatchNorm, two sums forward and their gradients backward. Every process uses them in the same order.
 KEYS = 1000
 
@@ -176,8 +176,7 @@ def train_step(replicas, bn_states, X, y, devices, lr, batch_size=None, sync=Fal
     recipe's all-reduce of the gradients and its update; the replicas' new running statistics go into bn_states."""
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, grads, bn_states[:] = loss_and_grads(replicas, bn_states, X_shards, y_shards, sync)
-    for key, per_device in enumerate(zip(*grads)):   # one parameter's gradient on every context
-        allreduce(list(per_device), key)
+    grads = allreduce_gradients(grads, data_parallel.BUCKET_BYTES)
     for params, device_grads in zip(replicas, grads):
         sgd(params, device_grads, lr, batch_size or len(X))
     return sum(loss.asscalar() for loss in losses) / len(X)

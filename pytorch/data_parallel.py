@@ -4,6 +4,7 @@ update of optimizer.py)."""
 import torch
 import torch.distributed as dist
 
+from common.buckets import plan
 from common.sharding import shard_bounds
 
 from . import optimizer
@@ -30,6 +31,26 @@ def allreduce(tensors):
     return tensors
 
 
+BUCKET_BYTES = None   # the run's --allreduce (common.buckets.bucket_bytes): None, one allreduce per parameter
+
+
+def allreduce_gradients(grads, bucket_bytes=None):
+    """Every parameter's gradient summed across devices, in place (grads[d]: device d's list): an allreduce per
+    parameter, or per bucket of parameters (common/buckets.py), each device's gradients flattened into one buffer
+    (torch.cat) and the sum copied back into them, as DistributedDataParallel does."""
+    if bucket_bytes is None:
+        for per_device in zip(*grads):     # one parameter's gradient on every device
+            allreduce(list(per_device))
+        return grads
+    for bucket in plan([g.numel() for g in grads[0]], bucket_bytes):
+        buffers = allreduce([torch.cat([device_grads[i].reshape(-1) for i in bucket]) for device_grads in grads])
+        for device_grads, buffer in zip(grads, buffers):
+            pieces = buffer.split([device_grads[i].numel() for i in bucket])
+            for i, piece in zip(bucket, pieces):
+                device_grads[i].copy_(piece.view(device_grads[i].shape))   # into its strides (channels-last too)
+    return grads
+
+
 def sgd(params, grads, lr, batch_size):
     """The recipe's update, lr / batch_size times the summed gradient, made in place (update)."""
     update(params, grads, lr / batch_size)
@@ -51,17 +72,16 @@ def loss_and_grads(params, X, y):
     return loss.detach(), torch.autograd.grad(loss, params)
 
 
-def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size, states=None):
-    """The step on shards already on their devices: each device's loss and gradients, the gradients summed
-    across devices, the same update on every replica (the recipe's sgd, or optimizer.apply with each replica's
-    state). Returns each device's summed loss."""
+def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size, states=None, bucket_bytes=None):
+    """The step on shards already on their devices: each device's loss and gradients, the gradients summed across
+    devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same update on every replica (the
+    recipe's sgd, or optimizer.apply with each replica's state). Returns each device's summed loss."""
     losses, grads = [], []
     for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):
         loss, device_grads = loss_and_grads(params, X_shard, y_shard)
         losses.append(loss)
         grads.append(device_grads)
-    for per_device in zip(*grads):         # one parameter's gradient on every device
-        allreduce(list(per_device))
+    allreduce_gradients(grads, bucket_bytes)
     if states is None:
         for params, device_grads in zip(replicas, grads):
             sgd(params, device_grads, lr, batch_size)
@@ -77,7 +97,8 @@ UNITS = {"forward": forward, "update": update, "loss_and_grads": loss_and_grads,
 
 def train_step(replicas, X, y, devices, lr, batch_size=None, states=None):
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
-    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X), states)
+    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X), states,
+                            BUCKET_BYTES)
     return sum(loss.item() for loss in losses) / len(X)
 
 

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, has_projection, layer_arguments,
                            layers)
 
-from .data_parallel import allreduce, sgd, split_and_load
+from . import data_parallel
+from .data_parallel import allreduce_gradients, sgd, split_and_load
 from .lenet import MEMORY_FORMATS, loss_sum
 
 layout = "nchw"   # not lenet.layout's channels-last: see above
@@ -141,8 +142,7 @@ def train_step(replicas, bn_states, X, y, devices, lr, batch_size=None, sync=Fal
     recipe's all-reduce of the gradients and its update; the replicas' new running statistics go into bn_states."""
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, grads, bn_states[:] = loss_and_grads(replicas, bn_states, X_shards, y_shards, sync)
-    for per_device in zip(*grads):         # one parameter's gradient on every device
-        allreduce(list(per_device))
+    grads = allreduce_gradients(grads, data_parallel.BUCKET_BYTES)
     for params, device_grads in zip(replicas, grads):
         sgd(params, device_grads, lr, batch_size or len(X))
     return sum(loss.item() for loss in losses) / len(X)

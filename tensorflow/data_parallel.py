@@ -3,6 +3,7 @@ sum the gradients across devices, apply the same SGD update to every replica (or
 optimizer.py's update: common/optim.py's)."""
 import tensorflow as tf
 
+from common.buckets import plan
 from common.sharding import shard_bounds
 
 from . import distributed as dist, optimizer
@@ -36,6 +37,31 @@ def allreduce(tensors):
     return tensors
 
 
+BUCKET_BYTES = None   # the run's --allreduce (common.buckets.bucket_bytes): None, one allreduce per parameter
+
+
+def allreduce_gradients(grads, bucket_bytes=None):
+    """Every parameter's gradient summed across devices (grads[d]: device d's list): an allreduce per parameter, or
+    per bucket of parameters (common/buckets.py), each device's gradients flattened into one buffer (tf.concat) and
+    the sum cut back into their shapes (tf.split), as DistributedDataParallel does. Returns new lists (tensors are
+    immutable)."""
+    if bucket_bytes is None:
+        summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
+        return [list(device_grads) for device_grads in zip(*summed)]
+    grads = [list(device_grads) for device_grads in grads]
+    for bucket in plan([g.shape.num_elements() for g in grads[0]], bucket_bytes):
+        buffers = []
+        for device_grads in grads:
+            with tf.device(device_grads[bucket[0]].device):
+                buffers.append(tf.concat([tf.reshape(device_grads[i], [-1]) for i in bucket], 0))
+        for device_grads, buffer in zip(grads, allreduce(buffers)):
+            with tf.device(buffer.device):
+                pieces = tf.split(buffer, [device_grads[i].shape.num_elements() for i in bucket])
+                for i, piece in zip(bucket, pieces):
+                    device_grads[i] = tf.reshape(piece, device_grads[i].shape)
+    return grads
+
+
 def sgd(params, grads, lr, batch_size):
     """The recipe's update, lr / batch_size times the summed gradient, made in place (update)."""
     update(params, grads, lr / batch_size)
@@ -59,20 +85,20 @@ def loss_and_grads(params, X, y):
     return loss, tape.gradient(loss, params)
 
 
-def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size, states=None):
-    """The step on shards already on their devices: each device's loss and gradients, the gradients summed
-    across devices, the same update on every replica: the recipe's sgd, or with `states` (one per replica)
-    optimizer.apply. Returns each device's summed loss. As one graph (the default level), it is traced per device
-    list, number of replicas and optimizer; reduce_retracing turns the shard shapes into None after the first new
-    shape."""
+def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size, states=None, bucket_bytes=None):
+    """The step on shards already on their devices: each device's loss and gradients, the gradients summed across
+    devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same update on every replica: the
+    recipe's sgd, or with `states` (one per replica) optimizer.apply. Returns each device's summed loss. As one graph
+    (the default level), it is traced per device list, number of replicas and optimizer; reduce_retracing turns the
+    shard shapes into None after the first new shape."""
     losses, grads = [], []
     for params, d, X_shard, y_shard in zip(replicas, devices, X_shards, y_shards):
         with tf.device(d):
             loss, device_grads = loss_and_grads(params, X_shard, y_shard)
         losses.append(loss)
         grads.append(device_grads)
-    summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
-    for i, (params, device_grads) in enumerate(zip(replicas, zip(*summed))):
+    grads = allreduce_gradients(grads, bucket_bytes)
+    for i, (params, device_grads) in enumerate(zip(replicas, grads)):
         if states is None:
             sgd(params, device_grads, lr, batch_size)
         else:
@@ -89,7 +115,8 @@ step_on_shards = tf.function(step_on_shards, reduce_retracing=True)
 def train_step(replicas, X, y, devices, lr, batch_size=None, states=None):
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses = step_on_shards(replicas, tuple(devices), X_shards, y_shards,   # tensors: no retrace per value
-                            tf.constant(lr, tf.float32), tf.constant(batch_size or len(X), tf.float32), states)
+                            tf.constant(lr, tf.float32), tf.constant(batch_size or len(X), tf.float32), states,
+                            BUCKET_BYTES)   # a Python value: a step traced per all-reduce
     return sum(float(loss) for loss in losses) / len(X)
 
 

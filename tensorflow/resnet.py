@@ -9,8 +9,8 @@ from common.layouts import to_canonical, to_channels_last
 from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, IMAGE_SHAPE, PARAM_NAMES, has_projection,
                            layer_arguments, layers)
 
-from . import distributed as dist
-from .data_parallel import allreduce, sgd, split_and_load
+from . import data_parallel, distributed as dist
+from .data_parallel import allreduce_gradients, sgd, split_and_load
 from .lenet import loss_sum
 
 layout = "nhwc"   # as lenet.layout: execution.DEFAULT_LAYOUT
@@ -163,13 +163,13 @@ def loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync):
         new_states
 
 
-def step_on_shards(replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, sync):
+def step_on_shards(replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, sync, bucket_bytes=None):
     """data_parallel.step_on_shards with BatchNorm: loss_and_grads, the recipe's all-reduce of each parameter's
     gradients, its update. Returns each device's summed loss and the replicas' new BatchNorm states. One graph for
     the step (tf.function below), traced per device list and BatchNorm mode."""
     losses, grads, new_states = loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync)
-    summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
-    for params, device_grads in zip(replicas, zip(*summed)):
+    grads = allreduce_gradients(grads, bucket_bytes)
+    for params, device_grads in zip(replicas, grads):
         sgd(params, device_grads, lr, batch_size)
     return losses, new_states
 
@@ -182,7 +182,7 @@ def train_step(replicas, bn_states, X, y, devices, lr, batch_size=None, sync=Fal
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, bn_states[:] = step_on_shards(replicas, bn_states, X_shards, y_shards, tuple(devices),
                                           tf.constant(lr, tf.float32), tf.constant(batch_size or len(X), tf.float32),
-                                          sync)
+                                          sync, data_parallel.BUCKET_BYTES)
     return sum(float(loss) for loss in losses) / len(X)
 
 

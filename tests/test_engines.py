@@ -20,11 +20,11 @@ pytestmark = pytest.mark.slow   # every test here starts real worker processes
 CONFIGS = [("builtin", 2, 1)]
 
 
-def one_step(framework, mode, devices, processes, tmp_path, steps=1):
-    out = tmp_path / f"{framework}-{mode}-{devices}-{processes}.npz"
+def one_step(framework, mode, devices, processes, tmp_path, steps=1, allreduce="per-tensor"):
+    out = tmp_path / f"{framework}-{mode}-{devices}-{processes}-{allreduce}.npz"
     spec = {"framework": framework, "mode": mode, "devices": devices, "processes": processes,
             "dataset": "digits", "epochs": 1, "batch_size": 97, "lr": 0.2, "seed": 5, "threads": 1,
-            "max_steps": steps, "weights_out": str(out)}
+            "max_steps": steps, "weights_out": str(out), "allreduce": allreduce}
     results = run_workers(spec, timeout=240)
     if results[0]["status"] == "skipped":   # Unavailable: the framework is not installed
         skip_not_installed(results[0]["error"])
@@ -55,6 +55,19 @@ def test_every_mode_computes_the_scratch_step(framework, mode, devices, processe
     loss, weights = one_step(framework, mode, devices, world, tmp_path)
     assert loss == pytest.approx(ref_loss, abs=1e-5)
     for name, value in ref_weights.items():
+        np.testing.assert_allclose(weights[name], value, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_bucketed_all_reduce_across_processes_is_the_recipe_s_step(framework, reference, tmp_path):
+    """--allreduce bucketed, 2 processes of a device each: the flat buckets cross the processes' collective (gloo, the
+    kvstore under keys of their own, TensorFlow's ring, JAX's process mesh) and give the in-process per-tensor step."""
+    framework_or_skip(framework)
+    ref_loss, ref_weights = reference(framework)
+    loss, weights = one_step(framework, "scratch", 2, 2, tmp_path, steps=2, allreduce="bucketed")
+    want_loss, want_weights = one_step(framework, "scratch", 2, 1, tmp_path, steps=2)
+    assert loss == pytest.approx(ref_loss, abs=1e-5)
+    for name, value in want_weights.items():
         np.testing.assert_allclose(weights[name], value, atol=1e-5, err_msg=name)
 
 
