@@ -5,12 +5,17 @@
 
 Measured here, per engine, with 2 processes on this machine: the time of one all-reduce of 4 KB (latency),
 of this LeNet's gradients and of larger buffers (each framework's own scratch `allreduce`, which sums across processes with
-its engine), and the compute time of one training step on one device. Fitted: the latency-bandwidth model
-of a ring all-reduce over p processes, T(n, p) = 2(p-1) alpha + 2(p-1)/p n/B, whose p = 2 case is the line
-T = 2 alpha + n/B through the measurements. MXNet's dist_sync is not a ring: every worker pushes to and pulls
-from the server, whose link carries all p pushes and pulls, T(n, p) = 2 alpha + p n/B with one server.
+its engine), and the compute time of one training step on one device of each model (the LeNet, the ResNet-18 at
+width 8). Fitted: the latency-bandwidth model of a ring all-reduce over p processes, T(n, p) = 2(p-1) alpha +
+2(p-1)/p n/B, whose p = 2 case is the line T = 2 alpha + n/B through the measurements. MXNet's dist_sync is not a
+ring: every worker pushes to and pulls from the server, whose link carries all p pushes and pulls, T(n, p) =
+2 alpha + p n/B with one server. A step's gradients take k such all-reduces, k alphas and n bytes in all: k is the
+number of parameters (`--allreduce per-tensor`, the recipe) or of buckets (`bucketed`, common/buckets.py).
 Predicted: the scaling efficiency t / (t + T) of a synchronous step (compute t, then the all-reduce, no
-overlap: the recipe's order) for 2 to 64 GPUs, at stated link bandwidths and per-GPU step times.
+overlap: the recipe's order) for 2 to 64 GPUs, at stated link bandwidths and per-GPU step times: stated for the
+LeNet (its GPU step is kernel launches, not arithmetic), from the spec's FLOPs at a stated sustained rate for d2l's
+ResNet-18 (width 64, compute-bound). And for this machine, the 2-process efficiency of each model's measured step,
+to set beside the measured scaling of the same rows (docs/results.md).
 """
 import argparse
 import json
@@ -21,7 +26,10 @@ import time
 
 import numpy as np
 
+from common import resnet
+from common.buckets import BUCKET_MB, plan
 from common.lenet import PARAM_SHAPES
+from common.models import flops_per_image
 
 MB = 2**20
 LENET_BYTES = 4 * sum(int(np.prod(s)) for s in PARAM_SHAPES.values())   # float32 gradients of one step
@@ -30,7 +38,34 @@ GPUS = (2, 4, 8, 16, 32, 64)
 # Stated, not measured: all-reduce bandwidth per GPU of common links, and per-GPU compute per step.
 LINKS = {"NVLink-class, 200 GB/s": 200e9, "PCIe 4.0 x16, 25 GB/s": 25e9, "100 Gb/s network, 12 GB/s": 12e9,
          "10 Gb/s network, 1.2 GB/s": 1.2e9}
-MODELS = {"this LeNet": (LENET_BYTES, (0.002, 0.010)), "a model 100x larger": (100 * LENET_BYTES, (0.050, 0.200))}
+BATCH = 256
+SUSTAINED = (100e12, 25e12)   # FLOP/s a GPU sustains on a compute-bound network: a recent one, an older one
+
+
+def gradient_sizes(model, width=None):
+    """The float32 gradient of every parameter, in elements: the spec's."""
+    if model == "lenet":
+        return [int(np.prod(s)) for s in PARAM_SHAPES.values()]
+    return [w.size for w in resnet.init_weights(0, width).values()]
+
+
+def collectives(sizes, allreduce):
+    """All-reduces a step makes: one per parameter, or one per bucket."""
+    return len(sizes) if allreduce == "per-tensor" else len(plan(sizes, BUCKET_MB * MB))
+
+
+def gpu_step_times(model, width=None):
+    """Per-GPU compute of one step of BATCH images: stated where launches decide (the LeNet's 13.5 MFLOP per image),
+    the spec's FLOPs at each SUSTAINED rate for d2l's ResNet-18."""
+    if model == "lenet":
+        return (0.002, 0.010)
+    return tuple(flops_per_image(model, width) * BATCH / rate for rate in SUSTAINED)
+
+
+# name: (model, width); the models measured on this machine are the LeNet and the ResNet-18 at width 8
+MODELS = {"this LeNet": ("lenet", None), "d2l's ResNet-18 (width 64)": ("resnet18", 64)}
+MEASURED = {"lenet": ("lenet", None), "resnet18 w8": ("resnet18", 8)}
+ALLREDUCE_MODES = ("per-tensor", "bucketed")
 RING = {"pytorch": "gloo ring all-reduce", "tensorflow": "collective ring all-reduce (RING)",
         "jax": "XLA all-reduce over gloo", "mxnet": "ps-lite parameter server (1 server)"}
 
@@ -65,8 +100,8 @@ def measure_allreduce(fw, spec, rank, world, devices):
 
 
 def measure_step(fw, spec, devices):
-    """Worker task 'step': one scratch training step (batch 256, one device), the compute an all-reduce
-    would follow."""
+    """Worker task 'step': one scratch training step of spec.model (batch 256, one device), the compute an
+    all-reduce would follow."""
     from common.lenet import init_weights
 
     from .loader import load_module
@@ -74,16 +109,23 @@ def measure_step(fw, spec, devices):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((spec.batch_size, 1, 28, 28)).astype(np.float32)
     y = rng.integers(0, 10, len(X))
-    replicas = [fw.get_params(init_weights(0), devices[0])]
-    return timed(lambda: fw.train_step(replicas, X, y, devices[:1], 0.01), lambda: fw.sync(devices),
-                 spec.repeats or 20, warmup=3)
+    if spec.model == "lenet":
+        replicas = [fw.get_params(init_weights(0), devices[0])]
+        step = lambda: fw.train_step(replicas, X, y, devices[:1], 0.01)   # noqa: E731
+    else:
+        net = load_module(fw.name, "resnet")
+        replicas = [net.get_params(resnet.init_weights(0, spec.width), devices[0])]
+        bn_states = [net.get_bn_state(resnet.init_bn_state(spec.width), devices[0])]
+        step = lambda: net.train_step(replicas, bn_states, X, y, devices[:1], 0.01)   # noqa: E731
+    return timed(step, lambda: fw.sync(devices), spec.repeats or (20 if spec.model == "lenet" else 10), warmup=3)
 
 
-def allreduce_seconds(n, p, alpha, bandwidth, framework=None):
-    """The model's all-reduce time of n bytes over p processes (a ring, or MXNet's one-server push-pull)."""
+def allreduce_seconds(n, p, alpha, bandwidth, framework=None, k=1):
+    """The model's time to all-reduce n bytes over p processes in k collectives (a ring, or MXNet's one-server
+    push-pull): k latencies, the bytes once."""
     if framework == "mxnet":
-        return 2 * alpha + p * n / bandwidth
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / bandwidth
+        return k * 2 * alpha + p * n / bandwidth
+    return k * 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / bandwidth
 
 
 def fit(sizes, seconds, framework=None):
@@ -100,9 +142,9 @@ def fit(sizes, seconds, framework=None):
     return float(alpha), float(c / slope) if slope > 0 else float("inf")
 
 
-def efficiency(step_seconds, n, p, alpha, bandwidth, framework=None):
+def efficiency(step_seconds, n, p, alpha, bandwidth, framework=None, k=1):
     """Scaling efficiency of a synchronous data-parallel step: compute, then the all-reduce, no overlap."""
-    return step_seconds / (step_seconds + allreduce_seconds(n, p, alpha, bandwidth, framework))
+    return step_seconds / (step_seconds + allreduce_seconds(n, p, alpha, bandwidth, framework, k))
 
 
 def measure(frameworks, sizes=SIZES, timeout=600):
@@ -112,11 +154,14 @@ def measure(frameworks, sizes=SIZES, timeout=600):
     threads = max(1, (os.cpu_count() or 2) // 2)
     results = {}
     for name in frameworks:
-        print(f"{name}: one step ...", file=sys.stderr, flush=True)
-        (step,) = run_workers({"task": "step", "framework": name, "devices": 1, "processes": 1,
-                               "threads": threads * 2}, timeout)
-        if step["status"] != "ok":
-            raise RosettaError(f"{name}: the step measurement {step['status']}: {step['error']}")
+        steps = {}
+        for label, (model, width) in MEASURED.items():
+            print(f"{name}: one {label} step ...", file=sys.stderr, flush=True)
+            (step,) = run_workers({"task": "step", "framework": name, "model": model, "width": width,
+                                   "devices": 1, "processes": 1, "threads": threads}, timeout)   # a process's cores
+            if step["status"] != "ok":
+                raise RosettaError(f"{name}: the {label} step measurement {step['status']}: {step['error']}")
+            steps[label] = step["step"]
         points = []
         for n in sizes:
             print(f"{name}: all-reduce of {n / MB:.2f} MB across 2 processes ...", file=sys.stderr, flush=True)
@@ -127,54 +172,84 @@ def measure(frameworks, sizes=SIZES, timeout=600):
                 raise RosettaError(f"{name}: the all-reduce of {n} bytes {records[0]['status']}: {records[0]['error']}")
             points.append({"bytes": int(n), **records[0]["allreduce"]})
         alpha, bandwidth = fit([p["bytes"] for p in points], [p["median"] for p in points], name)
-        results[name] = {"engine": RING[name], "step": step["step"], "allreduce": points, "alpha": alpha,
-                         "bandwidth": bandwidth}
+        results[name] = {"engine": RING[name], "step": steps["lenet"], "steps": steps, "allreduce": points,
+                         "alpha": alpha, "bandwidth": bandwidth}
     return results
 
 
 def markdown(results, env_line, command):
     """docs/scaling.md, generated: the measured inputs, the fitted model and its predictions."""
+    sizes = [p["bytes"] for p in next(iter(results.values()))["allreduce"]]
     out = ["# Scaling past one machine: a model from measured inputs\n",
            "**This page is a model, not a measurement of GPUs.** Its inputs were measured on one CPU machine "
            "(below); its predictions assume the stated link bandwidths and per-GPU step times. Where a GPU "
            "machine is available, measure instead and compare.\n",
            f"Re-measure the inputs and regenerate this page: `{command}`\n", f"Measured on: {env_line}\n",
            "## Measured here (2 processes on one machine, loopback)\n",
-           "| framework | engine | one step, batch 256, 1 device (ms) | "
-           + " | ".join(f"all-reduce {n / MB:.3g} MB (ms)" for n in [p["bytes"] for p in next(iter(results.values()))["allreduce"]])
+           "| framework | engine | " + " | ".join(f"one {label} step, batch {BATCH}, 1 core (ms)" for label in MEASURED)
+           + " | " + " | ".join(f"all-reduce {n / MB:.3g} MB (ms)" for n in sizes)
            + " | fitted alpha (us) | fitted B (GB/s) |",
-           "|---|---|---|" + "---|" * len(next(iter(results.values()))["allreduce"]) + "---|---|"]
+           "|---|---|" + "---|" * (len(MEASURED) + len(sizes)) + "---|---|"]
     for name, r in results.items():
-        out.append(f"| {name} | {r['engine']} | {1e3 * r['step']['median']:.1f} | "
+        out.append(f"| {name} | {r['engine']} | "
+                   + " | ".join(f"{1e3 * r['steps'][label]['median']:.1f}" for label in MEASURED) + " | "
                    + " | ".join(f"{1e3 * p['median']:.2f}" for p in r["allreduce"])
                    + f" | {1e6 * r['alpha']:.0f} | {r['bandwidth'] / 1e9:.2f} |")
     out += ["", "alpha is the engine's fixed cost per ring step (its software latency here: Python, the "
             "framework's dispatch, the transport's handshakes); B is the bandwidth the engine reached between "
             "two processes through this machine's memory. The fit is the model at p = 2: "
-            "`T = 2 alpha + n / B` for a ring, `T = 2 alpha + 2 n / B` for MXNet's one server.", "",
-            "## Predicted scaling efficiency", "",
+            "`T = 2 alpha + n / B` for a ring, `T = 2 alpha + 2 n / B` for MXNet's one server. A step pays alpha "
+            "once per collective: k of them, one per parameter (`--allreduce per-tensor`, the recipe) or one per "
+            f"{BUCKET_MB} MiB bucket (`--allreduce bucketed`, DDP's way).", "",
+            "## This machine: 2 processes with a core each, predicted", "",
+            "The measured one-core step t and this machine's alpha and B at p = 2, for the scratch rows of 2 "
+            "processes (`python compare.py --model <m> --devices 2 --processes 2 --cores per-device --allreduce "
+            "per-tensor,bucketed`): efficiency per-tensor / bucketed. The measured rows are in docs/results.md; "
+            "where a measured figure falls below its prediction, the step loses time the model does not hold "
+            "(waiting for the slower process, the framework's own overheads across processes).", "",
+            "| engine | " + " | ".join(f"{label}: {4 * sum(gradient_sizes(*m)) / MB:.2f} MB in "
+                                      f"{collectives(gradient_sizes(*m), 'per-tensor')} / "
+                                      f"{collectives(gradient_sizes(*m), 'bucketed')} all-reduces"
+                                      for label, m in MEASURED.items()) + " |",
+            "|---|" + "---|" * len(MEASURED)]
+    for name, r in results.items():
+        cells = []
+        for label, m in MEASURED.items():
+            sizes_m = gradient_sizes(*m)
+            n, t = 4 * sum(sizes_m), r["steps"][label]["median"]
+            cells.append(" / ".join(f"{efficiency(t, n, 2, r['alpha'], r['bandwidth'], name, collectives(sizes_m, a)):.2f}"
+                                    for a in ALLREDUCE_MODES))
+        out.append(f"| {name} ({r['engine']}) | " + " | ".join(cells) + " |")
+    out += ["", "## Predicted scaling efficiency on GPUs", "",
             "Efficiency = t / (t + T(n, p)): one synchronous step of compute t per GPU, then the all-reduce of "
-            "n bytes of gradients over p GPUs, with each engine's alpha measured here and the link's bandwidth "
-            "in place of B. No overlap of communication with the backward pass is assumed (DistributedDataParallel "
-            "overlaps buckets with it, so it can do better; the scratch recipe cannot). Rows: engine and link; "
-            "columns: GPUs.", ""]
-    for model, (n, step_times) in MODELS.items():
-        for t in step_times:
-            out += [f"### {model} ({n / MB:.2f} MB of gradients), {1e3 * t:.0f} ms of compute per step", "",
+            "n bytes of gradients over p GPUs in k collectives, with each engine's alpha measured here and the "
+            "link's bandwidth in place of B. No overlap of communication with the backward pass is assumed "
+            "(DistributedDataParallel overlaps buckets with it, so it can do better; the scratch recipe cannot). "
+            "Rows: engine and link; columns: GPUs; each cell per-tensor / bucketed. The LeNet's step times are "
+            "stated (kernel launches decide them); the ResNet's are the spec's FLOPs per step "
+            f"({BATCH} images) at a sustained {', '.join(f'{r / 1e12:.0f}' for r in SUSTAINED)} TFLOP/s.", ""]
+    for model, (name_m, width) in MODELS.items():
+        sizes_m = gradient_sizes(name_m, width)
+        n, ks = 4 * sum(sizes_m), [collectives(sizes_m, a) for a in ALLREDUCE_MODES]
+        for t in gpu_step_times(name_m, width):
+            out += [f"### {model} ({n / MB:.2f} MB of gradients in {ks[0]} / {ks[1]} all-reduces), "
+                    f"{1e3 * t:.0f} ms of compute per step", "",
                     "| engine | link | " + " | ".join(f"{p} GPUs" for p in GPUS) + " |",
                     "|---|---|" + "---|" * len(GPUS)]
             for name, r in results.items():
                 for link, bandwidth in LINKS.items():
                     out.append(f"| {name} ({r['engine']}) | {link} | "
-                               + " | ".join(f"{efficiency(t, n, p, r['alpha'], bandwidth, name):.2f}" for p in GPUS)
-                               + " |")
+                               + " | ".join(" / ".join(f"{efficiency(t, n, p, r['alpha'], bandwidth, name, k):.2f}"
+                                                      for k in ks) for p in GPUS) + " |")
             out.append("")
     out += ["## How to read it", "",
             "- At this LeNet's size (half a megabyte) every engine is latency-bound: the bandwidth term is "
-            "microseconds on any modern link, and 2(p-1) alpha decides. An engine whose alpha is a millisecond "
-            "cannot keep a 2 ms step efficient past a few GPUs, whatever the link.",
-            "- For the model 100x larger the bandwidth term takes over, and the link decides: compare the "
-            "rows of one engine across links.",
+            "microseconds on any modern link, and the alphas decide. An engine whose alpha is a millisecond "
+            "cannot keep a 2 ms step efficient past a few GPUs, whatever the link; eight all-reduces a step "
+            "cost eight alphas, one bucket one.",
+            "- For d2l's ResNet-18 (43 MB of gradients) the bandwidth term takes over on slow links, and the link "
+            "decides: compare the rows of one engine across links. Its 76 parameters per-tensor pay 76 alphas a "
+            "step; bucketed, 2.",
             "- MXNet's one-server parameter server grows linearly with p: the server's link carries every "
             "worker's push and pull. ps-lite spreads keys over several servers (DMLC_NUM_SERVER), which divides "
             "that term; this repo starts one server.",

@@ -32,6 +32,18 @@ def test_the_ring_and_the_parameter_server_formulas():
     assert np.allclose(np.diff(ps), [2 * n / bandwidth, 4 * n / bandwidth])
 
 
+def test_a_step_pays_a_latency_per_collective_and_its_bytes_once():
+    n, alpha, bandwidth = 8e6, 1e-4, 1e9
+    one = scaling.allreduce_seconds(n, 4, alpha, bandwidth)
+    assert scaling.allreduce_seconds(n, 4, alpha, bandwidth, k=8) == pytest.approx(one + 7 * 6 * alpha)
+    assert scaling.allreduce_seconds(n, 4, alpha, bandwidth, "mxnet", k=8) == pytest.approx(16 * alpha + 4 * n / bandwidth)
+    lenet, d2l = scaling.gradient_sizes("lenet"), scaling.gradient_sizes("resnet18", 64)
+    assert [scaling.collectives(lenet, a) for a in scaling.ALLREDUCE_MODES] == [8, 1]
+    assert [scaling.collectives(d2l, a) for a in scaling.ALLREDUCE_MODES] == [76, 2]
+    # d2l's ResNet-18 at 100 TFLOP/s: 2.73 GFLOP per image x 256 images
+    assert scaling.gpu_step_times("resnet18", 64)[0] == pytest.approx(2.7348e9 * 256 / 100e12, rel=1e-3)
+
+
 def test_efficiency_falls_with_gpus_and_is_perfect_with_free_communication():
     effs = [scaling.efficiency(0.01, 50e6, p, 1e-4, 12e9) for p in scaling.GPUS]
     assert all(a > b for a, b in zip(effs, effs[1:])) and 0 < effs[-1] < effs[0] < 1
@@ -46,6 +58,7 @@ def test_a_measured_allreduce_grows_with_size_and_feeds_the_page():
     assert 0 < small["median"] < large["median"]
     assert results["pytorch"]["step"]["median"] > 0 and results["pytorch"]["alpha"] > 0
     page = scaling.markdown(results, "test machine", "python -m harness.projection")
-    tables = sum(len(times) for _, times in scaling.MODELS.values())   # one per model and step time
+    tables = sum(len(scaling.gpu_step_times(*m)) for m in scaling.MODELS.values())   # one per model and step time
+    assert results["pytorch"]["steps"]["resnet18 w8"]["median"] > results["pytorch"]["steps"]["lenet"]["median"]
     assert "| pytorch | gloo ring all-reduce |" in page
     assert page.count("### ") == page.count("| 64 GPUs |") == tables
