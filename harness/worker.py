@@ -96,6 +96,10 @@ def run(spec, started):
         return {"devices": fw.device_info(fw.get_devices(spec.devices))}
     if spec.task in ("step", "allreduce"):
         return scaling_inputs(fw, spec)
+    if spec.task == "expert":   # harness/expert.py
+        from .expert import measure
+        with joined(fw, spec) as (_, _, devices):
+            return {"expert": measure(fw, spec, devices)}
     import numpy as np
     from .checkpoints import resume_point, saver
     from .profile import profiler
