@@ -32,7 +32,8 @@ from harness.cores import CORES
 from harness.launch import raise_on_signals, run_workers
 from harness.merge import merge_files, merge_records
 from harness.outputs import check_outputs, output_paths, write_files, write_results
-from harness.plan import BENCHMARK, EXEC_OPTIONS, LAYOUT_OPTIONS, check_data, grid, row_label, run_specs
+from harness.plan import BENCHMARK, BENCHMARK_IMAGES, EXEC_OPTIONS, LAYOUT_OPTIONS, benchmark_plan, check_data, grid, \
+    row_label, run_specs
 from harness.profile import trace_folder
 from harness.report import add_parity, environment, environment_line, format_scaling, format_table, optimizer_line, \
     progress_bar, timing_view
@@ -134,8 +135,8 @@ def parse_args(argv):
                    help="trace a few steady-state steps of every row with its framework's own profiler, into "
                         "DIR/<row> (a Chrome trace, or TensorBoard's profile plugin for TensorFlow; docs/profiling.md)")
     p.add_argument("--benchmark", action="store_true",
-                   help="the timing benchmark: synthetic 30,000 images, batch 256, every exec mode, the "
-                        "idiomatic references, both --cores settings, 3 trials; "
+                   help="the timing benchmark: synthetic 30,000 images (the ResNet: 5,120), batch 256, every exec "
+                        "mode, the idiomatic references, both --cores settings, bucketed across processes, 3 trials; "
                         "writes results/benchmark.{md,csv,json,png}")
     p.add_argument("--list-devices", action="store_true", help="print the devices each framework sees; no training")
     p.add_argument("--merge", nargs="+", metavar="OUT_JSON",
@@ -145,7 +146,9 @@ def parse_args(argv):
     if args.benchmark:
         for key, value in BENCHMARK.items():
             setattr(args, key, value)
-        args.devices = sorted({d for _, _, shapes, _, _ in args.plan for d, _ in shapes})
+        args.plan = benchmark_plan(args.plan, args.model)
+        args.devices = sorted({d for _, _, shapes, *_ in args.plan for d, _ in shapes})
+        args.n_synthetic = BENCHMARK_IMAGES.get(args.model, args.n_synthetic)
         for ext in ("json", "csv", "plot"):
             setattr(args, ext, getattr(args, ext) or os.path.join("results", f"benchmark.{'png' if ext == 'plot' else ext}"))
     if args.epochs is None:

@@ -16,8 +16,9 @@ LAYOUT_OPTIONS = ("default", "nchw", "nhwc")   # memory layout of images and con
 # (fed by their frameworks' own input pipelines) on 2 devices. With a core per device: the default mode on
 # 1 device, 2 devices and 2 processes, and the built-in engines on 2 processes: real parallel speed-up, if any.
 # And the scratch step in channels-first memory (NCHW), against the rows above in each framework's default
-# layout (channels-last but in MXNet, whose NCHW row is then the same run twice: the noise between two rows).
-# Plan entries: (mode, exec levels, (devices, processes) shapes, cores, layouts).
+# layout (channels-last but in MXNet, whose NCHW row is then the same run twice: the noise between two rows),
+# and its 2 processes with the bucketed all-reduce, against the per-tensor row above.
+# Plan entries: (mode, exec levels, (devices, processes) shapes, cores, layouts[, all-reduces: per-tensor if absent]).
 BENCHMARK_MD = os.path.join("results", "benchmark.md")
 BENCHMARK = {"dataset": "synthetic", "n_synthetic": 30000, "epochs": 1, "batch_size": 256, "repeats": 3,
              "plan": [("scratch", ("eager", "graph", "xla"), ((1, 1),), "shared", ("default",)),
@@ -26,13 +27,22 @@ BENCHMARK = {"dataset": "synthetic", "n_synthetic": 30000, "epochs": 1, "batch_s
                       ("scratch", ("default",), ((2, 1),), "shared", ("default",)),
                       ("builtin", ("default",), ((2, 1),), "shared", ("default",)),
                       ("scratch", ("default",), ((1, 1), (2, 1), (2, 2)), "per-device", ("default",)),
+                      ("scratch", ("default",), ((2, 2),), "per-device", ("default",), ("bucketed",)),
                       ("builtin", ("default",), ((2, 2),), "per-device", ("default",))]}
+BENCHMARK_IMAGES = {"resnet18": 5120}   # the ResNet's step is ~20x the LeNet's: 20 steps a trial, not 117
+
+
+def benchmark_plan(plan, model):
+    """The benchmark's entries for a model: the ResNet's scratch step runs its framework's default exec level only."""
+    if model == "lenet":
+        return plan
+    return [(mode, ("default",), *rest) for mode, _, *rest in plan]
 
 
 def grid(args):
     """The plan entries of the command line's options (the benchmark brings its own)."""
     return [(mode, tuple(args.exec), tuple(itertools.product(args.devices, args.processes)), cores,
-             tuple(args.layout)) for cores in args.cores for mode in args.mode]
+             tuple(args.layout), tuple(args.allreduce)) for cores in args.cores for mode in args.mode]
 
 
 def check_data(args, dataset):
@@ -48,13 +58,13 @@ def run_specs(args):
     share = per_device_threads(args.threads, max(args.devices))   # each device's cores, per-device rows
     usable = len(os.sched_getaffinity(0))
     seen = {}
-    for mode, levels, shapes, cores, layouts in args.plan:
+    for mode, levels, shapes, cores, layouts, *allreduces in args.plan:
         for level, layout, allreduce, bn, (devices, processes), name in itertools.product(
-                levels, layouts, args.allreduce, args.bn, shapes, args.frameworks):
+                levels, layouts, allreduces[0] if allreduces else ("per-tensor",), args.bn, shapes, args.frameworks):
             world = devices if process_per_device(name, mode, processes) else processes
             threads = share * devices // world if cores == "per-device" else args.threads // world
-            spec = RunSpec(framework=name, model=args.model, width=args.width, bn=bn, mode=mode, exec=level, layout=layout, allreduce=allreduce, devices=devices,
-                           processes=world,
+            spec = RunSpec(framework=name, model=args.model, width=args.width, bn=bn, mode=mode, exec=level,
+                           layout=layout, allreduce=allreduce, devices=devices, processes=world,
                            cores=cores, threads=max(1, threads), dataset=args.dataset, data_dir=args.data_dir,
                            n_synthetic=args.n_synthetic, epochs=args.epochs, lr=args.lr,
                            batch_size=args.per_device_batch * devices if args.per_device_batch else args.batch_size,

@@ -123,3 +123,12 @@ def test_the_table_and_the_csv_show_the_network_and_its_batchnorm_states(tmp_pat
         assert ("model" in read[0]) == has_model and ("bn_states" in read[0]) == has_model
     assert [(r["model"], r["bn"], r["bn_states"]) for r in read] == [("lenet", "", ""), ("resnet18", "local", "2"),
                                                                       ("resnet18", "sync", "1")]
+
+
+def test_the_benchmark_times_the_resnet_in_its_default_exec_level_and_both_all_reduces():
+    rows = plan("--benchmark", "--model", "resnet18", "--frameworks", "jax")
+    ran = [(s.mode, s.exec, s.layout, s.devices, s.processes, s.cores, s.allreduce) for s, reason in rows if not reason]
+    assert ran[0] == ("scratch", "default", "default", 1, 1, "shared", "per-tensor")   # the 'of peak' row
+    assert ("scratch", "default", "default", 2, 2, "per-device", "bucketed") in ran
+    assert [s.n_synthetic for s, _ in rows] == [5120] * len(rows)
+    assert all(s.allreduce == "per-tensor" for s, _ in plan("--benchmark", "--frameworks", "jax")[:-2])
