@@ -77,8 +77,9 @@ def parse_args(argv):
     p.add_argument("--n-synthetic", type=int, default=default("n_synthetic"), help="training images of the synthetic set")
     p.add_argument("--epochs", type=int, help="default 30 for digits, 10 otherwise")
     p.add_argument("--batch-size", type=int, default=default("batch_size"), help="global batch, split across devices")
-    p.add_argument("--per-device-batch", type=int, metavar="N",
-                   help="instead of --batch-size: each row's global batch is N x its devices (weak scaling)")
+    p.add_argument("--per-device-batch", type=int_list, metavar="N",
+                   help="instead of --batch-size: each row's global batch is N x its devices (weak scaling); "
+                        "comma-separated, a row per N")
     p.add_argument("--lr", type=float, help="the base learning rate; default by --optimizer: "
                    + ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items())
                    + "; " + ", ".join(f"{model}'s sgd {lr:g}" for model, lr in RESNET_SGD_LR.items()))
@@ -153,10 +154,8 @@ def parse_args(argv):
             setattr(args, ext, getattr(args, ext) or os.path.join("results", f"benchmark.{'png' if ext == 'plot' else ext}"))
     if args.epochs is None:
         args.epochs = default_epochs(args.dataset)
-    if args.per_device_batch is not None:
-        if args.per_device_batch < 1:
-            p.error("--per-device-batch must be >= 1")
-        args.batch_size = args.per_device_batch * max(args.devices)   # the largest row's, for the checks below
+    if args.per_device_batch is not None:   # the largest row's, for the checks below
+        args.batch_size = max(args.per_device_batch) * max(args.devices)
     for name in ("epochs", "batch_size", "threads", "n_synthetic", "repeats", "reference_batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")

@@ -7,7 +7,9 @@ from common.interface import RosettaError
 
 from .cores import per_device_threads
 from .launch import process_per_device
-from .spec import RunSpec
+from .spec import RunSpec, default
+
+BATCH_SIZE = default("batch_size")   # a row of another global batch says so in its label
 
 EXEC_OPTIONS = ("default", "eager", "graph", "xla")
 LAYOUT_OPTIONS = ("default", "nchw", "nhwc")   # memory layout of images and conv kernels: channels first or last
@@ -59,15 +61,16 @@ def run_specs(args):
     usable = len(os.sched_getaffinity(0))
     seen = {}
     for mode, levels, shapes, cores, layouts, *allreduces in args.plan:
-        for level, layout, allreduce, bn, (devices, processes), name in itertools.product(
-                levels, layouts, allreduces[0] if allreduces else ("per-tensor",), args.bn, shapes, args.frameworks):
+        for level, layout, allreduce, bn, per_device, (devices, processes), name in itertools.product(
+                levels, layouts, allreduces[0] if allreduces else ("per-tensor",), args.bn,
+                args.per_device_batch or [None], shapes, args.frameworks):
             world = devices if process_per_device(name, mode, processes) else processes
             threads = share * devices // world if cores == "per-device" else args.threads // world
             spec = RunSpec(framework=name, model=args.model, width=args.width, bn=bn, mode=mode, exec=level,
                            layout=layout, allreduce=allreduce, devices=devices, processes=world,
                            cores=cores, threads=max(1, threads), dataset=args.dataset, data_dir=args.data_dir,
                            n_synthetic=args.n_synthetic, epochs=args.epochs, lr=args.lr,
-                           batch_size=args.per_device_batch * devices if args.per_device_batch else args.batch_size,
+                           batch_size=per_device * devices if per_device else args.batch_size,
                            optimizer=args.optimizer, momentum=args.momentum, weight_decay=args.weight_decay,
                            lr_schedule=args.lr_schedule, warmup_epochs=args.warmup_epochs, clip_norm=args.clip_norm,
                            lr_scaling=args.lr_scaling, reference_batch=args.reference_batch,
@@ -104,5 +107,6 @@ def row_label(spec):
     layout = "" if spec.layout == "default" else f", {spec.layout}"
     layout += "" if spec.allreduce == "per-tensor" else f", {spec.allreduce}"
     per_device = ", a core per device" if spec.cores == "per-device" else ""
-    return (f"{spec.framework} {spec.mode} ({model}{spec.exec}{layout}), {spec.devices} device(s), "
+    batch = "" if spec.batch_size == BATCH_SIZE else f", batch {spec.batch_size}"
+    return (f"{spec.framework} {spec.mode} ({model}{spec.exec}{layout}), {spec.devices} device(s){batch}, "
             f"{spec.processes} process(es){per_device}")

@@ -216,6 +216,10 @@ def format_table(runs, timing=False, markdown=False):
         at = columns.index("test acc")
         columns = (*columns[:at], f"s to {'/'.join(f'{t:g}' for t in targets)} acc", *columns[at:])
         rows = [[*row[:at], target_cell(r), *row[at:]] for row, r in zip(rows, runs)]
+    if len({r.get("batch_size") for r in runs}) > 1:   # before the devices: rows of several global batches
+        at = columns.index("devices")
+        columns = (*columns[:at], "batch", *columns[at:])
+        rows = [[*row[:at], str(r.get("batch_size") or "-"), *row[at:]] for row, r in zip(rows, runs)]
     if has_buckets(runs):   # after the layout: one all-reduce per parameter or per bucket
         at = columns.index("layout") + 1
         columns = (*columns[:at], "all-reduce", *columns[at:])

@@ -54,3 +54,18 @@ def test_the_planned_rows_are_specs_with_the_options_values():
     ddp = [s for s, _ in rows if (s.framework, s.mode) == ("pytorch", "builtin")]
     assert [(s.devices, s.processes) for s in ddp] == [(1, 1), (2, 2)]   # DDP: one process per device
     assert json.loads(ddp[1].to_json())["processes"] == 2
+
+
+def test_several_per_device_batches_are_rows_with_their_batch_in_the_label_and_the_table():
+    import compare
+    from harness.plan import row_label, run_specs
+    from harness.report import format_table
+    rows = [spec for spec, _ in run_specs(compare.parse_args(["--frameworks", "pytorch", "--devices", "4",
+                                                              "--per-device-batch", "4,64"]))]
+    assert [s.batch_size for s in rows] == [16, 256]
+    assert [row_label(s) for s in rows] == ["pytorch scratch (default), 4 device(s), batch 16, 1 process(es)",
+                                            "pytorch scratch (default), 4 device(s), 1 process(es)"]
+    runs = [{**s.row(), "status": "ok"} for s in rows]
+    header, _, small, large = format_table(runs).splitlines()
+    assert header.split("|")[5].strip() == "batch" and small.split("|")[5].strip() == "16"
+    assert "batch" not in format_table(runs[:1])
