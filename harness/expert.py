@@ -1,74 +1,93 @@
-"""The scratch step against an expert's loop (issue 22): how much the recipe's visible split, all-reduce and update
-cost against the one compiled step a performance-minded user writes (a framework's expert.py; JAX's for now).
+"""The project's steps against an expert's loop (issue 22): what the recipe's visible split, all-reduce and update,
+and each framework's engines, cost against the one step a performance-minded user writes (each framework's
+expert.py).
 
-    python -m harness.expert [--frameworks jax] [--repeats 60]
+    python -m harness.expert [--frameworks pytorch,mxnet,tensorflow,jax] [--repeats 60] [--threads 2]
 
-One worker process per framework, threads as a compare.py row of one device: both steps on the same batches, one
-after the other step by step (drift hits both alike), after a warm-up; medians. Then the built-in engine and the
-idiomatic loop, timed the same way against the same expert step (1 device).
+One worker process per framework (threads fixed before import, as a compare.py row), one device, batch 256 of the
+synthetic set: the expert's step, the scratch step, the idiomatic loop and the built-in engine, each fed its own way
+(numpy rows, or the framework's own input pipeline) and timed with the fetch of its batch, one after the other step
+by step (drift hits them alike), after a warm-up; medians.
 """
 import argparse
+import itertools
 import statistics
 import sys
 import time
 
-import numpy as np
+BATCH, LR, WARMUP = 256, 0.01, 5
+MODES = ("scratch", "idiomatic", "builtin")
 
-from common.lenet import init_weights
 
-BATCH = 256
+def endless(batches_of_epoch):
+    """A runner's batches, epoch after epoch."""
+    for epoch in itertools.count():
+        yield from batches_of_epoch(epoch)
 
 
 def measure(fw, spec, devices):
-    """Worker task 'expert': {row: {median ms, expert median ms, ratio expert / row}} for scratch, builtin, idiomatic."""
+    """Worker task 'expert': {row: {ms, expert_ms, ratio expert / row} or {error}} for each mode."""
+    from common.batches import Order
+    from common.data import load_dataset
+    from common.interface import RosettaError
+    from common.lenet import init_weights
+    from common.optim import Optimizer
     from .loader import load_module
+    from .spec import RunSpec
+    from .training import Scratch, runner
     load_module(fw.name, "execution").use("default")
     expert = load_module(fw.name, "expert")
     device = devices[0]
-    rng = np.random.default_rng(0)
-    batches = [(rng.standard_normal((BATCH, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, BATCH))
-               for _ in range(8)]
-    lr = 0.01
+    data = load_dataset("synthetic", None, 8 * BATCH, 0)
+    order = Order(len(data.y_train), BATCH, 0, 1)
     mine = expert.get_model(init_weights(0), device)
-    steps = {"expert": lambda X, y: expert.train_step(mine, X, y, device, lr, BATCH)}
-    replicas = [fw.get_params(init_weights(0), device)]
-    steps["scratch"] = lambda X, y: fw.train_step(replicas, X, y, devices[:1], lr, BATCH)
-    idiomatic = load_module(fw.name, "idiomatic")
-    model = idiomatic.get_model(init_weights(0), devices[:1])
-    steps["idiomatic"] = lambda X, y: idiomatic.train_step(model, X, y, devices[:1], lr, BATCH)
-    builtin, pipeline = load_module(fw.name, "builtin"), load_module(fw.name, "pipeline")
-    engine = builtin.get_model(init_weights(0), devices[:1])
-    steps["builtin"] = lambda X, y: builtin.train_step(
-        engine, pipeline.global_batch(engine.placement, devices[:1], X, y, len(y)), lr, BATCH)
-    seconds = {name: [] for name in steps}
-    for i in range(5 + (spec.repeats or 60)):
-        X, y = batches[i % len(batches)]
-        for name, step in steps.items():
+    numpy_rows = Scratch(fw, devices)
+    numpy_rows.feed(data, order, 0, 1)
+    rows = {"expert": (endless(numpy_rows.batches), lambda batch: expert.train_step(mine, *batch, device, LR, BATCH))}
+    errors = {}
+    for mode in MODES:
+        try:
+            run = runner(RunSpec(framework=fw.name, mode=mode, devices=1, batch_size=BATCH, lr=LR), fw, devices)
+            run.start(init_weights(0), Optimizer(lr=LR))
+            run.feed(data, order, 0, 1)
+        except RosettaError as err:
+            errors[mode] = str(err)
+            continue
+        rows[mode] = (endless(run.batches), lambda batch, run=run: run.step(batch, LR, BATCH))
+    seconds = {name: [] for name in rows}
+    for i in range(WARMUP + (spec.repeats or 60)):
+        for name, (feed, step) in rows.items():
             start = time.perf_counter()
-            step(X, y)   # each returns a float: the step has finished
-            if i >= 5:
+            step(next(feed))   # every step returns the loss as a float: it has finished
+            if i >= WARMUP:
                 seconds[name].append(time.perf_counter() - start)
-    medians = {name: statistics.median(s) for name, s in seconds.items()}
-    return {name: {"ms": 1e3 * medians[name], "expert_ms": 1e3 * medians["expert"],
-                   "ratio": medians["expert"] / medians[name]} for name in steps if name != "expert"}
+    expert_s = statistics.median(seconds.pop("expert"))
+    out = {mode: {"error": error} for mode, error in errors.items()}
+    for name, s in seconds.items():
+        out[name] = {"ms": 1e3 * statistics.median(s), "expert_ms": 1e3 * expert_s, "ratio": expert_s / statistics.median(s)}
+    return {mode: out[mode] for mode in MODES if mode in out}
 
 
 def main(argv=None):
+    from common.interface import FRAMEWORKS
     from .launch import run_workers
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--frameworks", default="jax")
+    p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     p.add_argument("--repeats", type=int, default=60)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
-    print("| framework | row | ms per step | expert's ms | expert / row |\n|---|---|---|---|---|")
+    print("| framework | row | ms per step | the expert's | expert / row |\n|---|---|---|---|---|")
     for name in args.frameworks.split(","):
         (record,) = run_workers({"task": "expert", "framework": name, "devices": 1, "processes": 1,
-                                 "threads": args.threads, "repeats": args.repeats}, timeout=900)
+                                 "threads": args.threads, "repeats": args.repeats}, timeout=1800)
         if record["status"] != "ok":
-            print(f"error: {name}: {record['status']}: {record.get('error')}", file=sys.stderr)
-            return 1
+            print(f"| {name} | - | - | - | {record['status']}: {record.get('error')} |")
+            continue
         for row, r in record["expert"].items():
-            print(f"| {name} | {row} | {r['ms']:.1f} | {r['expert_ms']:.1f} | {r['ratio']:.2f} |")
+            if "error" in r:
+                print(f"| {name} | {row} | - | - | skipped: {r['error']} |")
+            else:
+                print(f"| {name} | {row} | {r['ms']:.1f} | {r['expert_ms']:.1f} | {r['ratio']:.2f} |")
     return 0
 
 

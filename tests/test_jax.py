@@ -58,19 +58,3 @@ def test_the_shard_map_gradient_trap_is_real(jax_fw):
     assert summed_grad(mark_varying=True) == 6.0    # d/dw sum(w * x) = sum(x)
     assert summed_grad(mark_varying=False) == 12.0  # counted twice
 
-
-def test_the_expert_step_is_the_recipe_s_step(jax_fw, digits):
-    """jax/expert.py, the yardstick of harness/expert.py, computes what it is timed against: one step of the recipe
-    on one device, its buffers donated (the old arrays are gone, the list holds the new ones)."""
-    expert = load_module("jax", "expert")
-    device = jax_fw.get_devices(1)[0]
-    X, y = digits.X_train[:64], digits.y_train[:64]
-    mine = expert.get_model(init_weights(2), device)
-    old = mine[0]
-    loss = expert.train_step(mine, X, y, device, 0.2, 64)
-    replicas = [jax_fw.get_params(init_weights(2), device)]
-    assert loss == pytest.approx(jax_fw.train_step(replicas, X, y, [device], 0.2), abs=1e-6)
-    assert old.is_deleted()
-    want = jax_fw.to_numpy(replicas[0])
-    for name, value in jax_fw.to_numpy(mine).items():
-        np.testing.assert_allclose(value, want[name], atol=1e-6, err_msg=name)
