@@ -64,7 +64,8 @@ def measure(fw, spec, devices):
     expert_s = statistics.median(seconds.pop("expert"))
     out = {mode: {"error": error} for mode, error in errors.items()}
     for name, s in seconds.items():
-        out[name] = {"ms": 1e3 * statistics.median(s), "expert_ms": 1e3 * expert_s, "ratio": expert_s / statistics.median(s)}
+        median = statistics.median(s)
+        out[name] = {"ms": 1e3 * median, "expert_ms": 1e3 * expert_s, "ratio": expert_s / median}
     return {mode: out[mode] for mode in MODES if mode in out}
 
 
