@@ -256,7 +256,8 @@ def compare(args):
         if row_trials:
             print(f"kept {label}: ok ({len(row_trials)} trial(s) from {args.json})", file=sys.stderr)
     env = environment()
-    if args.benchmark:   # this machine's yardsticks, measured in the run (harness/calibration.py)
+    timing = timing_view(vars(args))   # the benchmark, or repeated trials: speed is what the run is for
+    if timing:   # this machine's yardsticks, measured in the run (harness/calibration.py)
         print(f"calibration: float32 matmul peak at {args.threads} thread(s) ...", file=sys.stderr, flush=True)
         env["calibration"] = {"threads": args.threads, "matmul_peak_gflops_start": matmul_peak(args.threads)}
         load = LoadRecord().start()
@@ -284,7 +285,7 @@ def compare(args):
         err.add_note(f"{done} of {len(specs)} rows finished{trials_done}" + (
             f", kept in {files}; the same command with --resume runs the rest" if files else ""))
         raise
-    if args.benchmark:
+    if timing:
         env["calibration"]["matmul_peak_gflops_end"] = matmul_peak(args.threads)
         env["load"] = load.stop()
         runs = save()

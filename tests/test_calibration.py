@@ -65,3 +65,24 @@ def test_the_benchmark_records_its_calibration_and_each_row_s_share_of_peak(tmp_
     assert row["peak_fraction"] == pytest.approx(row["gflops"] / ((start + end) / 2))
     markdown = (tmp_path / "results" / "benchmark.md").read_text()
     assert "Float32 matmul peak" in markdown and f"{100 * row['peak_fraction']:.0f}%" in markdown
+
+
+@pytest.mark.slow
+def test_repeated_trials_are_timed_against_the_peak_too(tmp_path, monkeypatch):
+    """--repeats > 1 is the timing view outside the benchmark as well (the ResNet's scaling rows): the run measures
+    the matmul peak around itself, and each row gets its fraction of it."""
+    import json
+
+    import compare
+    from conftest import framework_or_skip
+    framework_or_skip("pytorch")
+    peaks = iter([100.0, 300.0])
+    monkeypatch.setattr(compare, "matmul_peak", lambda threads: next(peaks))
+    monkeypatch.setattr(compare, "raise_on_signals", lambda: None)
+    out = tmp_path / "run.json"
+    assert compare.main(["--frameworks", "pytorch", "--devices", "1", "--dataset", "synthetic", "--n-synthetic",
+                         "600", "--epochs", "1", "--repeats", "2", "--json", str(out)]) == 0
+    content = json.loads(out.read_text())
+    assert content["environment"]["calibration"]["matmul_peak_gflops_end"] == 300.0
+    (row,) = content["runs"]
+    assert row["trials"] == 2 and row["peak_fraction"] == pytest.approx(row["gflops"] / 200.0)
