@@ -100,10 +100,10 @@ def add_parity(runs):
 
 
 def same_first_step(r):
-    """What decides a run's first-step loss beyond the weights and the batch: the network and how its BatchNorm
-    cuts the batch (add_parity)."""
+    """What decides a run's first-step loss beyond the weights: the first batch (its size: --per-device-batch rows
+    differ), the network and how its BatchNorm cuts the batch (add_parity)."""
     local = r.get("bn") == "local" and r["devices"] > 1
-    return r.get("model") or "lenet", r.get("width"), r["devices"] if local else "whole batch"
+    return r.get("batch_size"), r.get("model") or "lenet", r.get("width"), r["devices"] if local else "whole batch"
 
 
 def target_cell(r):

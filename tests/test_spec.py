@@ -69,3 +69,13 @@ def test_several_per_device_batches_are_rows_with_their_batch_in_the_label_and_t
     header, _, small, large = format_table(runs).splitlines()
     assert header.split("|")[5].strip() == "batch" and small.split("|")[5].strip() == "16"
     assert "batch" not in format_table(runs[:1])
+
+
+def test_rows_of_other_batch_sizes_are_not_compared_at_the_first_step():
+    """--per-device-batch 4,64 on 4 devices: the first batches are 16 and 256 images, different losses by design;
+    each row of a batch size is its own reference (found when a batch-size table showed 0.64 as a parity gap)."""
+    from harness.report import add_parity
+    runs = [{"framework": "pytorch", "mode": "scratch", "devices": 4, "processes": 1, "status": "ok",
+             "batch_size": b, "step_losses": [loss]} for b, loss in ((16, 2.9), (256, 2.3), (16, 2.9 + 1e-6))]
+    add_parity(runs)
+    assert [r["step1_loss_diff"] for r in runs] == [0.0, 0.0, pytest.approx(1e-6)]
