@@ -311,8 +311,8 @@ def unwritable(path):
 
 def optimizer_line(args):
     """The training options above the table, unless they are the recipe's (plain SGD, constant rate): None then."""
-    if (args.optimizer, args.lr_schedule, args.warmup_epochs, args.weight_decay, args.clip_norm) == \
-            ("sgd", "constant", 0, 0, None):
+    if (args.optimizer, args.lr_schedule, args.warmup_epochs, args.weight_decay, args.clip_norm,
+            getattr(args, "lr_scaling", "none")) == ("sgd", "constant", 0, 0, None, "none"):
         return None
     lr = args.lr if args.lr is not None else default_lr(getattr(args, "model", "lenet"), args.optimizer)
     parts = [args.optimizer + (f" {args.momentum:g}" if args.optimizer in ("momentum", "nesterov") else ""),

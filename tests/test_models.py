@@ -85,6 +85,10 @@ def test_the_optimizer_line_names_the_resnet_s_own_default_rate():
     assert optimizer_line(args) == "optimizer: sgd, lr 0.1, cosine schedule"
     assert optimizer_line(argparse.Namespace(**{**vars(args), "model": "lenet"})) == \
         "optimizer: sgd, lr 0.2, cosine schedule"
+    # the linear scaling rule alone changes the rate: the line says so (the batch-size table's)
+    assert optimizer_line(argparse.Namespace(**{**vars(args), "lr_schedule": "constant", "lr_scaling": "linear",
+                                                "reference_batch": 256})) == \
+        "optimizer: sgd, lr 0.1 x batch / 256, constant schedule"
 
 
 def run(framework, devices, loss, bn="local", model="resnet18", processes=1, states=None):
