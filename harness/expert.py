@@ -15,8 +15,9 @@ import statistics
 import sys
 import time
 
+from .training import MODES
+
 BATCH, LR, WARMUP = 256, 0.01, 5
-MODES = ("scratch", "idiomatic", "builtin")
 
 
 def endless(batches_of_epoch):
@@ -77,19 +78,27 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=60)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
+    names = [n for n in args.frameworks.split(",") if n]
+    bad = [n for n in names if n not in FRAMEWORKS]
+    if bad or not names:
+        print(f"error: unknown framework {bad[0]!r}; choose from {', '.join(FRAMEWORKS)}" if bad else
+              "error: --frameworks names none", file=sys.stderr)
+        return 2
+    failed = False
     print("| framework | row | ms per step | the expert's | expert / row |\n|---|---|---|---|---|")
-    for name in args.frameworks.split(","):
+    for name in names:
         (record,) = run_workers({"task": "expert", "framework": name, "devices": 1, "processes": 1,
                                  "threads": args.threads, "repeats": args.repeats}, timeout=1800)
         if record["status"] != "ok":
             print(f"| {name} | - | - | - | {record['status']}: {record.get('error')} |")
+            failed = failed or record["status"] == "failed"
             continue
         for row, r in record["expert"].items():
             if "error" in r:
                 print(f"| {name} | {row} | - | - | skipped: {r['error']} |")
             else:
                 print(f"| {name} | {row} | {r['ms']:.1f} | {r['expert_ms']:.1f} | {r['ratio']:.2f} |")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -27,3 +27,10 @@ def test_the_expert_step_is_the_recipe_s_step(name, digits):
     expected = fw.to_numpy(replicas[0])
     for key, value in fw.to_numpy(mine).items():
         np.testing.assert_allclose(value, expected[key], atol=1e-5, err_msg=key)
+
+
+def test_an_unknown_framework_is_one_line_and_a_non_zero_exit(capsys):
+    from harness.expert import main
+    assert main(["--frameworks", "jax,nope"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == "error: unknown framework 'nope'; choose from pytorch, mxnet, tensorflow, jax"
