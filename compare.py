@@ -39,6 +39,7 @@ from harness.report import add_parity, environment, environment_line, format_sca
     progress_bar, timing_view
 from harness.resume import check_same_data, kept_trials, previous_run
 from harness.spec import default, default_epochs
+from harness.split import allreduce_alone, format_split
 from harness.training import MODES
 
 
@@ -273,6 +274,9 @@ def compare(args):
                 shown = label + (f", trial {trial + 1}/{args.repeats}" if args.repeats > 1 else "")
                 print(f"running {shown} ...", file=sys.stderr, flush=True)
                 result = {"status": "skipped", "error": skip} if skip else run_one(spec, dataset, args, shown)
+                if timing and spec.devices > 1 and result["status"] == "ok":   # the step's all-reduce alone
+                    print("  its all-reduce alone ...", file=sys.stderr, flush=True)
+                    result.update(allreduce_alone(spec, args.timeout, args.cluster))
                 print(f"  {result['status']}" + (f": {result['error']}" if result.get("error") else ""),
                       file=sys.stderr, flush=True)
                 row_trials.append({"row": label, **spec.row(), **result})
@@ -352,6 +356,8 @@ def report(args, env, dataset, runs):
               "the weights and the accuracy are the run's)")
     if args.benchmark:
         print(f"\n{format_scaling(runs)}\n\n{environment_line(env)}")
+    if format_split(runs):
+        print(f"\nWhere each step of several devices goes (harness/split.py):\n{format_split(runs)}")
     if args.plot:
         from harness.plots import plot_runs
         plot_runs(args.plot, runs, title=f"{dataset['name']}, batch {runs[0]['batch_size']}, {env['cpu']}")

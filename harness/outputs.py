@@ -7,6 +7,7 @@ from .plan import BENCHMARK_MD
 from .report import add_parity, environment_line, format_scaling, format_table, is_stream, replaced_atomically, \
     unwritable, write_json
 from .resume import settings
+from .split import add_split, format_split
 
 
 def output_paths(args):
@@ -39,6 +40,7 @@ def write_results(args, env, dataset, specs, labels, trials, wanted):
     add_scaling(runs)
     add_parity(runs)
     add_peak_fraction(runs, env.get("calibration"))
+    add_split(runs)
     write_files(args, {"environment": env, "settings": settings(args), "dataset": dataset,
                        "complete": not not_run, "not_run": not_run, "runs": runs}, rows)
     return runs
@@ -61,5 +63,7 @@ def write_files(args, content, rows):
             if format_scaling(runs):
                 f.write(f"\nScaling (cores shared: every op may use every thread; a core per device: each device "
                         f"pinned to cores of its own):\n\n{format_scaling(runs)}\n")
+            if format_split(runs):
+                f.write(f"\nWhere each step of several devices goes (harness/split.py):\n\n{format_split(runs)}\n")
             if content.get("not_run"):
                 f.write(f"\nIncomplete: not run yet: {'; '.join(content['not_run'])}\n")

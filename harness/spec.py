@@ -68,7 +68,7 @@ class RunSpec:
     checkpoint_every: int | None = None
     resume_from: str | None = None
     profile: str | None = None       # a folder for the trace of a few steps by the framework's profiler (harness/profile.py)
-    task: str = "train"              # train | devices | feed (tests) | step, allreduce (harness/projection.py) | expert
+    task: str = "train"              # train | devices | feed (tests) | step, allreduce (harness/projection.py) | expert | collectives (harness/split.py)
     max_steps: int | None = None     # stop early (parity tests)
     weights_out: str | None = None   # .npz of the final weights, rank 0 (parity tests)
     weights_trace: str | None = None  # .npz of the weights before every step and at the end, rank 0 (optimizer tests)

@@ -96,6 +96,10 @@ def run(spec, started):
         return {"devices": fw.device_info(fw.get_devices(spec.devices))}
     if spec.task in ("step", "allreduce"):
         return scaling_inputs(fw, spec)
+    if spec.task == "collectives":   # harness/split.py: a step's all-reduce alone
+        from .split import measure
+        with joined(fw, spec) as (rank, world, devices):
+            return {"collectives": measure(fw, spec, rank, world, devices)}
     if spec.task == "expert":   # harness/expert.py
         from .expert import measure
         with joined(fw, spec) as (_, _, devices):

@@ -20,6 +20,9 @@ from .optimizer import Trainer, canonical_state, get_trainer
 
 EXEC = {DistributedDataParallel: "eager+DDP", nn.DataParallel: "eager+DataParallel"}   # by the engine that ran
 COMPILES = "nothing"
+# Its gradients' reduction (harness/split.py): DDP's buckets, 25 MiB (the first 1 MiB), one gloo all-reduce each
+# as it fills: each model here fits one.
+ALLREDUCE = "bucketed"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, pipeline.py's batches
 
 

@@ -110,3 +110,15 @@ def test_the_benchmark_reports_both_core_settings_in_every_file(tmp_path, monkey
         assert table[0][column] != "", column
     assert "peak_device_memory_mib" not in table[0]   # no GPU: a column that could only be empty is left out
     assert float(table[2]["scaling_efficiency"]) == pytest.approx(runs[2]["scaling_efficiency"], abs=1e-3)
+    # every row of several devices with its step split (harness/split.py): the all-reduce alone measured in processes
+    # placed as the row's, its pattern the row's (DDP's buckets for the built-in engine), the parts adding up
+    for r in runs[2:5]:
+        split = r["step_split"]
+        assert split["compute"] == pytest.approx(split["step"] * r["scaling_efficiency"])
+        assert split["allreduce"] == r["allreduce_alone_seconds"] > 0
+        assert sum(split[k] for k in ("compute", "allreduce", "input", "rest")) == pytest.approx(split["step"])
+    assert [r["allreduce_alone_pattern"] for r in runs[2:5]] == ["per-tensor", "per-tensor", "bucketed"]
+    assert "step_split" not in runs[0] and "step_split" not in runs[1]
+    assert "Where each step of several devices goes" in markdown
+    assert "| builtin (eager+DDP), bucketed all-reduce, 2 devices, 2 processes |" in markdown
+    assert float(table[4]["allreduce_ms"]) == pytest.approx(1e3 * runs[4]["allreduce_alone_seconds"], abs=0.01)

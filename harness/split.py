@@ -1,0 +1,95 @@
+"""Where a multi-process step's time goes: compute, the all-reduce, the input, and the rest (waiting).
+
+A row of several processes is timed whole (its global batch over its images per second); its step is split into
+- compute: the step's images at its 1-device row's rate (the scaling base), what the step would take if the
+  processes only shared the arithmetic; its share of the step is the row's scaling efficiency;
+- all-reduce: the engine's collectives on one step's gradients and nothing else, measured in fresh processes placed
+  as the row's were (the same cores, the same transport), in step with each other (each collective waits for the
+  last one of both), so no process waits for the other's compute: what the transport costs;
+- input: the loop's wait for its next batch, measured in the row;
+- the rest: the step less those three: a process waiting for the other (their steps do not end together), the
+  processes slowing each other's compute (memory bandwidth, caches), the smaller per-process batch's lower rate.
+  Negative where an engine overlaps its all-reduce with the backward pass (DDP's buckets go as they fill).
+The collectives are the row's: the scratch step's `--allreduce`, a built-in engine's as its builtin.py declares
+(ALLREDUCE: which of the two patterns the engine's own reduction makes)."""
+import numpy as np
+
+from common.buckets import bucket_bytes
+
+REPEATS, WARMUP = 20, 3
+
+
+def gradient_allreduce(fw, spec, devices):
+    """The row's all-reduce of one step's gradients, as a call (a buffer of ones per parameter on each of this
+    process's devices): the step's own function, data_parallel.allreduce_gradients, at the row's pattern."""
+    from .loader import load_module
+    from .projection import gradient_sizes
+    pattern = spec.allreduce if spec.mode == "scratch" else load_module(fw.name, "builtin").ALLREDUCE
+    data_parallel, execution = load_module(fw.name, "data_parallel"), load_module(fw.name, "execution")
+    execution.use("default")
+    per_parameter = [fw.split_and_load(np.ones((len(devices), n), np.float32), devices)
+                     for n in gradient_sizes(spec.model, spec.width)]
+    grads = [list(device_grads) for device_grads in zip(*per_parameter)]
+
+    def allreduce():
+        return data_parallel.allreduce_gradients(grads, bucket_bytes(pattern))
+    # TensorFlow's step is one tf.function with the all-reduce inside it (its unit step_on_shards); the others
+    # call their collectives op by op, as here.
+    traced = execution.COMPILERS[execution.DEFAULT].get("step_on_shards")
+    return (traced(allreduce) if traced else allreduce), pattern
+
+
+def measure(fw, spec, rank, world, devices):
+    """Worker task 'collectives': the median seconds of the row's all-reduce of one step's gradients, after a
+    check that it sums (every device's ones, over every process: the run's device count)."""
+    from .projection import timed
+    allreduce, pattern = gradient_allreduce(fw, spec, devices)
+    (total,) = fw.to_numpy([allreduce()[0][0]]).values()   # in place or a new list: the first device's first
+    if not np.all(total == spec.devices):
+        raise RuntimeError(f"the all-reduce summed to {float(total.flat[0])}, not {spec.devices}")
+    return {**timed(allreduce, lambda: fw.sync(devices), REPEATS, WARMUP), "allreduce": pattern, "rank": rank}
+
+
+def allreduce_alone(spec, timeout, cluster):
+    """Launch the row's processes again for its collectives alone (task 'collectives'): {"allreduce_alone_seconds",
+    "allreduce_alone_pattern"}, or {} with a line on stderr if they failed (the row keeps its timing)."""
+    import sys
+    from .launch import run_workers
+    records = run_workers(spec.replace(task="collectives", profile=None, checkpoint_dir=None, resume_from=None),
+                          timeout, cluster=cluster)
+    mine = [r for r in records if r["status"] == "ok"]
+    if len(mine) != len(records) or not mine:
+        bad = next(r for r in records if r["status"] != "ok") if records else {"status": "failed", "error": "no record"}
+        print(f"  the all-reduce alone {bad['status']}: {bad.get('error')}", file=sys.stderr)
+        return {}
+    seconds = max(r["collectives"]["median"] for r in mine)   # the slower process's: both wait for it
+    return {"allreduce_alone_seconds": seconds, "allreduce_alone_pattern": mine[0]["collectives"]["allreduce"]}
+
+
+def add_split(rows):
+    """Each multi-process row's step in parts (seconds): the row needs its scaling base and its all-reduce alone."""
+    for r in rows:
+        alone = r.get("allreduce_alone_seconds")
+        ok = r["status"] == "ok" and r.get("scaling_efficiency") and alone is not None and r.get("images_per_second")
+        if not ok:
+            continue
+        step = r["batch_size"] / r["images_per_second"]
+        epoch, wait = r.get("epoch_seconds_median"), r.get("input_seconds_median") or 0.0
+        parts = {"compute": step * r["scaling_efficiency"], "allreduce": alone,
+                 "input": step * wait / epoch if epoch else 0.0}
+        r["step_split"] = {"step": step, **parts, "rest": step - sum(parts.values())}
+
+
+def format_split(rows):
+    """The split as a markdown table, milliseconds and shares of the step."""
+    rows = [r for r in rows if r.get("step_split")]
+    lines = ["| framework | run | step ms | compute | all-reduce alone | input | rest (waiting) | scaling |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s = r["step_split"]
+        cell = lambda part: f"{1e3 * s[part]:.1f} ({s[part] / s['step']:.0%})"   # noqa: E731
+        lines.append(f"| {r['framework']} | {r['mode']} ({r.get('exec')}), {r.get('allreduce_alone_pattern')} "
+                     f"all-reduce, {r['devices']} devices, {r['processes']} processes | {1e3 * s['step']:.1f} | "
+                     f"{cell('compute')} | {cell('allreduce')} | {cell('input')} | {cell('rest')} | "
+                     f"{r['scaling_efficiency']:.2f} |")
+    return "\n".join(lines) if rows else ""
