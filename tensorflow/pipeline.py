@@ -4,6 +4,8 @@ dataset function once per input pipeline (one per worker process) and tells it w
 them to the worker's replicas in turn. So each process's dataset holds its part of every global batch
 (common.batches), cut into its replicas' contiguous shards, in that order. (experimental_distribute_dataset
 would instead split global batches its own way across processes and replicas.)"""
+import itertools
+
 import numpy as np
 import tensorflow as tf
 
@@ -26,11 +28,15 @@ def make_loader(data, order, rank, world, model, devices):
 
 
 def dataset(X, y, rows):
-    """Row lists as a ragged tensor, one per-replica batch each; gathered and prefetched in the background."""
+    """Row lists as a ragged tensor, one per-replica batch each; gathered and prefetched in the background.
+    Repeated without end: a dataset of known length whose batches' shapes are not static makes the strategy's
+    iterator fetch every batch as an optional and agree on whether any replica got one, across workers an
+    all-reduce in each next() (input_lib's _enable_get_next_as_optional); an endless one needs neither, and
+    batches() takes the epoch's steps from it, as Keras's steps_per_epoch does."""
     def gather(index):
         return tf.gather(X, index), tf.gather(y, index)
     ragged = tf.RaggedTensor.from_row_lengths(np.concatenate(rows), [len(r) for r in rows])
-    return tf.data.Dataset.from_tensor_slices(ragged).map(gather).prefetch(tf.data.AUTOTUNE)
+    return tf.data.Dataset.from_tensor_slices(ragged).map(gather).repeat().prefetch(tf.data.AUTOTUNE)
 
 
 def batches(loader, epoch):
@@ -40,7 +46,8 @@ def batches(loader, epoch):
     def dataset_fn(context):
         return dataset(X, y, replica_rows(order, epoch, context.input_pipeline_id, context.num_input_pipelines,
                                           replicas))
-    yield from strategy.distribute_datasets_from_function(dataset_fn)
+    steps = len(order.batches(epoch))   # every process has its part of every global batch
+    yield from itertools.islice(strategy.distribute_datasets_from_function(dataset_fn), steps)
 
 
 def per_device(batch):
