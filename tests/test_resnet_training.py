@@ -96,22 +96,17 @@ def test_local_batchnorm_follows_each_shard(name, case, devices):
 def test_sync_batchnorm_on_n_devices_is_one_device(name, case, devices):
     """The reference is one device's step with the plain (local) BatchNorm: the batch's own statistics, differentiated
     by the framework, not the all-reduce path under test (which a slip such as statistics cut off from the gradient
-    would make wrong on 1 device too)."""
+    would make wrong on 1 device too). And the two are not one computation under two names: on several devices the
+    local step's weights differ from it."""
     one_loss, (one,), (one_state,) = step(name, case, 1, sync=False)
     loss, replicas, bn_states = step(name, case, devices, sync=True)
     assert_close(loss, one_loss, what="loss")
     for i, (replica, bn_state) in enumerate(zip(replicas, bn_states)):
         assert_dicts_close(replica, one, what=f"replica {i}")
         assert_dicts_close(bn_state, one_state, what=f"replica {i}'s running statistics")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ("pytorch", "mxnet", "tensorflow", "jax"))
-def test_sync_and_local_are_different_steps(name, case):
-    """The two are not the same computation under another name: on 2 devices their weights differ."""
-    _, (local, _), _ = step(name, case, 2, sync=False)
-    _, (synced, _), _ = step(name, case, 2, sync=True)
-    assert max(np.max(np.abs(local[k] - synced[k])) for k in local) > 10 * TOL
+    if devices == 2:
+        _, (local, _), _ = step(name, case, 2, sync=False)
+        assert max(np.max(np.abs(local[k] - replicas[0][k])) for k in local) > 10 * TOL
 
 
 @pytest.mark.parametrize("name", ("pytorch", "mxnet", "tensorflow", "jax"))
