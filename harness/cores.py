@@ -7,11 +7,17 @@ per-device: each device gets cores of its own. Its process is pinned to them (th
   thread per device (MXNet's engine has a worker pool per context; TensorFlow's inter-op pool runs
   independent ops side by side). N devices on N cores can then run in parallel, if the framework runs its
   replicas concurrently: that is what the benchmark's per-device rows measure.
+In both, MXNet gets more scratch buffers: its ops draw their temporary space (a convolution's im2col, a
+reduction's workspace) round robin from one pool for all CPU contexts, 4 copies by default
+(MXNET_CPU_TEMP_COPY), and two ops given the same copy wait for each other. With two contexts of the LeNet that
+made them take turns (their engine workers' CPU time summed to the wall time: docs/profiling.md); 16 copies per
+context let them overlap.
 """
 import os
 
 CORES = ("shared", "per-device")
 CPUS_VARIABLE = "ROSETTA_CPUS"   # the cores a worker pins itself to, set by compare.py's launcher
+TEMP_COPIES_PER_DEVICE = 16   # MXNet's CPU scratch buffers (see above)
 
 
 def thread_env(threads, cores="shared", local_devices=1):
@@ -22,6 +28,7 @@ def thread_env(threads, cores="shared", local_devices=1):
         env.update(MXNET_CPU_WORKER_NTHREADS=str(threads), TF_NUM_INTEROP_THREADS="1" if threads == 1 else "2")
     else:
         env.update(MXNET_CPU_WORKER_NTHREADS="1", TF_NUM_INTEROP_THREADS=str(local_devices))
+    env["MXNET_CPU_TEMP_COPY"] = str(TEMP_COPIES_PER_DEVICE * local_devices)
     return env
 
 
