@@ -16,6 +16,7 @@ from common.interface import RosettaError
 
 from .provenance import CSV_COLUMNS
 from .report import environment_line, format_scaling, format_table, optimizer_line, timing_view
+from .split import format_split
 
 SOURCE = os.path.join("docs", "rosetta.toml")
 RESULTS_MD = os.path.join("docs", "results.md")
@@ -77,6 +78,7 @@ def markdown(result):
     parts += [options[0].upper() + options[1:]] if options else []
     parts.append(format_table(runs, timing=timing, markdown=True))
     parts += [format_scaling(runs)] if timing and format_scaling(runs) else []
+    parts += [format_split(runs)] if timing and format_split(runs) else []
     parts += [f"**Incomplete**: not run: {'; '.join(content['not_run'])}"] if content.get("not_run") else []
     return "\n\n".join(parts)
 

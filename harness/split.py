@@ -82,13 +82,14 @@ def add_split(rows):
 
 def format_split(rows):
     """The split as a markdown table, milliseconds and shares of the step."""
+    from .report import cores_cell
     rows = [r for r in rows if r.get("step_split")]
-    lines = ["| framework | run | step ms | compute | all-reduce alone | input | rest (waiting) | scaling |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| framework | cores | run | step ms | compute | all-reduce alone | input | rest (waiting) | scaling |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["step_split"]
         cell = lambda part: f"{1e3 * s[part]:.1f} ({s[part] / s['step']:.0%})"   # noqa: E731
-        lines.append(f"| {r['framework']} | {r['mode']} ({r.get('exec')}), {r.get('allreduce_alone_pattern')} "
+        lines.append(f"| {r['framework']} | {cores_cell(r)} | {r['mode']} ({r.get('exec')}), {r.get('allreduce_alone_pattern')} "
                      f"all-reduce, {r['devices']} devices, {r['processes']} processes | {1e3 * s['step']:.1f} | "
                      f"{cell('compute')} | {cell('allreduce')} | {cell('input')} | {cell('rest')} | "
                      f"{r['scaling_efficiency']:.2f} |")

@@ -14,6 +14,7 @@ from harness.split import add_split, format_split, measure
 
 def row(**changes):
     return {"status": "ok", "framework": "pytorch", "mode": "scratch", "exec": "eager", "devices": 2, "processes": 2,
+            "cores": "per-device", "threads": 1,
             "batch_size": 256, "images_per_second": 2000.0, "scaling_efficiency": 0.8, "epoch_seconds_median": 10.0,
             "input_seconds_median": 0.5, "allreduce_alone_seconds": 0.01, "allreduce_alone_pattern": "bucketed",
             **changes}
@@ -31,7 +32,7 @@ def test_the_parts_add_up_to_the_step_and_the_compute_is_the_scaling_share():
     table = format_split([r, unmeasured])
     assert table.count("\n") == 2   # the heading, its rule, one row
     assert "| 128.0 | 102.4 (80%) | 10.0 (8%) | 6.4 (5%) | 9.2 (7%) | 0.80 |" in table
-    assert "bucketed all-reduce, 2 devices, 2 processes" in table
+    assert "| pytorch | 1 per device | scratch (eager), bucketed all-reduce, 2 devices, 2 processes |" in table
     assert format_split([unmeasured]) == ""
 
 
