@@ -1,6 +1,6 @@
-"""Where a multi-process step's time goes: compute, the all-reduce, the input, and the rest (waiting).
+"""Where a step of several devices goes: compute, the all-reduce, the input, and the rest (waiting).
 
-A row of several processes is timed whole (its global batch over its images per second); its step is split into
+A row of several devices (in one process or several) is timed whole (its global batch over its images per second); its step is split into
 - compute: the step's images at its 1-device row's rate (the scaling base), what the step would take if the
   processes only shared the arithmetic; its share of the step is the row's scaling efficiency;
 - all-reduce: the engine's collectives on one step's gradients and nothing else, measured in fresh processes placed
@@ -67,7 +67,7 @@ def allreduce_alone(spec, timeout, cluster):
 
 
 def add_split(rows):
-    """Each multi-process row's step in parts (seconds): the row needs its scaling base and its all-reduce alone."""
+    """Each step of several devices in parts (seconds): the row needs its scaling base and its all-reduce alone."""
     for r in rows:
         alone = r.get("allreduce_alone_seconds")
         ok = r["status"] == "ok" and r.get("scaling_efficiency") and alone is not None and r.get("images_per_second")
