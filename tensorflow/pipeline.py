@@ -4,6 +4,8 @@ dataset function once per input pipeline (one per worker process) and tells it w
 them to the worker's replicas in turn. So each process's dataset holds its part of every global batch
 (common.batches), cut into its replicas' contiguous shards, in that order. (experimental_distribute_dataset
 would instead split global batches its own way across processes and replicas.)"""
+import ctypes
+import ctypes.util
 import itertools
 
 import numpy as np
@@ -39,6 +41,27 @@ def dataset(X, y, rows):
     return tf.data.Dataset.from_tensor_slices(ragged).map(gather).repeat().prefetch(tf.data.AUTOTUNE)
 
 
+# glibc's mallopt parameters, and the values glibc's own adaptive threshold stops at on 64-bit (malloc/malloc.c:
+# DEFAULT_MMAP_THRESHOLD_MAX, and a trim threshold twice the mmap threshold, as the adaptive rule sets it)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD, TRIM_THRESHOLD = 32 << 20, 64 << 20
+
+
+def keep_freed_memory():
+    """Undo what making the strategy's iterator did to the whole process's malloc. Its kernels include a
+    GeneratorDataset, whose construction calls TensorFlow's ApplyPython311MemoryPatch (seen in gdb: mallopt(
+    M_MMAP_THRESHOLD, 131072)), a fix for from_generator's memory growth under Python 3.11 that also turns off
+    glibc's adaptive threshold. From then on every buffer over 128 KiB, the step's activations and gradients
+    included, is a fresh mmap that the kernel zero-fills page by page and unmaps when freed: the LeNet's step at
+    batch 256 took 23,000 minor page faults and 65 ms of system time instead of 360 and 2 ms, 1.5x its time
+    (docs/profiling.md). Set back to where glibc's adaptive threshold would settle, freed buffers are reused. On a
+    C library without mallopt (not glibc) there is nothing to undo."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    if hasattr(libc, "mallopt"):
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+
+
 def batches(loader, epoch):
     strategy, order, X, y = loader
     replicas = len(strategy.extended.worker_devices)   # this process's
@@ -47,7 +70,9 @@ def batches(loader, epoch):
         return dataset(X, y, replica_rows(order, epoch, context.input_pipeline_id, context.num_input_pipelines,
                                           replicas))
     steps = len(order.batches(epoch))   # every process has its part of every global batch
-    yield from itertools.islice(strategy.distribute_datasets_from_function(dataset_fn), steps)
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    keep_freed_memory()   # making the iterator changed malloc's threshold (its GeneratorDataset): set it back
+    yield from itertools.islice(iterator, steps)
 
 
 def per_device(batch):
