@@ -124,6 +124,25 @@ def test_scaling_compares_like_with_like_and_says_what_with():
     assert rows[5]["scaling_base"] == rows[6]["scaling_base"] == "scratch (hybridize), 1 device"
 
 
+def test_every_benchmark_engine_of_several_devices_is_compared_with_itself_on_one():
+    """A built-in engine may run its framework's own layers (the ResNet's DDP and Gluon Trainer: 1.4x and 2.3x the
+    scratch step on one device), so against the scratch 1-device row its scaling passed 1 and its split's compute
+    passed the whole step. The benchmark plan gives every mode of several devices its own 1-device row, per cores."""
+    from harness.plan import BENCHMARK, benchmark_plan
+    for model in ("lenet", "resnet18"):
+        entries = benchmark_plan(BENCHMARK["plan"], model)
+        ones = {(mode, cores_) for mode, _, shapes, cores_, *_ in entries if (1, 1) in shapes}
+        for mode, _, shapes, cores_, *_ in entries:
+            if any(devices > 1 for devices, _ in shapes):
+                assert (mode, cores_) in ones, (model, mode, cores_)
+    rows = [row("pytorch", "scratch", "eager", 1, 1, "per-device", 600),
+            row("pytorch", "builtin", "eager", 1, 1, "per-device", 900),
+            row("pytorch", "builtin", "eager", 2, 2, "per-device", 1620)]
+    add_scaling(rows)
+    assert rows[2]["scaling_efficiency"] == pytest.approx(0.9)
+    assert rows[2]["scaling_base"] == "builtin (eager), 1 device"
+
+
 def test_the_peak_memory_of_training_leaves_out_what_came_before():
     """VmHWM restarted: a large array freed before the reset no longer counts (the synthetic set's
     generation peaks at ~1.3 GiB at 60,000 images; training does not)."""
