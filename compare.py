@@ -66,7 +66,8 @@ def parse_args(argv):
     p.add_argument("--allreduce", type=name_list(ALLREDUCES, "all-reduce"), default=default("allreduce"),
                    help="how the scratch step sums the gradients across devices and processes: per-tensor (the "
                         "recipe: one all-reduce per parameter) or bucketed (DDP's way: flattened into buckets of "
-                        f"{BUCKET_MB} MiB, one all-reduce each; common/buckets.py); comma-separated")
+                        f"{BUCKET_MB} MiB, one all-reduce each; common/buckets.py); also JAX's built-in step, whose "
+                        "psum is written by hand (the others sum their own way); comma-separated")
     p.add_argument("--devices", type=int_list, default="2", help="device counts, e.g. 1,2")
     p.add_argument("--processes", type=int_list, default="1",
                    help="process counts, e.g. 1,2: the devices are shared out among them")

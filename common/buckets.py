@@ -12,6 +12,10 @@ and a full bucket's all-reduce overlaps the rest of the backward. The recipe all
 so nothing overlaps and the order does not matter: the buckets here follow the parameters' own order.
 """
 ALLREDUCES = ("per-tensor", "bucketed")
+# The built-in engines whose all-reduce the user writes, so can bucket (JAX's psum under shard_map: jax/builtin.py);
+# the others sum their own way, as their builtin.py's ALLREDUCE says (DDP's buckets, TensorFlow's packs, MXNet's
+# kvstore key by key).
+BUCKETING_ENGINES = ("jax",)
 BUCKET_MB = 25     # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb
 ITEMSIZE = 4       # float32 gradients
 

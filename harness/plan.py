@@ -3,6 +3,7 @@ cores settings x frameworks), or the benchmark's plan, as RunSpecs, each with th
 import itertools
 import os
 
+from common.buckets import BUCKETING_ENGINES
 from common.interface import RosettaError
 
 from .cores import per_device_threads
@@ -89,7 +90,8 @@ def skip_reason(spec, share, usable, most_devices, threads, seen):
         return f"exec levels apply to the scratch mode; {spec.mode} runs its framework's own way"
     if spec.mode != "scratch" and spec.layout != "default":
         return f"layouts apply to the scratch mode; {spec.mode} runs in its framework's own layout"
-    if spec.mode != "scratch" and spec.allreduce != "per-tensor":
+    if spec.allreduce != "per-tensor" and spec.mode != "scratch" and not (
+            spec.mode == "builtin" and spec.framework in BUCKETING_ENGINES):
         return f"--allreduce is the scratch step's; {spec.mode} sums the gradients its framework's own way"
     if spec.model != "lenet" and (spec.exec, spec.layout) != ("default", "default"):
         return f"exec levels and layouts are the LeNet's; the {spec.model} scratch step runs its framework's default"

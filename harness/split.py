@@ -11,7 +11,8 @@ A row of several devices (in one process or several) is timed whole (its global 
   processes slowing each other's compute (memory bandwidth, caches), the smaller per-process batch's lower rate.
   Negative where an engine overlaps its all-reduce with the backward pass (DDP's buckets go as they fill).
 The collectives are the row's: the scratch step's `--allreduce`, a built-in engine's as its builtin.py declares
-(ALLREDUCE: which of the two patterns the engine's own reduction makes)."""
+(ALLREDUCE: which of the two patterns the engine's own reduction makes), or its `--allreduce` where the user writes
+it (common/buckets.py's BUCKETING_ENGINES)."""
 import numpy as np
 
 from common.buckets import bucket_bytes
@@ -24,7 +25,8 @@ def gradient_allreduce(fw, spec, devices):
     process's devices): the step's own function, data_parallel.allreduce_gradients, at the row's pattern."""
     from .loader import load_module
     from .projection import gradient_sizes
-    pattern = spec.allreduce if spec.mode == "scratch" else load_module(fw.name, "builtin").ALLREDUCE
+    chosen = spec.mode == "scratch" or spec.allreduce != "per-tensor"   # the engine's own unless bucketed by hand
+    pattern = spec.allreduce if chosen else load_module(fw.name, "builtin").ALLREDUCE
     data_parallel, execution = load_module(fw.name, "data_parallel"), load_module(fw.name, "execution")
     execution.use("default")
     per_parameter = [fw.split_and_load(np.ones((len(devices), n), np.float32), devices)

@@ -123,6 +123,8 @@ def run(spec, started):
         layout_name = execution.use_layout(spec.layout) if execution else runner.engine.LAYOUT
         if execution:   # before use(): TensorFlow traces the step with it
             load_module(fw.name, "data_parallel").BUCKET_BYTES = bucket_bytes(spec.allreduce)
+        elif spec.allreduce != "per-tensor":   # an engine whose psum is written by hand (common/buckets.py)
+            runner.engine.BUCKET_BYTES = bucket_bytes(spec.allreduce)
         exec_name = execution.use(spec.exec) if execution else None   # an engine's: once it has built its model
         compiles = execution.COMPILES[exec_name] if execution else runner.engine.COMPILES
         per_epoch = steps_per_epoch(len(data.y_train), spec.batch_size, spec.devices)

@@ -13,7 +13,11 @@ BatchNorm modes are the two forms: under jit the batch axis is global, so nnx.Ba
 batch's (synchronised BatchNorm, XLA inserting the collectives); under shard_map each device normalises by its own
 shard's and keeps its own running statistics, stacked along the mesh axis (local BatchNorm). The padded rows are
 masked out of both (nnx.BatchNorm's mask). Flax's own synchronisation, BatchNorm(axis_name=...) under shard_map,
-pmeans each device's masked mean: with unequal real rows per device (97 = 49 + 48) that is not the global mean."""
+pmeans each device's masked mean: with unequal real rows per device (97 = 49 + 48) that is not the global mean.
+The all-reduce: XLA's CPU compiler has no pass that combines collectives, so both forms all-reduce one gradient at a
+time (a psum of the gradients' pytree lowers to an all-reduce per tensor), each a gloo call across processes (43% of
+the ResNet's step on 2 processes). With `--allreduce bucketed` (BUCKET_BYTES) the step is shard_map's with the psum
+written as an expert does on CPU: the gradients flattened into buckets (common/buckets.py), one psum each."""
 import functools
 
 import jax
@@ -25,7 +29,8 @@ from jax.experimental import multihost_utils
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from common.interface import Model, Network
+from common.buckets import plan
+from common.interface import Model, Network, RosettaError
 from common.lenet import PARAM_NAMES
 
 from . import resnet
@@ -40,6 +45,7 @@ COMPILES = "whole step"
 # Its gradients' reduction (harness/split.py): XLA's CPU compiler leaves one all-reduce per parameter in the compiled
 # step (its HLO, read here: 8 for the LeNet, none combined), each a gloo collective across processes.
 ALLREDUCE = "per-tensor"
+BUCKET_BYTES = None   # the run's --allreduce (common.buckets.bucket_bytes); a cap makes the step shard_map's, bucketed
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # the scratch forward's, whose weights lenet.held lays out
 FORMS = ("jit", "shard_map")
 
@@ -63,18 +69,33 @@ def summed_loss(params, X, y, mask):
 loss_rows_and_grads = jax.value_and_grad(summed_loss, has_aux=True)
 
 
+def psum_gradients(grads, bucket_bytes):
+    """The all-reduce of one device's gradients under shard_map: a psum per tensor, or per bucket (each bucket's
+    gradients concatenated into one buffer, psummed once, cut back into their shapes), as DDP's buckets."""
+    if bucket_bytes is None:
+        return lax.psum(grads, "devices")
+    leaves, tree = jax.tree.flatten(grads)
+    summed = list(leaves)
+    for bucket in plan([g.size for g in leaves], bucket_bytes):
+        total, start = lax.psum(jnp.concatenate([leaves[i].ravel() for i in bucket]), "devices"), 0
+        for i in bucket:
+            summed[i] = total[start:start + leaves[i].size].reshape(leaves[i].shape)
+            start += leaves[i].size
+    return jax.tree.unflatten(tree, summed)
+
+
 def jit_step(params, X, y, mask, scale):
     """Written for one device; the shardings of its inputs make it data-parallel."""
     (_, rows), grads = loss_rows_and_grads(params, X, y, mask)
     return [p - scale * g for p, g in zip(params, grads)], rows
 
 
-def shard_map_step(params, X, y, mask, scale):
+def shard_map_step(bucket_bytes, params, X, y, mask, scale):
     """Runs on every device with its own rows. lax.pvary marks the parameters as this device's copy: without
     it shard_map's gradient of a replicated input comes back already summed over the mesh, and the psum
     below would count it twice (the shard_map gradient trap)."""
     (_, rows), grads = loss_rows_and_grads(lax.pvary(params, "devices"), X, y, mask)
-    grads = lax.psum(grads, "devices")     # the all-reduce, said explicitly
+    grads = psum_gradients(grads, bucket_bytes)     # the all-reduce, said explicitly
     return [p - scale * g for p, g in zip(params, grads)], rows
 
 
@@ -90,26 +111,26 @@ def jit_optax_step(tx, params, opt_state, X, y, mask, scale):
     return *optax_update(tx, params, opt_state, grads, scale), rows
 
 
-def shard_map_optax_step(tx, params, opt_state, X, y, mask, scale):
+def shard_map_optax_step(tx, bucket_bytes, params, opt_state, X, y, mask, scale):
     """shard_map_step with Optax's update, after the psum: clipping by the global norm sees the all-reduced
     gradient, never this device's own."""
     (_, rows), grads = loss_rows_and_grads(lax.pvary(params, "devices"), X, y, mask)
-    return *optax_update(tx, params, opt_state, lax.psum(grads, "devices"), scale), rows
+    return *optax_update(tx, params, opt_state, psum_gradients(grads, bucket_bytes), scale), rows
 
 
-def compile_step(mesh, form):
+def compile_step(mesh, form, bucket_bytes=None):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     if form == "jit":
         return jax.jit(jit_step, out_shardings=(replicated, rows))
-    return jax.jit(jax.shard_map(shard_map_step, mesh=mesh, in_specs=(P(), P("devices"), P("devices"),
+    return jax.jit(jax.shard_map(functools.partial(shard_map_step, bucket_bytes), mesh=mesh, in_specs=(P(), P("devices"), P("devices"),
                                  P("devices"), P()), out_specs=(P(), P("devices"))))
 
 
-def compile_optax_step(mesh, form, tx):
+def compile_optax_step(mesh, form, tx, bucket_bytes=None):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     if form == "jit":
         return jax.jit(functools.partial(jit_optax_step, tx), out_shardings=(replicated, replicated, rows))
-    return jax.jit(jax.shard_map(functools.partial(shard_map_optax_step, tx), mesh=mesh, in_specs=(
+    return jax.jit(jax.shard_map(functools.partial(shard_map_optax_step, tx, bucket_bytes), mesh=mesh, in_specs=(
         P(), P(), P("devices"), P("devices"), P("devices"), P()), out_specs=(P(), P(), P("devices"))))
 
 
@@ -129,20 +150,20 @@ def jit_batchnorm_step(graphdef, params, stats, X, y, mask, scale):
     return jax.tree.map(lambda p, g: p - scale * g, params, grads), stats, rows
 
 
-def shard_map_batchnorm_step(graphdef, params, stats, X, y, mask, scale):
+def shard_map_batchnorm_step(graphdef, bucket_bytes, params, stats, X, y, mask, scale):
     """Each device's shard, statistics and running statistics (its block of the stacked `stats`), then the psum."""
     own = jax.tree.map(lambda s: s[0], stats)
     (_, (rows, own)), grads = jax.value_and_grad(batchnorm_loss, argnums=1, has_aux=True)(
         graphdef, lax.pvary(params, "devices"), own, X, y, mask)
-    grads = lax.psum(grads, "devices")
+    grads = psum_gradients(grads, bucket_bytes)
     return jax.tree.map(lambda p, g: p - scale * g, params, grads), jax.tree.map(lambda s: s[None], own), rows
 
 
-def compile_batchnorm_step(mesh, graphdef, sync):
+def compile_batchnorm_step(mesh, graphdef, sync, bucket_bytes=None):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     if sync:
         return jax.jit(functools.partial(jit_batchnorm_step, graphdef), out_shardings=(replicated, replicated, rows))
-    return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef), mesh=mesh, in_specs=(
+    return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef, bucket_bytes), mesh=mesh, in_specs=(
         P(), P("devices"), P("devices"), P("devices"), P("devices"), P()), out_specs=(P(), P("devices"), P("devices"))))
 
 
@@ -168,12 +189,13 @@ class OptaxTrainer:
         return net, rows
 
 
-def get_model(weights, devices, optimizer=None, state=None, form="jit", network=Network()):
+def get_model(weights, devices, optimizer=None, state=None, form=None, network=Network()):
     """The recipe's plain SGD (optimizer None or its is_recipe) is today's step; any other optimizer is Optax's
     transformation (optimizer.py), its state made by a compiled tx.init, or holding the canonical `state` of a
     checkpoint (buffers laid out as the parameters, every count at its step): global arrays replicated over the
-    mesh, across processes too."""
-    mesh = mesh_of(devices)
+    mesh, across processes too. The form: jit's, or shard_map's where the all-reduce is bucketed (BUCKET_BYTES)."""
+    mesh, form = mesh_of(devices), form or ("shard_map" if BUCKET_BYTES else "jit")
+    bucket_bytes = BUCKET_BYTES if form == "shard_map" else None
     replicated = NamedSharding(mesh, P())   # every device holds the whole parameter
 
     def replicate(a):
@@ -187,19 +209,22 @@ def get_model(weights, devices, optimizer=None, state=None, form="jit", network=
         put = replicate if network.sync else lambda a: jax.make_array_from_callback(
             a.shape, NamedSharding(mesh, P("devices")), lambda index: a[index])
         params, stats = jax.tree.map(lambda a: replicate(np.asarray(a)), params), jax.tree.map(put, stats)
-        step = compile_batchnorm_step(mesh, graphdef, network.sync)
+        if network.sync and bucket_bytes:
+            raise RosettaError("JAX's synchronised BatchNorm step is jit's, whose all-reduces XLA places: "
+                               "--allreduce bucketed needs --bn local")
+        step = compile_batchnorm_step(mesh, graphdef, network.sync, bucket_bytes)
         return Model([params, stats], BatchNormTrainer(step, graphdef, network.sync), mesh)
     host = [held(name, weights[name]) for name in PARAM_NAMES]
     params = [replicate(w) for w in host]
     if optimizer is None or optimizer.is_recipe:
-        return Model(params, compile_step(mesh, form), mesh)
+        return Model(params, compile_step(mesh, form, bucket_bytes), mesh)
     tx = get_trainer(optimizer)
     if state is None:
         opt_state = jax.jit(tx.init, out_shardings=replicated)(params)
     else:
         laid_out = lambda arrays: [held(name, arrays[name]) for name in PARAM_NAMES]   # noqa: E731
         opt_state = jax.tree.map(replicate, optax_state(state, tx.init(host), laid_out))
-    return Model(params, OptaxTrainer(compile_optax_step(mesh, form, tx), opt_state), mesh)
+    return Model(params, OptaxTrainer(compile_optax_step(mesh, form, tx, bucket_bytes), opt_state), mesh)
 
 
 def train_step(model, batch, lr, batch_size):

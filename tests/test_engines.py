@@ -70,6 +70,16 @@ def test_the_bucketed_all_reduce_across_processes_is_the_recipe_s_step(framework
         np.testing.assert_allclose(weights[name], value, atol=1e-5, err_msg=name)
 
 
+def test_jax_s_bucketed_builtin_step_across_processes_is_the_recipe_s_step(reference, tmp_path):
+    """--mode builtin --allreduce bucketed, JAX's only: its shard_map form's flat psum across 2 processes (gloo)."""
+    framework_or_skip("jax")
+    ref_loss, ref_weights = reference("jax")
+    loss, weights = one_step("jax", "builtin", 2, 2, tmp_path, allreduce="bucketed")
+    assert loss == pytest.approx(ref_loss, abs=1e-5)
+    for name, value in ref_weights.items():
+        np.testing.assert_allclose(weights[name], value, atol=1e-5, err_msg=name)
+
+
 def kill_mid_row(framework, victim, start_compare, tag):
     """Kill one process of a 2-process row (a worker, or an MXNet helper by its DMLC_ROLE) while it
     trains: that row fails within seconds, saying who died, and the next row runs."""

@@ -40,6 +40,32 @@ def test_both_builtin_forms_compute_the_scratch_step(jax_fw, digits, form, n_dev
         assert len(shards) == n_devices and all(np.array_equal(s, shards[0]) for s in shards)
 
 
+@pytest.mark.parametrize("cap", [None, 25 * 2**20, 4 * 3000])
+def test_the_bucketed_builtin_step_makes_one_psum_a_bucket_and_the_same_step(jax_fw, digits, monkeypatch, cap):
+    """--allreduce bucketed (BUCKET_BYTES): XLA's CPU compiler leaves one all-reduce per gradient (8 for the LeNet, in
+    both forms), so the shard_map form flattens them, one psum per bucket of common/buckets.py's plan (one at 25 MiB,
+    five at 12 KB: the convolutions together, the dense layers' weights alone). Same step; the psums counted in the
+    compiled program."""
+    import jax.numpy as jnp
+    from common.buckets import plan
+    from common.lenet import PARAM_NAMES
+    builtin, pipeline = load_module("jax", "builtin"), load_module("jax", "pipeline")
+    devices = jax_fw.get_devices(2)
+    X, y = digits.X_train[:97], digits.y_train[:97]
+    monkeypatch.setattr(builtin, "BUCKET_BYTES", cap)
+    model = builtin.get_model(init_weights(1), devices, form="shard_map")
+    batch = pipeline.global_batch(model.placement, devices, X, y, 97)
+    hlo = model.trainer.lower(model.net, *batch[:3], jnp.float32(0.2 / 97)).compile().as_text()
+    sizes = [p.size for p in model.net]
+    assert hlo.count(" all-reduce(") == (len(PARAM_NAMES) if cap is None else len(plan(sizes, cap)))
+    reference = builtin.get_model(init_weights(1), devices, form="jit")
+    losses = [[builtin.train_step(m, batch, 0.2, 97) for _ in range(2)] for m in (model, reference)]
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6) and losses[0][1] < losses[0][0]
+    weights, ref = builtin.to_numpy(model), builtin.to_numpy(reference)
+    for name in ref:
+        np.testing.assert_allclose(weights[name], ref[name], atol=1e-6, err_msg=name)
+
+
 def test_the_shard_map_gradient_trap_is_real(jax_fw):
     """The reason for lax.pvary in builtin.py: shard_map's gradient of a replicated input is already summed
     over the mesh, so a psum on top doubles it. If JAX changes this, builtin.py's comment must change too."""
