@@ -172,8 +172,11 @@ class Builtin(Scratch):
         return self.engine.bn_state(self.model) if has_batchnorm(self.network.name) else None
 
     def exec_name(self):
-        """The engine's EXEC; a framework with two built-in engines (PyTorch) names each by its model's class."""
+        """The engine's EXEC; a framework with two built-in engines (PyTorch) names each by its model's class, one with
+        two forms (JAX) by a function of the model."""
         names = self.engine.EXEC
+        if callable(names):
+            return names(self.model)
         return names[type(self.model.net)] if isinstance(names, dict) else names
 
 

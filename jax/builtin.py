@@ -1,6 +1,6 @@
 """JAX's own data parallelism: one compiled step over a global batch sharded across a device mesh.
 
-The recommended form (the one this mode runs) is jax.jit with NamedSharding: the batch is sharded along the
+The recommended form (the one this mode runs by default) is jax.jit with NamedSharding: the batch is sharded along the
 mesh's "devices" axis, the parameters are replicated, and XLA inserts the all-reduce of the gradients itself.
 The explicit form, jax.shard_map, writes the per-device step and its lax.psum by hand, which is the recipe
 compiled as one program; it is here too, and computes the same step. (jax.pmap, the legacy form, is in
@@ -40,7 +40,13 @@ from .idiomatic import evaluate as evaluate_flax
 from .lenet import forward, held, to_numpy as params_to_numpy
 from .optimizer import optax_canonical, optax_state, get_trainer
 
-EXEC = "jax.jit+NamedSharding"
+
+def EXEC(model):
+    """The form get_model chose: shard_map's for a bucketed psum or the local BatchNorm, else jit's."""
+    local_batchnorm = isinstance(model.trainer, BatchNormTrainer) and not model.trainer.sync
+    return "jax.jit+shard_map" if BUCKET_BYTES or local_batchnorm else "jax.jit+NamedSharding"
+
+
 COMPILES = "whole step"
 # Its gradients' reduction (harness/split.py): XLA's CPU compiler leaves one all-reduce per parameter in the compiled
 # step (its HLO, read here: 8 for the LeNet, none combined), each a gloo collective across processes.

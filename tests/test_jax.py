@@ -53,12 +53,14 @@ def test_the_bucketed_builtin_step_makes_one_psum_a_bucket_and_the_same_step(jax
     devices = jax_fw.get_devices(2)
     X, y = digits.X_train[:97], digits.y_train[:97]
     monkeypatch.setattr(builtin, "BUCKET_BYTES", cap)
-    model = builtin.get_model(init_weights(1), devices, form="shard_map")
+    model = builtin.get_model(init_weights(1), devices, form=None if cap else "shard_map")   # bucketed: shard_map
     batch = pipeline.global_batch(model.placement, devices, X, y, 97)
     hlo = model.trainer.lower(model.net, *batch[:3], jnp.float32(0.2 / 97)).compile().as_text()
     sizes = [p.size for p in model.net]
     assert hlo.count(" all-reduce(") == (len(PARAM_NAMES) if cap is None else len(plan(sizes, cap)))
     reference = builtin.get_model(init_weights(1), devices, form="jit")
+    labelled = model if cap else reference   # the row's label: the form get_model chose for the harness
+    assert builtin.EXEC(labelled) == ("jax.jit+shard_map" if cap else "jax.jit+NamedSharding")
     losses = [[builtin.train_step(m, batch, 0.2, 97) for _ in range(2)] for m in (model, reference)]
     assert losses[0] == pytest.approx(losses[1], abs=1e-6) and losses[0][1] < losses[0][0]
     weights, ref = builtin.to_numpy(model), builtin.to_numpy(reference)
