@@ -20,7 +20,9 @@ def label(r):
     cores = ", core per device" if r.get("cores") == "per-device" else ""
     trials = "" if r.get("trials", 1) > 1 else ", 1 trial"
     layout = (r.get("layout") or "").split(" ")[0]   # NCHW, NHWC: two rows may differ only there
-    return f"{r['framework']} {r['mode']} {r.get('exec') or ''} {layout} {r['devices']}d/{r['processes']}p{cores}{trials}"
+    bucketed = ", bucketed" if r.get("allreduce") == "bucketed" else ""   # or only in their all-reduce
+    return (f"{r['framework']} {r['mode']} {r.get('exec') or ''} {layout} {r['devices']}d/{r['processes']}p"
+            f"{bucketed}{cores}{trials}")
 
 
 def image_format(path):

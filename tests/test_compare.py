@@ -213,3 +213,16 @@ def test_relative_paths_are_the_caller_s_not_the_workers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = compare.parse_args(["--dataset", "fashion-mnist", "--data-dir", "idx", "--checkpoint-dir", "ckpt"])
     assert args.data_dir == str(tmp_path / "idx") and args.checkpoint_dir == str(tmp_path / "ckpt")
+
+
+def test_every_bar_of_the_plot_names_its_row():
+    """Two rows that differ only in their all-reduce (or layout, or cores) get bars of different names: the
+    per-tensor/bucketed run's plot showed each scratch row twice under one name."""
+    from harness.plots import label
+    row = {"framework": "jax", "mode": "scratch", "exec": "jax.jit", "layout": "NHWC/HWIO (lax)", "devices": 2,
+           "processes": 2, "cores": "per-device", "trials": 3}
+    variants = [row, {**row, "allreduce": "bucketed"}, {**row, "allreduce": "per-tensor"}, {**row, "layout": "NCHW"},
+                {**row, "cores": "shared"}]
+    names = [label(r) for r in variants]
+    assert len(set(names)) == 4 and names[0] == names[2]
+    assert names[1] == "jax scratch jax.jit NHWC/HWIO 2d/2p, bucketed, core per device"
