@@ -1,7 +1,7 @@
 """JAX's own data parallelism: one compiled step over a global batch sharded across a device mesh.
 
-The recommended form (the one this mode runs by default) is jax.jit with NamedSharding: the batch is sharded along the
-mesh's "devices" axis, the parameters are replicated, and XLA inserts the all-reduce of the gradients itself.
+The recommended form (the one this mode runs by default) is jax.jit with NamedSharding: the batch is sharded along
+the mesh's "devices" axis, the parameters are replicated, and XLA inserts the all-reduce of the gradients itself.
 The explicit form, jax.shard_map, writes the per-device step and its lax.psum by hand, which is the recipe
 compiled as one program; it is here too, and computes the same step. (jax.pmap, the legacy form, is in
 maintenance mode upstream.) Across processes the mesh spans every process's devices (distributed.py joined
@@ -34,7 +34,7 @@ from common.interface import Model, Network, RosettaError
 from common.lenet import PARAM_NAMES
 
 from . import resnet
-from .data_parallel import evaluate as evaluate_params
+from .data_parallel import evaluate as evaluate_params, flatten, unflatten
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .idiomatic import evaluate as evaluate_flax
 from .lenet import forward, held, to_numpy as params_to_numpy
@@ -82,11 +82,10 @@ def psum_gradients(grads, bucket_bytes):
         return lax.psum(grads, "devices")
     leaves, tree = jax.tree.flatten(grads)
     summed = list(leaves)
-    for bucket in plan([g.size for g in leaves], bucket_bytes):
-        total, start = lax.psum(jnp.concatenate([leaves[i].ravel() for i in bucket]), "devices"), 0
-        for i in bucket:
-            summed[i] = total[start:start + leaves[i].size].reshape(leaves[i].shape)
-            start += leaves[i].size
+    for bucket in plan([g.size for g in leaves], bucket_bytes):   # the scratch step's flatten and unflatten
+        total = lax.psum(flatten([leaves[i] for i in bucket]), "devices")
+        for i, piece in zip(bucket, unflatten(total, tuple(leaves[i].shape for i in bucket))):
+            summed[i] = piece
     return jax.tree.unflatten(tree, summed)
 
 
@@ -128,8 +127,8 @@ def compile_step(mesh, form, bucket_bytes=None):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     if form == "jit":
         return jax.jit(jit_step, out_shardings=(replicated, rows))
-    return jax.jit(jax.shard_map(functools.partial(shard_map_step, bucket_bytes), mesh=mesh, in_specs=(P(), P("devices"), P("devices"),
-                                 P("devices"), P()), out_specs=(P(), P("devices"))))
+    return jax.jit(jax.shard_map(functools.partial(shard_map_step, bucket_bytes), mesh=mesh, in_specs=(
+        P(), P("devices"), P("devices"), P("devices"), P()), out_specs=(P(), P("devices"))))
 
 
 def compile_optax_step(mesh, form, tx, bucket_bytes=None):
@@ -169,8 +168,9 @@ def compile_batchnorm_step(mesh, graphdef, sync, bucket_bytes=None):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     if sync:
         return jax.jit(functools.partial(jit_batchnorm_step, graphdef), out_shardings=(replicated, replicated, rows))
-    return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef, bucket_bytes), mesh=mesh, in_specs=(
-        P(), P("devices"), P("devices"), P("devices"), P("devices"), P()), out_specs=(P(), P("devices"), P("devices"))))
+    return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef, bucket_bytes), mesh=mesh,
+                                 in_specs=(P(), P("devices"), P("devices"), P("devices"), P("devices"), P()),
+                                 out_specs=(P(), P("devices"), P("devices"))))
 
 
 class BatchNormTrainer:
