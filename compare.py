@@ -39,7 +39,7 @@ from harness.report import add_parity, environment, environment_line, format_sca
     progress_bar, timing_view
 from harness.resume import check_same_data, kept_trials, previous_run
 from harness.spec import default, default_epochs
-from harness.split import allreduce_alone, format_split
+from harness.split import allreduce_alone, alongside, format_split
 from harness.training import MODES
 
 
@@ -278,6 +278,9 @@ def compare(args):
                 if timing and spec.devices > 1 and result["status"] == "ok":   # the step's all-reduce alone
                     print("  its all-reduce alone ...", file=sys.stderr, flush=True)
                     result.update(allreduce_alone(spec, args.timeout, args.cluster))
+                    if spec.processes > 1:   # and its processes alongside each other, with nothing to share
+                        print("  its processes alongside ...", file=sys.stderr, flush=True)
+                        result.update(alongside(spec, args.timeout, args.cluster, dataset["n_train"]))
                 print(f"  {result['status']}" + (f": {result['error']}" if result.get("error") else ""),
                       file=sys.stderr, flush=True)
                 row_trials.append({"row": label, **spec.row(), **result})

@@ -12,7 +12,7 @@ ROW_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allre
 TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "input_seconds_median",
                  "first_step_seconds",
                  "startup_seconds", "test_accuracy", "seconds_to_target", "peak_rss_bytes", "train_memory_bytes",
-                 "peak_device_memory_bytes", "allreduce_alone_seconds")
+                 "peak_device_memory_bytes", "allreduce_alone_seconds", "alongside_seconds", "lockstep_seconds")
 # The CSV: every column of the printed tables, unformatted but rounded to what the measurement can say.
 # (name, value of a row, decimals): None decimals keeps the value as it is.
 CSV_FIELDS = (
@@ -40,8 +40,9 @@ CSV_FIELDS = (
     ("gflops", lambda r: r.get("gflops"), 2), ("peak_fraction", lambda r: r.get("peak_fraction"), 4),
     ("scaling_efficiency", lambda r: r.get("scaling_efficiency"), 3),
     ("scaling_base", lambda r: r.get("scaling_base"), None),
-    *((f"{part}_ms", lambda r, part=part: 1e3 * r["step_split"][part] if r.get("step_split") else None, 2)
-      for part in ("allreduce", "compute", "input", "rest")),
+    *((f"{part}_ms", lambda r, part=part: 1e3 * r["step_split"][part] if part in r.get("step_split", {}) else None,
+       2)
+      for part in ("allreduce", "compute", "input", "sharing", "lockstep", "rest")),
     ("train_memory_mib", lambda r: mib(r.get("train_memory_bytes")), 0),
     ("peak_rss_mib", lambda r: mib(r.get("peak_rss_bytes")), 0),
     ("peak_device_memory_mib", lambda r: mib(r.get("peak_device_memory_bytes")), 0),
@@ -57,7 +58,7 @@ CSV_FIELDS = (
 # So are the hosts (only a run over several has them) and the restarts (only with --max-restarts).
 MODEL_CSV_FIELDS = ("model", "width", "bn", "bn_states", "bn_replicas")   # only in a file with a ResNet row
 ALLREDUCE_CSV_FIELDS = ("allreduce",)   # only in a file with a bucketed row
-OPTIONAL_CSV_FIELDS = ("allreduce_ms", "compute_ms", "input_ms", "rest_ms", "target_accuracy", "seconds_to_target", "epochs_to_target", "peak_device_memory_mib", "error", "scaling_base", "hosts", "restarts", "lost_seconds")
+OPTIONAL_CSV_FIELDS = ("allreduce_ms", "compute_ms", "input_ms", "sharing_ms", "lockstep_ms", "rest_ms", "target_accuracy", "seconds_to_target", "epochs_to_target", "peak_device_memory_mib", "error", "scaling_base", "hosts", "restarts", "lost_seconds")
 
 
 def mib(n):

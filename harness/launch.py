@@ -16,7 +16,7 @@ import time
 
 from common.placement import machine_gpus
 
-from .cluster import ONE_HOST, engine_env
+from .cluster import ONE_HOST, engine_env, free_ports
 from .cores import CPUS_VARIABLE, worker_cpus
 from .loader import ROOT
 from .spec import RunSpec
@@ -108,15 +108,24 @@ def last_progress(path):
     return int(step), int(steps)
 
 
-def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=ONE_HOST):
+def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=ONE_HOST, copies=1):
     """Run one spec in its `processes` fresh `python -m harness.worker` processes (this host's share of them,
     on a `cluster` of several hosts); return their result dicts in rank order, or one failed result. Never raises for a failed run: a crash, a dead worker or helper
     (MXNet's scheduler, server), a timeout, a stall (no new progress line for `stall_timeout` seconds)
     becomes status 'failed' with the reason, and every process of the run is gone when this returns or
-    raises (Interrupted included). progress(step, steps), if given, is called as the first worker reports."""
+    raises (Interrupted included). progress(step, steps), if given, is called as the first worker reports.
+    copies > 1 (a one-process spec on one host): that many independent runs of it at once, copy i pinned as worker
+    i of a per-device run is, each with its own engine ports; their results in copy order (harness/split.py)."""
     spec = RunSpec.of(spec)
     processes = spec.processes
-    if uses_engine(spec):
+    if copies > 1:
+        if processes != 1 or cluster.nnodes != 1:
+            raise ValueError("copies of a run are one-process runs on one host")
+        ports = free_ports(2 * copies)
+        worker_envs = [engine_env(spec.framework, 1, spec.devices, cluster=cluster, ports=(p, [q]))[0][0]
+                       if uses_engine(spec) else {} for p, q in zip(ports[::2], ports[1::2])]
+        helper_envs, ranks = [], list(range(copies))
+    elif uses_engine(spec):
         worker_envs, helper_envs = engine_env(spec.framework, processes, spec.devices, cluster=cluster)
         ranks = list(cluster.ranks(processes))
     else:
@@ -126,7 +135,8 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=O
                        for local, env in enumerate(worker_envs)]
     n = len(helper_envs)   # procs, logs and names: the helpers first, then the workers in rank order
     names = [f"{spec.framework} {name}" for name, _ in helper_envs]
-    names += [f"worker {r} of {processes}" if processes > 1 else "worker" for r in ranks]
+    names += [f"copy {r} of {copies}" if copies > 1 else f"worker {r} of {processes}" if processes > 1 else "worker"
+              for r in ranks]
     with tempfile.TemporaryDirectory(prefix="rosetta-") as tmp:
         procs, logs = [], []
 

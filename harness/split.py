@@ -10,6 +10,13 @@ A row of several devices (in one process or several) is timed whole (its global 
 - the rest: the step less those three: a process waiting for the other (their steps do not end together), the
   processes slowing each other's compute (memory bandwidth, caches), the smaller per-process batch's lower rate.
   Negative where an engine overlaps its all-reduce with the backward pass (DDP's buckets go as they fill).
+  A row of several processes measures two parts of it, from its processes run again alongside each other with
+  nothing to share (each its own one-process run, pinned as the row's, with its share of the batch):
+  - sharing the machine: their mean step less the compute (the halved batch's rate, caches, memory bandwidth);
+  - waiting for the slower step: each step at the pace of the slower of them, less their mean step: what lockstep
+    costs processes whose steps vary from step to step (the OS, other tenants of the host), and what no all-reduce,
+    however fast, removes;
+  and what is left is the engine's own (its threads, its collectives' scheduling).
 The collectives are the row's: the scratch step's `--allreduce`, a built-in engine's as its builtin.py declares
 (ALLREDUCE: which of the two patterns the engine's own reduction makes), or its `--allreduce` where the user writes
 it (common/buckets.py's BUCKETING_ENGINES)."""
@@ -68,6 +75,38 @@ def allreduce_alone(spec, timeout, cluster):
     return {"allreduce_alone_seconds": seconds, "allreduce_alone_pattern": mine[0]["collectives"]["allreduce"]}
 
 
+def lockstep(step_seconds):
+    """(the mean step of processes that run side by side on their own, the mean step if they had to wait for each
+    other at the end of every step: its slowest process's), from each process's step times, the first (tracing)
+    left out."""
+    steps = min(len(t) for t in step_seconds) - 1
+    times = np.array([t[1:steps + 1] for t in step_seconds])
+    return float(times.mean()), float(times.max(axis=0).mean())
+
+
+def alongside(spec, timeout, cluster, n_train):
+    """The row's processes with nothing to share (one host): each its own one-process run of the row's engine on its
+    devices, its share of the batch and the row's number of steps (of `n_train` images an epoch), all at once, pinned
+    as the row's are. {"alongside_seconds", "lockstep_seconds"} (lockstep above), or {} with a line on stderr if
+    they failed or the row spans hosts."""
+    import sys
+    from .launch import run_workers
+    from .training import steps_per_epoch
+    if cluster.nnodes != 1:
+        return {}
+    steps = spec.max_steps or spec.epochs * steps_per_epoch(n_train, spec.batch_size, spec.devices)
+    solo = spec.replace(processes=1, devices=spec.per_process, batch_size=spec.batch_size // spec.processes,
+                        max_steps=steps, profile=None, checkpoint_dir=None, resume_from=None)
+    records = run_workers(solo, timeout, cluster=cluster, copies=spec.processes)
+    bad = [r for r in records if r["status"] != "ok"]
+    if bad or len(records) != spec.processes:
+        print(f"  its processes alongside {bad[0]['status'] if bad else 'failed'}: "
+              f"{bad[0].get('error') if bad else 'a result is missing'}", file=sys.stderr)
+        return {}
+    mean, slowest = lockstep([r["step_seconds"] for r in records])
+    return {"alongside_seconds": mean, "lockstep_seconds": slowest}
+
+
 def add_split(rows):
     """Each step of several devices in parts (seconds): the row needs its scaling base and its all-reduce alone."""
     for r in rows:
@@ -79,20 +118,27 @@ def add_split(rows):
         epoch, wait = r.get("epoch_seconds_median"), r.get("input_seconds_median") or 0.0
         parts = {"compute": step * r["scaling_efficiency"], "allreduce": alone,
                  "input": step * wait / epoch if epoch else 0.0}
+        if r.get("alongside_seconds") is not None:   # the rest in parts: sharing the machine, waiting for the slower
+            parts["sharing"] = r["alongside_seconds"] - parts["compute"]
+            parts["lockstep"] = r["lockstep_seconds"] - r["alongside_seconds"]
         r["step_split"] = {"step": step, **parts, "rest": step - sum(parts.values())}
 
 
 def format_split(rows):
-    """The split as a markdown table, milliseconds and shares of the step."""
+    """The split as a markdown table, milliseconds and shares of the step; the rest in its two measured parts where
+    the row's processes also ran alongside each other."""
     from .report import cores_cell
     rows = [r for r in rows if r.get("step_split")]
-    lines = ["| framework | cores | run | step ms | compute | all-reduce alone | input | rest (waiting) | scaling |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    parted = any("lockstep" in r["step_split"] for r in rows)
+    more = ["sharing the machine", "waiting for the slower step"] if parted else []
+    header = ["framework", "cores", "run", "step ms", "compute", "all-reduce alone", "input", *more,
+              "rest" if parted else "rest (waiting)", "scaling"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         s = r["step_split"]
-        cell = lambda part: f"{1e3 * s[part]:.1f} ({s[part] / s['step']:.0%})"   # noqa: E731
+        cell = lambda part: f"{1e3 * s[part]:.1f} ({s[part] / s['step']:.0%})" if part in s else ""   # noqa: E731
+        parts = ["compute", "allreduce", "input", *(["sharing", "lockstep"] if parted else []), "rest"]
         lines.append(f"| {r['framework']} | {cores_cell(r)} | {r['mode']} ({r.get('exec')}), {r.get('allreduce_alone_pattern')} "
                      f"all-reduce, {r['devices']} devices, {r['processes']} processes | {1e3 * s['step']:.1f} | "
-                     f"{cell('compute')} | {cell('allreduce')} | {cell('input')} | {cell('rest')} | "
-                     f"{r['scaling_efficiency']:.2f} |")
+                     + " | ".join(map(cell, parts)) + f" | {r['scaling_efficiency']:.2f} |")
     return "\n".join(lines) if rows else ""

@@ -243,7 +243,8 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
     order = Order(len(data.y_train), batch_size, seed, min_size)
     runner.feed(data, order, rank, world)
     record = {"epoch_loss_sums": [], "epoch_sizes": [], "epoch_seconds": [], "epoch_input_seconds": [],
-              "step_loss_sums": [], "step_sizes": [], "first_step_seconds": None, "first_step_images": 0,
+              "step_loss_sums": [], "step_sizes": [], "step_seconds": [], "first_step_seconds": None,
+              "first_step_images": 0,
               "images": 0, "first_epoch": first_epoch, "epoch_test_accuracies": []}
     steps = 0
     done_before = first_epoch * steps_per_epoch(len(data.y_train), batch_size, min_size)   # the schedule's position
@@ -270,6 +271,7 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
                     loss = runner.step(batch, optimizer.learning_rate(done_before + steps), global_size)
                 if first:
                     record["first_step_seconds"], record["first_step_images"] = t.seconds, global_size
+                record["step_seconds"].append(wait.seconds + t.seconds)   # batch and step: the loss is a host number
                 steps += 1
                 record["images"] += global_size
                 if progress and rank == 0:

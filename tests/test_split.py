@@ -9,7 +9,10 @@ from common import FRAMEWORKS
 from conftest import framework_or_skip
 from harness.loader import load_module
 from harness.spec import RunSpec
-from harness.split import add_split, format_split, measure
+import os
+
+from harness.launch import run_workers
+from harness.split import add_split, alongside, format_split, lockstep, measure
 
 
 def row(**changes):
@@ -34,6 +37,49 @@ def test_the_parts_add_up_to_the_step_and_the_compute_is_the_scaling_share():
     assert "| 128.0 | 102.4 (80%) | 10.0 (8%) | 6.4 (5%) | 9.2 (7%) | 0.80 |" in table
     assert "| pytorch | 1 per device | scratch (eager), bucketed all-reduce, 2 devices, 2 processes |" in table
     assert format_split([unmeasured]) == ""
+
+
+def test_lockstep_waits_for_each_step_s_slower_process_and_leaves_out_the_first():
+    mean, slowest = lockstep([[9.0, 1.0, 3.0, 2.0], [7.0, 2.0, 1.0, 2.0, 5.0]])   # the common steps only
+    assert mean == pytest.approx((1 + 3 + 2 + 2 + 1 + 2) / 6)
+    assert slowest == pytest.approx((2 + 3 + 2) / 3)
+
+
+def test_the_processes_alongside_split_the_rest_into_sharing_and_waiting():
+    r, plain = row(alongside_seconds=0.105, lockstep_seconds=0.108), row()
+    add_split([r, plain])
+    s = r["step_split"]
+    assert s["sharing"] == pytest.approx(0.105 - 0.1024)             # alongside, less the compute alone
+    assert s["lockstep"] == pytest.approx(0.003)                     # each step's slower process, less the mean
+    assert s["rest"] == pytest.approx(0.128 - 0.108 - 0.01 - 0.0064)   # what neither explains
+    assert s["step"] == pytest.approx(sum(v for k, v in s.items() if k != "step"))
+    table = format_split([r, plain])
+    assert "| waiting for the slower step | rest | scaling |" in table
+    assert "| 128.0 | 102.4 (80%) | 10.0 (8%) | 6.4 (5%) | 2.6 (2%) | 3.0 (2%) | 3.6 (3%) | 0.80 |" in table
+    assert "| 6.4 (5%) |  |  | 9.2 (7%) | 0.80 |" in table   # a row without them keeps its whole rest
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable cores")
+def test_the_processes_alongside_are_independent_runs_pinned_as_the_row_s_workers(monkeypatch):
+    """Two DistributedDataParallel runs of one process each at once (each its own process group, so its own port),
+    a core each as the 2-process row's workers, half the row's batch each: every step of each timed."""
+    framework_or_skip("pytorch")
+    usable = sorted(os.sched_getaffinity(0))
+    spec = RunSpec("pytorch", task="devices", devices=1, processes=1, threads=1, cores="per-device")
+    assert [r["cpus"] for r in run_workers(spec, timeout=120, copies=2)] == [usable[:1], usable[1:2]]
+    row_spec = RunSpec("pytorch", mode="builtin", devices=2, processes=2, threads=1, cores="per-device",
+                       dataset="synthetic", n_synthetic=1024, batch_size=128, epochs=1)
+    records = run_workers(row_spec.replace(processes=1, devices=1, batch_size=64), timeout=300, copies=2)
+    assert [r["status"] for r in records] == ["ok", "ok"] and [r["cpus"] for r in records] == [usable[:1], usable[1:2]]
+    assert [len(r["step_seconds"]) for r in records] == [16, 16] and all(r["world"] == 1 for r in records)
+    from harness import launch
+    from harness.cluster import ONE_HOST
+    seen = []
+    monkeypatch.setattr(launch, "run_workers", lambda *a, **k: seen.extend(run_workers(*a, **k)) or seen)
+    measured = alongside(row_spec, 300, ONE_HOST, 1024)
+    assert [len(r["step_seconds"]) for r in seen] == [8, 8]   # the row's steps, not the copies' whole epoch
+    assert 0 < measured["alongside_seconds"] <= measured["lockstep_seconds"] < 5
 
 
 @pytest.mark.parametrize("name", FRAMEWORKS)
