@@ -7,6 +7,7 @@ would instead split global batches its own way across processes and replicas.)""
 import ctypes
 import ctypes.util
 import itertools
+import types
 
 import numpy as np
 import tensorflow as tf
@@ -23,22 +24,42 @@ def replica_rows(order, epoch, pipeline, pipelines, replicas):
 
 
 def make_loader(data, order, rank, world, model, devices):
-    """The training set as two tensors in host memory, made once; each epoch's dataset gathers from them."""
+    """The training set as two tensors in host memory, and one distributed iterator over every epoch, made here,
+    before the timed loop, as Keras's fit makes one for all its epochs: making it takes 0.2-0.4 s (the strategy
+    builds each replica's prefetching iterator), which made at every epoch's first batch was most of the loop's
+    wait for input (docs/results.md)."""
     with tf.device("/device:CPU:0"):
         X, y = tf.constant(data.X_train), tf.constant(data.y_train)
-    return model.placement, order, X, y
+    return start(types.SimpleNamespace(strategy=model.placement, order=order, X=X, y=y), 0)
 
 
-def dataset(X, y, rows):
-    """Row lists as a ragged tensor, one per-replica batch each; gathered and prefetched in the background.
-    Repeated without end: a dataset of known length whose batches' shapes are not static makes the strategy's
-    iterator fetch every batch as an optional and agree on whether any replica got one, across workers an
-    all-reduce in each next() (input_lib's _enable_get_next_as_optional); an endless one needs neither, and
-    batches() takes the epoch's steps from it, as Keras's steps_per_epoch does."""
+def start(loader, epoch):
+    """The loader's iterator from `epoch` on: each epoch's rows come from the shared order in Python, once an epoch."""
+    replicas = len(loader.strategy.extended.worker_devices)   # this process's
+
+    def dataset_fn(context):
+        def rows(e):
+            rows = replica_rows(loader.order, int(e), context.input_pipeline_id, context.num_input_pipelines,
+                                replicas)
+            return np.concatenate(rows).astype(np.int64), np.array([len(r) for r in rows], np.int64)
+        epochs = tf.data.Dataset.counter(epoch).flat_map(lambda e: dataset(loader.X, loader.y, *tf.numpy_function(
+            rows, [e], (tf.int64, tf.int64), stateful=False)))
+        return epochs.repeat()   # endless already; repeat() says so (its length infinite, not unknown)
+    loader.iterator = iter(loader.strategy.distribute_datasets_from_function(dataset_fn))
+    keep_freed_memory()   # making the iterator changed malloc's threshold (its GeneratorDataset): set it back
+    loader.epoch = epoch
+    return loader
+
+
+def dataset(X, y, flat_rows, lengths):
+    """One epoch's per-replica batches, from their rows end to end and each batch's length; gathered and prefetched
+    in the background."""
     def gather(index):
         return tf.gather(X, index), tf.gather(y, index)
-    ragged = tf.RaggedTensor.from_row_lengths(np.concatenate(rows), [len(r) for r in rows])
-    return tf.data.Dataset.from_tensor_slices(ragged).map(gather).repeat().prefetch(tf.data.AUTOTUNE)
+    flat_rows.set_shape([None])
+    lengths.set_shape([None])
+    ragged = tf.RaggedTensor.from_row_lengths(flat_rows, lengths)
+    return tf.data.Dataset.from_tensor_slices(ragged).map(gather).prefetch(tf.data.AUTOTUNE)
 
 
 # glibc's mallopt parameters, and the values glibc's own adaptive threshold stops at on 64-bit (malloc/malloc.c:
@@ -63,16 +84,17 @@ def keep_freed_memory():
 
 
 def batches(loader, epoch):
-    strategy, order, X, y = loader
-    replicas = len(strategy.extended.worker_devices)   # this process's
-
-    def dataset_fn(context):
-        return dataset(X, y, replica_rows(order, epoch, context.input_pipeline_id, context.num_input_pipelines,
-                                          replicas))
-    steps = len(order.batches(epoch))   # every process has its part of every global batch
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-    keep_freed_memory()   # making the iterator changed malloc's threshold (its GeneratorDataset): set it back
-    yield from itertools.islice(iterator, steps)
+    """The epoch's steps from the run's one iterator (every process has its part of every global batch). The
+    iterator never ends, as an epoch's dataset of known length would need: with batches whose shapes are not static,
+    the strategy's iterator would then fetch every batch as an optional and agree on whether any replica got one,
+    across workers an all-reduce in each next() (input_lib's _enable_get_next_as_optional)."""
+    if loader.epoch != epoch:   # a resumed run, an epoch left unfinished (max_steps): start again there
+        start(loader, epoch)
+    steps, loader.epoch = len(loader.order.batches(epoch)), None
+    for step, batch in enumerate(itertools.islice(loader.iterator, steps), 1):
+        if step == steps:   # taken the last one: the iterator stands at the next epoch (the loop stops asking here)
+            loader.epoch = epoch + 1
+        yield batch
 
 
 def per_device(batch):

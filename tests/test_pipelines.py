@@ -106,3 +106,38 @@ def test_tensorflow_s_dataset_leaves_the_step_reusing_its_freed_buffers():
         faults[how] = float(out.stdout.strip().splitlines()[-1])
     assert faults["as-tensorflow-leaves-it"] > 5000, faults   # TensorFlow does change malloc: the test can see it
     assert faults["fixed"] < faults["as-tensorflow-leaves-it"] / 5, faults
+
+
+def test_tensorflow_s_pipeline_makes_its_iterator_once_a_run_not_once_an_epoch(monkeypatch):
+    """Making the strategy's iterator takes 0.2-0.4 s, which made at every epoch's first batch was most of the
+    built-in rows' wait for input: one iterator runs through every epoch, made before the loop, and made again only
+    where the loop asks for another epoch than the next (a resumed run, an epoch cut short by max_steps)."""
+    import types
+    import numpy as np
+    from common.batches import Order
+    from common.lenet import init_weights
+    from harness.loader import load_module
+    fw = framework_or_skip("tensorflow")
+    builtin, pipeline = load_module("tensorflow", "builtin"), load_module("tensorflow", "pipeline")
+    devices = fw.get_devices(2)
+    n, batch = 45, 8   # 5 batches of 8 and a last one of 5 an epoch
+    data = types.SimpleNamespace(X_train=np.zeros((n, 1, 28, 28), np.float32), y_train=np.arange(n, dtype=np.int32))
+    made, start = [], pipeline.start
+    monkeypatch.setattr(pipeline, "start", lambda loader, epoch: made.append(epoch) or start(loader, epoch))
+    loader = pipeline.make_loader(data, Order(n, batch, 0, 2), 0, 1, builtin.get_model(init_weights(0), devices),
+                                  devices)
+
+    def fed(epoch, steps=None):
+        feed = pipeline.batches(loader, epoch)
+        return [[y.tolist() for _, y in pipeline.per_device(next(feed))] for _ in range(steps or 6)]
+
+    def expected(epoch):
+        return [[b[i:j].tolist() for i, j in shard_bounds(len(b), 2)] for b in epoch_batches(n, batch, 0, epoch, 2)]
+    for epoch in range(3):
+        assert fed(epoch) == expected(epoch), epoch
+    assert made == [0]
+    # endless, and known to be (its length infinite, not unknown): no agreement on an optional at every next()
+    assert loader.iterator._enable_get_next_as_optional is False
+    list(pipeline.batches(loader, 3))   # the rest of epoch 3 ...
+    assert fed(4, steps=2) == expected(4)[:2]   # ... then 2 steps of epoch 4, and a resumed run's epoch 7
+    assert fed(5) == expected(5) and fed(7) == expected(7) and made == [0, 5, 7]
