@@ -26,6 +26,21 @@ def endless(batches_of_epoch):
         yield from batches_of_epoch(epoch)
 
 
+def in_turn(rows, warmup, repeats, sync, clock=time.perf_counter):
+    """{row: seconds of each of its timed steps}, the rows' steps taken in turn, one of each per round. Each reading
+    ends with `sync`: a step returns its loss as a host number, but an asynchronous engine (MXNet's) may still be
+    running its backward and update then, and without the wait they would be timed in the next row's step."""
+    seconds = {name: [] for name in rows}
+    for i in range(warmup + repeats):
+        for name, (feed, step) in rows.items():
+            start = clock()
+            step(next(feed))   # with the fetch of its batch: each mode is fed its own way
+            sync()
+            if i >= warmup:
+                seconds[name].append(clock() - start)
+    return seconds
+
+
 def measure(fw, spec, devices):
     """Worker task 'expert': {row: {ms, expert_ms, ratio expert / row} or {error}} for each mode."""
     from common.batches import Order
@@ -55,13 +70,7 @@ def measure(fw, spec, devices):
             errors[mode] = str(err)
             continue
         rows[mode] = (endless(run.batches), lambda batch, run=run: run.step(batch, LR, BATCH))
-    seconds = {name: [] for name in rows}
-    for i in range(WARMUP + (spec.repeats or 60)):
-        for name, (feed, step) in rows.items():
-            start = time.perf_counter()
-            step(next(feed))   # every step returns the loss as a float: it has finished
-            if i >= WARMUP:
-                seconds[name].append(time.perf_counter() - start)
+    seconds = in_turn(rows, WARMUP, spec.repeats or 60, lambda: fw.sync(devices))
     expert_s = statistics.median(seconds.pop("expert"))
     out = {mode: {"error": error} for mode, error in errors.items()}
     for name, s in seconds.items():

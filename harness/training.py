@@ -271,7 +271,9 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
                     loss = runner.step(batch, optimizer.learning_rate(done_before + steps), global_size)
                 if first:
                     record["first_step_seconds"], record["first_step_images"] = t.seconds, global_size
-                record["step_seconds"].append(wait.seconds + t.seconds)   # batch and step: the loss is a host number
+                # batch and step, ended by the loss as a host number (an asynchronous engine's update may run on into
+                # the next step: MXNet's; the mean holds, the step-to-step spread is smoothed)
+                record["step_seconds"].append(wait.seconds + t.seconds)
                 steps += 1
                 record["images"] += global_size
                 if progress and rank == 0:

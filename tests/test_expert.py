@@ -34,3 +34,23 @@ def test_an_unknown_framework_is_one_line_and_a_non_zero_exit(capsys):
     assert main(["--frameworks", "jax,nope"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.strip() == "error: unknown framework 'nope'; choose from pytorch, mxnet, tensorflow, jax"
+
+
+def test_each_step_is_timed_until_its_engine_has_finished_it():
+    """An asynchronous engine (MXNet's) returns the loss while the backward and the update still run: each reading
+    waits for the devices, so a row's queued work is its own time, not the next row's. A fake clock: each step queues
+    its row's seconds of work, which the sync does."""
+    from harness.expert import in_turn
+    now, queued = [0.0], [0.0]
+
+    def queue(seconds):
+        def step(batch):
+            queued[0] += seconds
+        return step
+
+    def sync():
+        now[0] += queued[0]
+        queued[0] = 0.0
+    rows = {"expert": (iter(range(10)), queue(1.0)), "scratch": (iter(range(10)), queue(3.0))}
+    seconds = in_turn(rows, warmup=2, repeats=3, sync=sync, clock=lambda: now[0])
+    assert seconds == {"expert": [1.0] * 3, "scratch": [3.0] * 3}
