@@ -198,8 +198,8 @@ def test_the_benchmark_reports_both_core_settings_in_every_file(tmp_path, monkey
         assert split["allreduce"] == r["allreduce_alone_seconds"] > 0
         assert sum(v for k, v in split.items() if k != "step") == pytest.approx(split["step"])
         # a row of several processes has its processes run again alongside each other: its rest in parts
-        assert ("lockstep" in split) == (r["processes"] > 1) == (r.get("lockstep_seconds", 0) >= r.get(
-            "alongside_seconds", 1) > 0)
+        assert ("lockstep" in split) == (r["processes"] > 1) == ((r.get("lockstep_seconds") or 0) >= (r.get(
+            "alongside_seconds") or 1) > 0)
     assert [r["allreduce_alone_pattern"] for r in runs[2:5]] == ["per-tensor", "per-tensor", "bucketed"]
     assert "step_split" not in runs[0] and "step_split" not in runs[1]
     assert "Where each step of several devices goes" in markdown
