@@ -78,9 +78,10 @@ def allreduce_alone(spec, timeout, cluster):
 def lockstep(step_seconds):
     """(the mean step of processes that run side by side on their own, the mean step if they had to wait for each
     other at the end of every step: its slowest process's), from each process's step times, the first (tracing)
-    left out."""
-    steps = min(len(t) for t in step_seconds) - 1
-    times = np.array([t[1:steps + 1] for t in step_seconds])
+    left out unless it is the only one."""
+    steps = min(len(t) for t in step_seconds)
+    skip = 1 if steps > 1 else 0
+    times = np.array([t[skip:steps] for t in step_seconds])
     return float(times.mean()), float(times.max(axis=0).mean())
 
 

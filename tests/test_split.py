@@ -43,6 +43,7 @@ def test_lockstep_waits_for_each_step_s_slower_process_and_leaves_out_the_first(
     mean, slowest = lockstep([[9.0, 1.0, 3.0, 2.0], [7.0, 2.0, 1.0, 2.0, 5.0]])   # the common steps only
     assert mean == pytest.approx((1 + 3 + 2 + 2 + 1 + 2) / 6)
     assert slowest == pytest.approx((2 + 3 + 2) / 3)
+    assert lockstep([[4.0], [2.0, 9.0]]) == (3.0, 4.0)   # a one-step run keeps its only step
 
 
 def test_the_processes_alongside_split_the_rest_into_sharing_and_waiting():
