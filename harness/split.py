@@ -59,17 +59,25 @@ def measure(fw, spec, rank, world, devices):
     return {**timed(allreduce, lambda: fw.sync(devices), REPEATS, WARMUP), "allreduce": pattern, "rank": rank}
 
 
+def relaunched(spec, what, timeout, cluster, copies=1):
+    """The records of a row's processes started again for a measurement of their own (no profile, no checkpoints),
+    or None with a line on stderr naming `what` if any failed: the row keeps its timing."""
+    import sys
+    from .launch import run_workers
+    records = run_workers(spec.replace(profile=None, checkpoint_dir=None, resume_from=None), timeout,
+                          cluster=cluster, copies=copies)
+    bad = [r for r in records if r["status"] != "ok"] or ([] if records else [{"status": "failed", "error": "no record"}])
+    if bad:
+        print(f"  {what} {bad[0]['status']}: {bad[0].get('error')}", file=sys.stderr)
+        return None
+    return records
+
+
 def allreduce_alone(spec, timeout, cluster):
     """Launch the row's processes again for its collectives alone (task 'collectives'): {"allreduce_alone_seconds",
     "allreduce_alone_pattern"}, or {} with a line on stderr if they failed (the row keeps its timing)."""
-    import sys
-    from .launch import run_workers
-    records = run_workers(spec.replace(task="collectives", profile=None, checkpoint_dir=None, resume_from=None),
-                          timeout, cluster=cluster)
-    mine = [r for r in records if r["status"] == "ok"]
-    if len(mine) != len(records) or not mine:
-        bad = next(r for r in records if r["status"] != "ok") if records else {"status": "failed", "error": "no record"}
-        print(f"  the all-reduce alone {bad['status']}: {bad.get('error')}", file=sys.stderr)
+    mine = relaunched(spec.replace(task="collectives"), "the all-reduce alone", timeout, cluster)
+    if not mine:
         return {}
     seconds = max(r["collectives"]["median"] for r in mine)   # the slower process's: both wait for it
     return {"allreduce_alone_seconds": seconds, "allreduce_alone_pattern": mine[0]["collectives"]["allreduce"]}
@@ -90,19 +98,14 @@ def alongside(spec, timeout, cluster, n_train):
     devices, its share of the batch and the row's number of steps (of `n_train` images an epoch), all at once, pinned
     as the row's are. {"alongside_seconds", "lockstep_seconds"} (lockstep above), or {} with a line on stderr if
     they failed or the row spans hosts."""
-    import sys
-    from .launch import run_workers
     from .training import steps_per_epoch
     if cluster.nnodes != 1:
         return {}
     steps = spec.max_steps or spec.epochs * steps_per_epoch(n_train, spec.batch_size, spec.devices)
     solo = spec.replace(processes=1, devices=spec.per_process, batch_size=spec.batch_size // spec.processes,
-                        max_steps=steps, profile=None, checkpoint_dir=None, resume_from=None)
-    records = run_workers(solo, timeout, cluster=cluster, copies=spec.processes)
-    bad = [r for r in records if r["status"] != "ok"]
-    if bad or len(records) != spec.processes:
-        print(f"  its processes alongside {bad[0]['status'] if bad else 'failed'}: "
-              f"{bad[0].get('error') if bad else 'a result is missing'}", file=sys.stderr)
+                        max_steps=steps)
+    records = relaunched(solo, "its processes alongside", timeout, cluster, copies=spec.processes)
+    if not records:
         return {}
     mean, slowest = lockstep([r["step_seconds"] for r in records])
     return {"alongside_seconds": mean, "lockstep_seconds": slowest}
