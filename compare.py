@@ -275,16 +275,17 @@ def compare(args):
                 shown = label + (f", trial {trial + 1}/{args.repeats}" if args.repeats > 1 else "")
                 print(f"running {shown} ...", file=sys.stderr, flush=True)
                 result = {"status": "skipped", "error": skip} if skip else run_one(spec, dataset, args, shown)
+                row_trials.append({"row": label, **spec.row(), **result})
+                runs = save()   # the trial is kept before the measurements that split its step
                 if timing and spec.devices > 1 and result["status"] == "ok":   # the step's all-reduce alone
                     print("  its all-reduce alone ...", file=sys.stderr, flush=True)
-                    result.update(allreduce_alone(spec, args.timeout, args.cluster))
+                    row_trials[-1].update(allreduce_alone(spec, args.timeout, args.cluster))
                     if spec.processes > 1:   # and its processes alongside each other, with nothing to share
                         print("  its processes alongside ...", file=sys.stderr, flush=True)
-                        result.update(alongside(spec, args.timeout, args.cluster, dataset["n_train"]))
+                        row_trials[-1].update(alongside(spec, args.timeout, args.cluster, dataset["n_train"]))
+                    runs = save()
                 print(f"  {result['status']}" + (f": {result['error']}" if result.get("error") else ""),
                       file=sys.stderr, flush=True)
-                row_trials.append({"row": label, **spec.row(), **result})
-                runs = save()
     except KeyboardInterrupt as err:   # the running row's processes are gone already (run_workers)
         save()   # again: the signal may have cut the last save short (further signals are ignored now)
         done = sum(len(t) == w for t, w in zip(trials, wanted))

@@ -116,3 +116,27 @@ def test_jax_s_compiled_builtin_step_all_reduces_each_parameter_alone():
     hlo = step.lower(net, X, y, mask, jnp.float32(0.1)).compile().as_text()
     reductions = re.findall(r"= f32\[[\d,]*\]\{[\d,]*\} all-reduce\(", hlo)
     assert builtin.ALLREDUCE == "per-tensor" and len(reductions) == len(PARAM_SHAPES) == 8
+
+
+def test_a_trial_stopped_while_its_step_is_split_is_kept_with_what_was_measured(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM while a finished trial's processes run again (its all-reduce alone, its processes
+    alongside) loses neither the trial nor the part already measured."""
+    import json
+
+    import compare
+    monkeypatch.setattr(compare, "raise_on_signals", lambda: None)
+    monkeypatch.setattr(compare, "matmul_peak", lambda threads: 100.0)
+    monkeypatch.setattr(compare, "run_one", lambda spec, dataset, args, label: {
+        "status": "ok", "error": None, "images_per_second": 2000.0, "train_seconds": 1.0})
+    monkeypatch.setattr(compare, "allreduce_alone", lambda spec, timeout, cluster: {
+        "allreduce_alone_seconds": 0.01, "allreduce_alone_pattern": "per-tensor"})
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(compare, "alongside", stopped)
+    out = tmp_path / "run.json"
+    assert compare.main(["--frameworks", "pytorch", "--mode", "scratch", "--devices", "2", "--processes", "2",
+                         "--dataset", "synthetic", "--n-synthetic", "600", "--epochs", "1", "--repeats", "2",
+                         "--json", str(out)]) == 130   # the shell's code for Ctrl-C
+    (row,) = json.loads(out.read_text())["runs"]
+    assert row["trials"] == 1 and row["images_per_second"] == 2000.0 and row["allreduce_alone_seconds"] == 0.01
