@@ -39,6 +39,8 @@ CSV_FIELDS = (
     ("startup_seconds", lambda r: r.get("startup_seconds"), 2),
     ("gflops", lambda r: r.get("gflops"), 2), ("peak_fraction", lambda r: r.get("peak_fraction"), 4),
     ("scaling_efficiency", lambda r: r.get("scaling_efficiency"), 3),
+    ("scaling_efficiency_min", lambda r: r.get("scaling_efficiency_min"), 3),
+    ("scaling_efficiency_max", lambda r: r.get("scaling_efficiency_max"), 3),
     ("scaling_base", lambda r: r.get("scaling_base"), None),
     *((f"{part}_ms", lambda r, part=part: 1e3 * r["step_split"][part] if part in r.get("step_split", {}) else None,
        2)
@@ -58,7 +60,8 @@ CSV_FIELDS = (
 # So are the hosts (only a run over several has them) and the restarts (only with --max-restarts).
 MODEL_CSV_FIELDS = ("model", "width", "bn", "bn_states", "bn_replicas")   # only in a file with a ResNet row
 ALLREDUCE_CSV_FIELDS = ("allreduce",)   # only in a file with a bucketed row
-OPTIONAL_CSV_FIELDS = ("allreduce_ms", "compute_ms", "input_ms", "sharing_ms", "lockstep_ms", "rest_ms", "target_accuracy", "seconds_to_target", "epochs_to_target", "peak_device_memory_mib", "error", "scaling_base", "hosts", "restarts", "lost_seconds")
+OPTIONAL_CSV_FIELDS = ("scaling_efficiency_min", "scaling_efficiency_max",
+                       "allreduce_ms", "compute_ms", "input_ms", "sharing_ms", "lockstep_ms", "rest_ms", "target_accuracy", "seconds_to_target", "epochs_to_target", "peak_device_memory_mib", "error", "scaling_base", "hosts", "restarts", "lost_seconds")
 
 
 def mib(n):
@@ -115,6 +118,19 @@ def add_scaling(rows):
         r["scaling_efficiency"] = r["images_per_second"] / (r["devices"] * base["images_per_second"]) if ok else None
         r["scaling_base"] = f"{base['mode']} ({base['exec']}), 1 device" if ok else None
         r["scaling_base_images_per_second"] = base["images_per_second"] if ok else None
+        rounds = paired_rounds(r, base) if ok else None
+        r["scaling_rounds"] = rounds
+        r["scaling_efficiency_min"], r["scaling_efficiency_max"] = (min(rounds), max(rounds)) if rounds else (None, None)
+
+
+def paired_rounds(row, base):
+    """The scaling of each round of --repeats: trial k of the row against trial k of its base. Trials are
+    interleaved, so each pair ran within one pass over the rows, minutes apart, while a run's first and last
+    rounds may be an hour apart: their spread is the machine's drift over the run, which one median hides."""
+    ours, theirs = row.get("trial_images_per_second"), base.get("trial_images_per_second")
+    if not ours or not theirs or len(ours) != len(theirs) or None in ours or None in theirs:
+        return None
+    return [a / (row["devices"] * b) for a, b in zip(ours, theirs)]
 
 
 def write_csv(path, rows, env):

@@ -243,13 +243,24 @@ def format_scaling(runs):
     1-device row, with the cores shared or a core per device, so concurrent and serial replicas show apart."""
     rows = sorted((r for r in runs if r.get("scaling_efficiency") is not None and r["devices"] > 1),
                   key=lambda r: (r["framework"], r.get("cores") != "shared"))
-    lines = ["| framework | cores | run | images/s | 1-device row | its images/s | efficiency |",
+    lines = [f"| framework | cores | run | images/s | 1-device row | its images/s | efficiency{rounds_heading(rows)} |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['framework']} | {cores_cell(r)} | {r['mode']} ({r.get('exec')}), {r['devices']} devices, "
                      f"{r['processes']} process(es) | {r['images_per_second']:,.0f} | {r['scaling_base']} | "
-                     f"{r['scaling_base_images_per_second']:,.0f} | {r['scaling_efficiency']:.2f} |")
+                     f"{r['scaling_base_images_per_second']:,.0f} | {scaling_cell(r)} |")
     return "\n".join(lines) if rows else ""
+
+
+def rounds_heading(rows):
+    return " (lowest-highest round)" if any(r.get("scaling_efficiency_min") is not None for r in rows) else ""
+
+
+def scaling_cell(r):
+    """The scaling, and the lowest and highest of its rounds (each trial against its base's of the same round)."""
+    spread = f" ({r['scaling_efficiency_min']:.2f}-{r['scaling_efficiency_max']:.2f})" \
+        if r.get("scaling_efficiency_min") is not None else ""
+    return f"{r['scaling_efficiency']:.2f}{spread}"
 
 
 def write_json(path, content):

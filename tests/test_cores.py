@@ -124,6 +124,30 @@ def test_scaling_compares_like_with_like_and_says_what_with():
     assert rows[5]["scaling_base"] == rows[6]["scaling_base"] == "scratch (hybridize), 1 device"
 
 
+def test_each_round_s_scaling_pairs_a_trial_with_its_base_s_trial_of_the_same_round():
+    """The machine drifts over a run (a 1-device row's own trials 1,456-2,296 images/s): trial k of a row is paired
+    with trial k of its base, run in the same pass over the rows; the median of the medians stays the headline."""
+    from harness.report import format_scaling
+    from harness.split import format_split
+    base = {**row("pytorch", "builtin", "eager", 1, 1, "per-device", 1000), "trial_images_per_second": [1000, 800, 1200]}
+    two = {**row("pytorch", "builtin", "eager", 2, 2, "per-device", 1600), "trial_images_per_second": [1800, 1200, 1600]}
+    short = {**row("pytorch", "builtin", "eager", 2, 2, "shared", 1600), "trial_images_per_second": [1800, 1200]}
+    lone = row("pytorch", "builtin", "eager", 1, 1, "shared", 1000)
+    add_scaling([base, two, short, lone])
+    assert two["scaling_efficiency"] == pytest.approx(0.8)
+    assert two["scaling_rounds"] == pytest.approx([0.9, 0.75, 2 / 3])
+    assert (two["scaling_efficiency_min"], two["scaling_efficiency_max"]) == pytest.approx((2 / 3, 0.9))
+    assert short["scaling_rounds"] is None and short["scaling_efficiency_min"] is None   # no trials to pair with
+    assert "| efficiency (lowest-highest round) |" in format_scaling([base, two])
+    assert "| 0.80 (0.67-0.90) |" in format_scaling([base, two])
+    assert "| efficiency |" in format_scaling([lone, short]) and "| 0.80 |" in format_scaling([lone, short])
+    two.update(batch_size=256, allreduce_alone_seconds=0.01, allreduce_alone_pattern="bucketed",
+               epoch_seconds_median=10.0, input_seconds_median=0.1)
+    from harness.split import add_split
+    add_split([two])
+    assert "| scaling (lowest-highest round) |" in format_split([two]) and "| 0.80 (0.67-0.90) |" in format_split([two])
+
+
 def test_every_benchmark_engine_of_several_devices_is_compared_with_itself_on_one():
     """A built-in engine may run its framework's own layers (the ResNet's DDP and Gluon Trainer: 1.4x and 2.3x the
     scratch step on one device), so against the scratch 1-device row its scaling passed 1 and its split's compute
