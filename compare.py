@@ -24,7 +24,7 @@ from common.lenet import INITS
 from common.models import BN_MODES, DEFAULT_WIDTH, MODELS, RESNET_SGD_LR
 from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, SCHEDULES
 from harness.benchmark import add_scaling
-from harness.calibration import LoadRecord, matmul_peak, warning
+from harness.calibration import LoadRecord, machine_lockstep, matmul_peak, warning
 from harness.checkpoints import check_resume, epoch_of, latest_checkpoint
 from harness.cli import HelpFormatter, Parser, host_list, int_list, name_list
 from harness.cluster import DEFAULT_PORT, ONE_HOST, Cluster
@@ -262,6 +262,11 @@ def compare(args):
     if timing:   # this machine's yardsticks, measured in the run (harness/calibration.py)
         print(f"calibration: float32 matmul peak at {args.threads} thread(s) ...", file=sys.stderr, flush=True)
         env["calibration"] = {"threads": args.threads, "matmul_peak_gflops_start": matmul_peak(args.threads)}
+        cores = sorted(os.sched_getaffinity(0))[:max((spec.processes for spec, skip in specs if not skip), default=1)]
+        if len(cores) > 1 and args.cluster.nnodes == 1:   # what waiting for the slower step costs with no framework
+            print(f"calibration: numpy steps in lockstep, a process on each of cores {cores} ...", file=sys.stderr,
+                  flush=True)
+            env["calibration"]["lockstep"] = machine_lockstep(cores)
         load = LoadRecord().start()
 
     def save():

@@ -26,6 +26,23 @@ while time.perf_counter() - start < float(sys.argv[2]):
     best = max(best, 2 * n**3 / (time.perf_counter() - t) / 1e9)
 print(json.dumps(best))
 """
+STEADY = """
+import json, os, sys, time
+import numpy as np
+os.sched_setaffinity(0, {int(sys.argv[1])})
+a = np.ones((384, 384), np.float32)
+t = time.perf_counter()
+for _ in range(5):
+    a @ a
+matmuls = max(1, round(float(sys.argv[2]) * 5 / (time.perf_counter() - t)))
+times = []
+for _ in range(int(sys.argv[3]) + 1):
+    t = time.perf_counter()
+    for _ in range(matmuls):
+        a @ a
+    times.append(time.perf_counter() - t)
+print(json.dumps(times))
+"""
 QUIET_SHARE = 0.05   # other processes may use at most this share of the machine's CPU time
 
 
@@ -35,6 +52,26 @@ def matmul_peak(threads, n=2048, seconds=2.0):
     out = subprocess.run([sys.executable, "-c", MATMUL, str(n), str(seconds)], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout
     return float(json.loads(out))
+
+
+def machine_lockstep(cores, step_seconds=0.1, steps=60):
+    """The waiting that lockstep costs on this machine with no framework at all: one single-threaded numpy process
+    pinned to each core, all at once, each timing `steps` steps of the same matmuls (about step_seconds each), read as
+    harness/split.py reads a row's processes alongside. A core of a virtual machine does not run at one speed from
+    one step to the next, and processes that wait for each other every step pay for the slower one each time.
+    {"cores", "step_seconds": their mean step, "lockstep_seconds": at the slower one's pace}."""
+    from .split import lockstep
+    env = {**os.environ, **{v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}}
+    workers = [subprocess.Popen([sys.executable, "-c", STEADY, str(core), str(step_seconds), str(steps)], env=env,
+                                stdout=subprocess.PIPE, text=True) for core in cores]
+    try:
+        times = [json.loads(w.communicate(timeout=120)[0]) for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+    mean, slowest = lockstep(times)
+    return {"cores": list(cores), "step_seconds": mean, "lockstep_seconds": slowest}
 
 
 def busy_seconds():

@@ -67,6 +67,11 @@ def environment_line(env):
         peaks = " -> ".join(f"{calibration[k]:.0f}" for k in ("matmul_peak_gflops_start", "matmul_peak_gflops_end")
                             if k in calibration)
         line += f". Float32 matmul peak at {calibration['threads']} thread(s), start -> end: {peaks} GFLOP/s"
+        if calibration.get("lockstep"):
+            steady = calibration["lockstep"]
+            line += (f". Numpy alone, a single-threaded process pinned to each of cores "
+                     f"{', '.join(map(str, steady['cores']))}, {1e3 * steady['step_seconds']:.0f} ms steps: waiting for "
+                     f"the slower step +{steady['lockstep_seconds'] / steady['step_seconds'] - 1:.1%}")
     if load:
         line += (f". Load: other processes used {100 * load['other_cpu_share']:.1f}% of the CPU during the run "
                  f"({'quiet' if load['quiet'] else 'NOT QUIET'}); load average {load['loadavg_start'][0]:.2f} at the "

@@ -39,6 +39,21 @@ def test_another_process_s_work_is_load_and_makes_a_warning(tmp_path):
         assert not load["quiet"] and calibration.warning(load).startswith("warning: the machine was not quiet")
 
 
+def test_numpy_steps_in_lockstep_pay_for_the_slower_core_each_step():
+    """The machine's own waiting, no framework: a pinned numpy process per core, each step's slower one counted.
+    A step of the requested length, the waiting never negative, and the line that reports it."""
+    from harness.report import environment_line
+    cores = (sorted(os.sched_getaffinity(0)) * 2)[:2]   # one core twice on a one-core machine: they take turns
+    steady = calibration.machine_lockstep(cores, step_seconds=0.02, steps=20)
+    assert steady["cores"] == cores and 0.002 < steady["step_seconds"] < 0.2, steady
+    assert steady["lockstep_seconds"] > steady["step_seconds"], steady   # max over cores, not their mean
+    from harness.provenance import provenance
+    env = {**provenance(), "gpus": [], "python": "3.11", "frameworks": {}, "numpy": "1.26", "platform": "linux",
+           "calibration": {"threads": 2, "matmul_peak_gflops_start": 100.0,
+                           "lockstep": {"cores": [0, 1], "step_seconds": 0.08, "lockstep_seconds": 0.0872}}}
+    assert "pinned to each of cores 0, 1, 80 ms steps: waiting for the slower step +9.0%" in environment_line(env)
+
+
 def test_a_quiet_record_has_no_warning():
     assert calibration.warning({"quiet": True}) is None
 
@@ -84,5 +99,6 @@ def test_repeated_trials_are_timed_against_the_peak_too(tmp_path, monkeypatch):
                          "600", "--epochs", "1", "--repeats", "2", "--json", str(out)]) == 0
     content = json.loads(out.read_text())
     assert content["environment"]["calibration"]["matmul_peak_gflops_end"] == 300.0
+    assert "lockstep" not in content["environment"]["calibration"]   # measured for runs of several processes
     (row,) = content["runs"]
     assert row["trials"] == 2 and row["peak_fraction"] == pytest.approx(row["gflops"] / 200.0)

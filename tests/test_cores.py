@@ -197,7 +197,10 @@ def test_the_benchmark_reports_both_core_settings_in_every_file(tmp_path, monkey
     monkeypatch.setattr(compare, "raise_on_signals", lambda: None)   # pytest keeps its own handlers
     monkeypatch.chdir(tmp_path)
     assert compare.main(["--benchmark", "--frameworks", "pytorch"]) == 0
-    runs = json.loads((tmp_path / "results" / "benchmark.json").read_text())["runs"]
+    content = json.loads((tmp_path / "results" / "benchmark.json").read_text())
+    runs = content["runs"]
+    steady = content["environment"]["calibration"]["lockstep"]   # the machine's own waiting, for the 2-process rows
+    assert steady["cores"] == USABLE[:2] and steady["lockstep_seconds"] > steady["step_seconds"] > 0
     shape = [(r["cores"], r["devices"], r["processes"], r["threads"], r["status"]) for r in runs]
     assert shape == [("shared", 1, 1, 2, "ok"), ("per-device", 1, 1, 1, "ok"), ("per-device", 2, 1, 2, "ok"),
                      ("per-device", 2, 2, 1, "ok"), ("per-device", 2, 2, 1, "ok"), ("per-device", 2, 2, 1, "skipped")]
@@ -206,6 +209,7 @@ def test_the_benchmark_reports_both_core_settings_in_every_file(tmp_path, monkey
     assert all(0 < r["train_memory_bytes"] < r["peak_rss_bytes"] for r in runs[:5])
     markdown = (tmp_path / "results" / "benchmark.md").read_text()
     assert "| 1 per device |" in markdown and "shared, 2 " in markdown and "efficiency |" in markdown
+    assert "waiting for the slower step +" in markdown
     with open(tmp_path / "results" / "benchmark.csv") as f:
         table = list(csv.DictReader(f))
     assert len(table) == len(runs)
