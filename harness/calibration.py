@@ -46,9 +46,14 @@ print(json.dumps(times))
 QUIET_SHARE = 0.05   # other processes may use at most this share of the machine's CPU time
 
 
+def blas_env(threads):
+    """The environment of a numpy child whose BLAS uses `threads` threads (fixed before numpy starts it)."""
+    return {**os.environ, **{v: str(threads) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}}
+
+
 def matmul_peak(threads, n=2048, seconds=2.0):
     """Best GFLOP/s of an n x n float32 matmul, threads fixed before numpy starts its BLAS."""
-    env = {**os.environ, **{v: str(threads) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}}
+    env = blas_env(threads)
     out = subprocess.run([sys.executable, "-c", MATMUL, str(n), str(seconds)], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout
     return float(json.loads(out))
@@ -61,7 +66,7 @@ def machine_lockstep(cores, step_seconds=0.1, steps=60):
     one step to the next, and processes that wait for each other every step pay for the slower one each time.
     {"cores", "step_seconds": their mean step, "lockstep_seconds": at the slower one's pace}."""
     from .split import lockstep
-    env = {**os.environ, **{v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}}
+    env = blas_env(1)
     workers = [subprocess.Popen([sys.executable, "-c", STEADY, str(core), str(step_seconds), str(steps)], env=env,
                                 stdout=subprocess.PIPE, text=True) for core in cores]
     try:
