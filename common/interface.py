@@ -18,69 +18,78 @@ CONTRACT = {
     "sync": "sync(devices) -> None: wait until all queued work on the devices is done (for timers).",
     "peak_memory": "peak_memory(devices) -> peak GPU memory in bytes, summed over the devices; None on the CPU "
                    "or where the framework does not tell.",
-    # lenet.py: the model of common/lenet.py, in this framework's ops.
-    "get_params": "get_params(weights, device) -> replica: the canonical numpy weights, on one device.",
-    "forward": "forward(replica, X) -> logits for a batch X already on the replica's device.",
-    "to_numpy": "to_numpy(replica) -> dict of float32 numpy arrays in canonical (PyTorch) layout.",
     # optimizer.py: common/optim.py's canonical update by hand, its state kept per replica (identical on every one).
     "init_state": "init_state(replica, optimizer) -> one replica's state for a common.optim.Optimizer: its step "
                   "count and a zero buffer per slot and parameter, on the replica's device, in its layout.",
-    "state_to_numpy": "state_to_numpy(state) -> common.optim.init_state's form: {'step': int, "
-                      "'<slot>.<param name>': float32 array in canonical layout}.",
-    "state_from_numpy": "state_from_numpy(arrays, replica, optimizer) -> a state as init_state makes it, holding "
-                        "the canonical `arrays` (state_to_numpy's form), on the replica's device.",
-    # data_parallel.py: the multi-device recipe.
+    "state_to_numpy": "state_to_numpy(state, model) -> common.optim.init_state's form: {'step': int, "
+                      "'<slot>.<param name>': float32 array in canonical layout}, named and laid out by `model` "
+                      "(a Functional: the network whose replica the state belongs to).",
+    "state_from_numpy": "state_from_numpy(arrays, replica, optimizer, model) -> a state as init_state makes it, "
+                        "holding the canonical `arrays` (state_to_numpy's form), on the replica's device, in `model`'s "
+                        "layout.",
+    # data_parallel.py: the multi-device recipe, one step for every network.
     "split_and_load": "split_and_load(array, devices) -> list of len(devices) contiguous shards along axis 0, "
                       "sizes differing by at most one (common.sharding), shard i on devices[i].",
     "allreduce": "allreduce(tensors) -> the same list, every tensor now holding the element-wise sum.",
     "allreduce_gradients": "allreduce_gradients(grads, bucket_bytes=None) -> grads[d] (device d's list of gradients) "
                            "summed across devices and processes: one allreduce per parameter, or with bucket_bytes "
                            "one per bucket of common.buckets.plan's (each device's gradients flattened into one "
-                           "buffer, summed, cut back into their shapes); the same sums either way. train_step and "
-                           "the ResNet's use it with the module's BUCKET_BYTES (the run's --allreduce).",
-    "train_step": "train_step(replicas, X, y, devices, lr, batch_size=None, states=None) -> float: one "
-                  "synchronous SGD step on a numpy batch (summed loss per shard, gradients summed across devices, "
-                  "update divided by batch_size, the global batch size: len(X) unless processes share the batch), "
-                  "returning the mean loss over X. With states (init_state's, one per replica), common/optim.py's "
-                  "update at rate lr (this step's) instead, on the all-reduced mean gradient; the states advance.",
-    "evaluate": "evaluate(replica, X, y) -> float: accuracy of one replica on numpy data.",
+                           "buffer, summed, cut back into their shapes); the same sums either way.",
+    "train_step": "train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, "
+                  "settings=StepSettings()) -> float: one synchronous step of the network `model` (a Functional of "
+                  "lenet.py or resnet.py) on a numpy batch: split_and_load, each device's summed loss and gradients "
+                  "(model.loss_and_grads, BatchNorm state in and out), the gradients all-reduced (allreduce_gradients, "
+                  "settings.bucket_bytes), the same update on every replica: the recipe's sgd, lr / batch_size times "
+                  "the sum (batch_size: the global batch, len(X) unless processes share it), or with `states` "
+                  "(init_state's, one per replica) common/optim.py's update at rate lr on the all-reduced mean "
+                  "gradient, the states advancing. bn_states (one per replica; None each for a network without "
+                  "BatchNorm) get the new running statistics in their slots. settings.units are execution.compile's "
+                  "(None: every unit as written). Returns the mean loss over X.",
+    "evaluate": "evaluate(model, replica, bn_state, X, y) -> float: accuracy of one replica on numpy data, in "
+                "inference mode (a BatchNorm network normalises by the running statistics bn_state).",
 }
 
+# The run's settings of the scratch step (data_parallel.train_step's `settings`), passed, never set on a module:
+# bucket_bytes: how the gradients are all-reduced (None: one all-reduce per parameter; else in common.buckets.plan's
+# buckets of that many bytes: --allreduce bucketed); units: what runs compiled (execution.compile(level, model)'s dict,
+# every name of data_parallel.UNITS as the exec level makes it; None: every unit as written).
+StepSettings = collections.namedtuple("StepSettings", "bucket_bytes units", defaults=(None, None))
 
-# The models beside the recipe's LeNet: one file per model in every framework folder, each defining the functions of
-# MODEL_CONTRACT. They reuse lenet.py's names for other networks, so harness.loader does not merge them into the
-# framework's namespace: load_module(framework, model) gives the file (tests/test_interface.py checks the contract).
-MODELS = ("resnet",)
+# The networks the scratch step trains: lenet.py and resnet.py of every framework folder each define a class
+# Functional, the network as the recipe writes it (weights as lists of tensors, forward as a function), with these
+# members. Its settings are its fields: the memory layout (lenet.Functional(layout); resnet.Functional(layout, sync),
+# sync for --bn sync). Frozen and hashable: a compiled step may take it as static.
+MODELS = ("lenet", "resnet")
 
-MODEL_CONTRACT = {
-    # resnet.py: common/resnet.py's network with its BatchNorm state, in this framework's ops.
-    "get_params": "get_params(weights, device) -> replica: the canonical numpy weights, on one device, in PARAM_NAMES "
-                  "order and the framework's layout.",
-    "get_bn_state": "get_bn_state(state, device) -> the canonical numpy BatchNorm state (running means and variances), "
-                    "on one device, in BN_STATE_NAMES order.",
-    "forward": "forward(replica, bn_state, X, training, bn=CANONICAL_BN) -> logits of a canonical NCHW batch X on the "
-               "replica's device; training=True normalises by the batch's statistics and returns (logits, new "
-               "bn_state) under convention bn, updating nothing in place; training=False uses the running ones.",
+FUNCTIONAL = {
+    "name": "name -> the network's name in common.models.MODELS: 'lenet' or 'resnet18'.",
+    "param_names": "param_names -> the canonical parameter names, in the replica's order (common.lenet.PARAM_NAMES or "
+                   "common.resnet.PARAM_NAMES).",
+    "get_params": "get_params(weights, device) -> replica: the canonical numpy weights, on one device, in param_names "
+                  "order and the model's layout.",
+    "get_bn_state": "get_bn_state(state, device) -> the canonical numpy BatchNorm state (running means and variances) "
+                    "on one device, in common.resnet.BN_STATE_NAMES order; None for a network without BatchNorm "
+                    "(state None).",
+    "loss_and_grads": "loss_and_grads(replicas, bn_states, X_shards, y_shards, devices) -> (losses, grads, bn_states): "
+                      "each device's summed loss on its shard (already on its device), each replica's gradients "
+                      "(grads[d], param_names order), and each replica's new BatchNorm state (the given ones for a "
+                      "network without BatchNorm). The ResNet's forward is training-mode under CANONICAL_BN: with "
+                      "sync False every replica normalises by its own shard's statistics and its running statistics "
+                      "follow its shard; with sync True, at every BatchNorm the shards' per-channel moments are "
+                      "all-reduced across this process's devices and across processes, every replica normalises by "
+                      "the global batch's mean and biased variance, the backward passes through that all-reduce, and "
+                      "every replica's running statistics become the global batch's.",
     "to_numpy": "to_numpy(replica) -> dict of float32 numpy arrays in canonical (PyTorch) layout.",
-    "bn_state_to_numpy": "bn_state_to_numpy(bn_state) -> dict of float32 numpy arrays, BN_STATE_NAMES order.",
-    "build_model": "build_model(weights, bn_state, bn=CANONICAL_BN) -> the idiomatic model (nn.Module, Gluon "
-                   "HybridBlock, Keras model, Flax NNX module) holding the canonical weights and state, its BatchNorm layers set to "
-                   "convention bn as far as the framework's arguments reach (common.resnet.layer_arguments).",
-    "model_to_numpy": "model_to_numpy(model) -> (weights, bn_state) of an idiomatic model, canonical numpy.",
-    # The recipe with BatchNorm: data_parallel.py's step, each replica carrying its running statistics.
-    "train_step": "train_step(replicas, bn_states, X, y, devices, lr, batch_size=None, sync=False) -> float: "
-                  "data_parallel.train_step's synchronous SGD step (split_and_load, summed loss per shard, gradients "
-                  "all-reduced by data_parallel.allreduce, the update lr / batch_size times the sum) with a "
-                  "training-mode forward under CANONICAL_BN. sync=False: every replica normalises by its own shard's "
-                  "statistics and its running statistics follow its shard. sync=True: at every BatchNorm the shards' "
-                  "per-channel sum, sum of squares and count (common.resnet.moments) are all-reduced across this "
-                  "process's devices and across processes, every replica normalises by the global batch's mean and "
-                  "biased variance, the backward passes through that all-reduce (gradients as if one device held "
-                  "the whole batch), and every replica's running statistics become the global batch's. bn_states "
-                  "(one list per replica, get_bn_state's) get the new running statistics in their slots. Returns "
-                  "the mean loss over X.",
+    "bn_state_to_numpy": "bn_state_to_numpy(bn_state) -> dict of float32 numpy arrays, BN_STATE_NAMES order ({} for "
+                         "None).",
     "evaluate": "evaluate(replica, bn_state, X, y) -> float: accuracy in inference mode (the running statistics).",
 }
+
+# resnet.py also keeps the idiomatic network of every framework:
+#   build_model(weights, bn_state, bn=CANONICAL_BN) -> the idiomatic model (nn.Module, Gluon HybridBlock, Keras model,
+#       Flax NNX module) holding the canonical weights and state, its BatchNorm layers set to convention bn as far as
+#       the framework's arguments reach (common.resnet.layer_arguments);
+#   model_to_numpy(model) -> (weights, bn_state) of an idiomatic model, canonical numpy.
 
 # The built-in engines (builtin.py) and the single-device loops (idiomatic.py) build the network they are given:
 # get_model(weights, devices, optimizer=None, state=None, network=Network()). For the ResNet they also define

@@ -14,12 +14,12 @@ RESNET_SGD_LR = {"resnet18": 0.1}   # d2l's rate for its ResNet-18 at batch 256 
 BN_MODES = ("local", "sync")
 
 
-def check(model, width=None, init="he"):
-    """One line for a combination the spec does not define."""
+def check(model, width=None, init="he", bn=None):
+    """One line for a combination the spec does not define (compare.py's options and a worker's spec alike)."""
     if model not in MODELS:
         raise RosettaError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
-    if model == "lenet" and width is not None:
-        raise RosettaError("--width is the ResNet's (--model resnet18); the LeNet has fixed layer sizes")
+    if model == "lenet" and (width is not None or bn is not None):
+        raise RosettaError("--width and --bn are the ResNet's (--model resnet18); the LeNet has neither")
     if model == "resnet18" and init != "he":
         raise RosettaError("--init recipe is the LeNet's normal(0, 0.01); the ResNet starts from He-normal weights "
                            "and BatchNorm's (1, 0)")

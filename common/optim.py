@@ -19,9 +19,8 @@ PyTorch's conventions, the ones docs/migration.md's conventions table measures t
     cosine    lr * (1 + cos(pi * k / D)) / 2 at its k-th step (torch's CosineAnnealingLR, eta_min 0)
 
 The recipe's plain SGD (constant rate, no decay, no clipping) is `is_recipe`: the frameworks keep running the
-recipe's own `sgd` for it, so the default table does not change by a bit. Plain SGD with a schedule is `rate_only`:
-the ResNet's steps run it as the recipe's SGD at each step's rate (the LeNet's built-in rows use the frameworks'
-own schedulers for it).
+recipe's own `sgd` for it, so the default table does not change by a bit. Every other optimizer, for every network,
+runs this update with its state (the built-in rows through the frameworks' own optimizers and schedulers).
 """
 import dataclasses
 import math
@@ -74,12 +73,6 @@ class Optimizer:
         """The recipe's plain SGD: no state, one rate."""
         return (self.name == "sgd" and self.schedule == "constant" and not self.warmup_steps
                 and not self.weight_decay and self.clip_norm is None)
-
-    @property
-    def rate_only(self):
-        """Plain SGD whose rate alone may change from step to step (a schedule, a warm-up): still stateless, so the
-        recipe's step computes it when handed each step's rate. The ResNet trains with these (issue 19)."""
-        return self.name == "sgd" and not self.weight_decay and self.clip_norm is None
 
     @property
     def decoupled(self):
