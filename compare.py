@@ -17,214 +17,26 @@ import signal
 import sys
 import time
 
-from common.buckets import ALLREDUCES, BUCKET_MB
-from common.data import DATASETS, load_dataset
-from common.interface import FRAMEWORKS, RosettaError
-from common.lenet import INITS
-from common.models import BN_MODES, DEFAULT_WIDTH, MODELS, RESNET_SGD_LR
-from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, SCHEDULES
+from common.data import load_dataset
+from common.interface import RosettaError
 from harness.benchmark import add_scaling
 from harness.calibration import LoadRecord, machine_lockstep, matmul_peak, warning
 from harness.checkpoints import check_resume, epoch_of, latest_checkpoint
-from harness.cli import HelpFormatter, Parser, host_list, int_list, name_list
-from harness.cluster import DEFAULT_PORT, ONE_HOST, Cluster
-from harness.cores import CORES
 from harness.launch import raise_on_signals, run_workers
 from harness.merge import merge_files, merge_records
+from harness.options import parse_args as parse_options
 from harness.outputs import check_outputs, output_paths, write_files, write_results
-from harness.plan import BENCHMARK, BENCHMARK_IMAGES, EXEC_OPTIONS, LAYOUT_OPTIONS, benchmark_plan, check_data, grid, \
-    row_label, run_specs
+from harness.plan import check_data, row_label, run_specs
 from harness.profile import trace_folder
 from harness.report import add_parity, environment, environment_line, format_scaling, format_table, optimizer_line, \
     progress_bar, timing_view
 from harness.resume import check_same_data, kept_trials, previous_run
-from harness.spec import default, default_epochs
 from harness.split import allreduce_alone, alongside, format_split
-from harness.training import MODES
 
 
 def parse_args(argv):
-    p = Parser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    p.add_argument("--frameworks", type=name_list(FRAMEWORKS, "framework"), default=",".join(FRAMEWORKS),
-                   help="comma-separated")
-    p.add_argument("--model", choices=tuple(MODELS), default=default("model"),
-                   help="the network: the recipe's LeNet, or d2l's ResNet-18 with BatchNorm (common/models.py)")
-    p.add_argument("--width", type=int, help=f"the ResNet's channels in its first stage (default {DEFAULT_WIDTH}; "
-                                             "d2l's is 64)")
-    p.add_argument("--bn", type=name_list(BN_MODES, "BatchNorm mode"), default=default("bn"),
-                   help="the ResNet's BatchNorm across replicas: local (each normalises by its shard's statistics), "
-                        "sync (by the global batch's, all-reduced across devices and processes); comma-separated")
-    p.add_argument("--mode", type=name_list(tuple(MODES), "mode"), default=default("mode"),
-                   help="scratch (the recipe), builtin (the framework's own engine), "
-                        "idiomatic (its minimal single-device loop, the timing reference)")
-    p.add_argument("--exec", type=name_list(EXEC_OPTIONS, "exec level"), default="default",
-                   help="how the scratch step runs: default (the framework's usual way), eager, graph "
-                        "(torch.compile, tf.function, hybridize, jax.jit), xla (tf.function+XLA)")
-    p.add_argument("--layout", type=name_list(LAYOUT_OPTIONS, "layout"), default="default",
-                   help="the scratch step's memory layout of images and conv kernels: default (the faster one "
-                        "here: nhwc, MXNet's only nchw), nchw (channels first), nhwc (channels last)")
-    p.add_argument("--allreduce", type=name_list(ALLREDUCES, "all-reduce"), default=default("allreduce"),
-                   help="how the scratch step sums the gradients across devices and processes: per-tensor (the "
-                        "recipe: one all-reduce per parameter) or bucketed (DDP's way: flattened into buckets of "
-                        f"{BUCKET_MB} MiB, one all-reduce each; common/buckets.py); also JAX's built-in step, whose "
-                        "psum is written by hand (the others sum their own way); comma-separated")
-    p.add_argument("--devices", type=int_list, default="2", help="device counts, e.g. 1,2")
-    p.add_argument("--processes", type=int_list, default="1",
-                   help="process counts, e.g. 1,2: the devices are shared out among them")
-    p.add_argument("--cores", type=name_list(CORES, "cores setting"), default=default("cores"),
-                   help="shared (every op may use all of --threads) or per-device (each device pinned to cores "
-                        "of its own: --threads / the most devices; see harness/cores.py); comma-separated")
-    p.add_argument("--dataset", choices=DATASETS, default=default("dataset"), help="the data set (see docs/usage.md)")
-    p.add_argument("--data-dir", help="folder with the IDX files (fashion-mnist, mnist)")
-    p.add_argument("--n-synthetic", type=int, default=default("n_synthetic"), help="training images of the synthetic set")
-    p.add_argument("--epochs", type=int, help="default 30 for digits, 10 otherwise")
-    p.add_argument("--batch-size", type=int, default=default("batch_size"), help="global batch, split across devices")
-    p.add_argument("--per-device-batch", type=int_list, metavar="N",
-                   help="instead of --batch-size: each row's global batch is N x its devices (weak scaling); "
-                        "comma-separated, a row per N")
-    p.add_argument("--lr", type=float, help="the base learning rate; default by --optimizer: "
-                   + ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items())
-                   + "; " + ", ".join(f"{model}'s sgd {lr:g}" for model, lr in RESNET_SGD_LR.items()))
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default=default("optimizer"),
-                   help="the update, PyTorch's conventions in every framework (common/optim.py)")
-    p.add_argument("--momentum", type=float, default=default("momentum"), help="momentum and nesterov's")
-    p.add_argument("--weight-decay", type=float, default=default("weight_decay"),
-                   help="L2 added to the gradient; decoupled (w -= lr * wd * w) for adamw")
-    p.add_argument("--lr-schedule", choices=SCHEDULES, default=default("lr_schedule"),
-                   help="per step: constant, step (x0.1 at 1/2 and 3/4 of the steps after warm-up), cosine (to 0)")
-    p.add_argument("--warmup-epochs", type=float, default=default("warmup_epochs"),
-                   help="linear warm-up, per step, from lr / warm-up steps to lr")
-    p.add_argument("--clip-norm", type=float, help="clip the all-reduced mean gradient to this global norm")
-    p.add_argument("--lr-scaling", choices=LR_SCALINGS, default=default("lr_scaling"),
-                   help="linear: lr times global batch / --reference-batch (the linear scaling rule)")
-    p.add_argument("--reference-batch", type=int, default=default("reference_batch"),
-                   help="the global batch --lr is meant for, with --lr-scaling linear")
-    p.add_argument("--target-accuracy", type=float, metavar="A",
-                   help="evaluate after every epoch (outside the timers) and report the training seconds until the "
-                        "test accuracy first reached A (time to accuracy, e.g. 0.85 on fashion-mnist)")
-    p.add_argument("--seed", type=int, default=default("seed"), help="initial weights and batch order")
-    p.add_argument("--init", choices=INITS, default=default("init"), help="he, or the recipe's normal(0, 0.01)")
-    p.add_argument("--threads", type=int, default=os.cpu_count(), help="threads per run: all cores")
-    p.add_argument("--repeats", type=int, default=1, help="trials per row, interleaved; medians are reported")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")
-    p.add_argument("--stall-timeout", type=float, default=300,
-                   help="seconds without a new training step (the first one included) before a run is "
-                        "stopped as stalled")
-    p.add_argument("--json", metavar="PATH", help="write the results as JSON (after every finished row)")
-    p.add_argument("--csv", metavar="PATH", help="write the table as CSV (after every finished row)")
-    p.add_argument("--plot", metavar="PATH", help="write loss curves and throughput bars as a PNG")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the run that --json holds: keep its ok rows (same settings and data "
-                        "required), run the others")
-    p.add_argument("--checkpoint-dir", metavar="DIR",
-                   help="save every run's trained model there, in its framework's native format, named "
-                        "framework-mode-<devices>d-<processes>p-epoch<k> (.pt, .params, .weights.h5, .orbax)")
-    p.add_argument("--checkpoint-every", type=int, metavar="N", help="with --checkpoint-dir: also every N epochs")
-    p.add_argument("--resume-from", metavar="CHECKPOINT",
-                   help="start from a checkpoint saved after epoch k (its name says k) and train epochs k+1.. "
-                        "--epochs in the batch order the uninterrupted run would see; one framework only")
-    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                   help="with --checkpoint-dir: when a process of a run dies, stop the run's others and start it "
-                        "again from its last complete checkpoint, up to N times (torchrun's --max-restarts)")
-    p.add_argument("--hosts", type=host_list, metavar="A,B,...",
-                   help="spread each run's processes over these hosts (addresses or names; the first is the "
-                        "coordinator): run the same command on every host, each with its own --node-rank")
-    p.add_argument("--node-rank", type=int, default=0, help="with --hosts: this host's place in the list")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT,
-                   help="with --hosts: the coordinator's port; TensorFlow's workers listen on the next ones")
-    p.add_argument("--interface", help="with --hosts: this host's network interface (default: the one holding its "
-                                       "address)")
-    p.add_argument("--profile", metavar="DIR",
-                   help="trace a few steady-state steps of every row with its framework's own profiler, into "
-                        "DIR/<row> (a Chrome trace, or TensorBoard's profile plugin for TensorFlow; docs/profiling.md)")
-    p.add_argument("--benchmark", action="store_true",
-                   help="the timing benchmark: synthetic 30,000 images (the ResNet: 5,120), batch 256, every exec "
-                        "mode, the idiomatic references, both --cores settings, bucketed across processes, 3 trials; "
-                        "writes results/benchmark.{md,csv,json,png}")
-    p.add_argument("--list-devices", action="store_true", help="print the devices each framework sees; no training")
-    p.add_argument("--merge", nargs="+", metavar="OUT_JSON",
-                   help="no training: the table of hand-launched runs from their workers' out-{rank}.json files")
-    args = p.parse_args(argv)
-    args.plan = grid(args)
-    if args.benchmark:
-        for key, value in BENCHMARK.items():
-            setattr(args, key, value)
-        args.plan = benchmark_plan(args.plan, args.model)
-        args.devices = sorted({d for _, _, shapes, *_ in args.plan for d, _ in shapes})
-        args.n_synthetic = BENCHMARK_IMAGES.get(args.model, args.n_synthetic)
-        for ext in ("json", "csv", "plot"):
-            setattr(args, ext, getattr(args, ext) or os.path.join("results", f"benchmark.{'png' if ext == 'plot' else ext}"))
-    if args.epochs is None:
-        args.epochs = default_epochs(args.dataset)
-    if args.per_device_batch is not None:   # the largest row's, for the checks below
-        args.batch_size = max(args.per_device_batch) * max(args.devices)
-    for name in ("epochs", "batch_size", "threads", "n_synthetic", "repeats", "reference_batch"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("lr", "timeout", "stall_timeout", "clip_norm"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0")
-    if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
-        p.error("--target-accuracy must be in (0, 1]")
-    if not 0 <= args.momentum < 1 or args.weight_decay < 0:
-        p.error("--momentum must be in [0, 1) and --weight-decay >= 0")
-    if not 0 <= args.warmup_epochs <= args.epochs:
-        p.error(f"--warmup-epochs must be between 0 and --epochs {args.epochs}")
-    if args.resume and (args.merge or args.list_devices or not args.json):
-        p.error("--resume continues a training run: it needs the --json PATH of that run "
-                "(not --merge or --list-devices)")
-    if args.batch_size < max(args.devices):
-        p.error(f"--batch-size {args.batch_size} is smaller than {max(args.devices)} devices")
-    if args.checkpoint_every is not None and (args.checkpoint_every < 1 or not args.checkpoint_dir):
-        p.error("--checkpoint-every needs --checkpoint-dir and N >= 1")
-    if args.max_restarts < 0 or (args.max_restarts and not args.checkpoint_dir):
-        p.error("--max-restarts needs --checkpoint-dir (a restart starts from the last checkpoint) and N >= 0")
-    args.cluster = cluster(p, args)
-    check_model(p, args)
-    if args.profile and args.benchmark:
-        p.error("--profile adds the profiler's overhead to the rows: not with --benchmark")
-    for name in ("data_dir", "checkpoint_dir", "resume_from", "profile"):   # the workers run from the repo root
-        if getattr(args, name):
-            setattr(args, name, os.path.abspath(getattr(args, name)))
-    return args
-
-
-def check_model(p, args):
-    """What the ResNet takes beyond the LeNet's options (--width, --bn), and what it does not take yet."""
-    if args.model == "lenet":
-        if args.width is not None or args.bn != [default("bn")]:
-            p.error("--width and --bn are the ResNet's (--model resnet18); the LeNet has neither")
-        args.bn = [None]
-        return
-    if args.width is not None and args.width < 1:
-        p.error("--width must be >= 1")
-    if args.init != "he":
-        p.error("--init recipe is the LeNet's normal(0, 0.01); the ResNet starts from He-normal weights")
-    if args.optimizer != "sgd" or args.weight_decay or args.clip_norm:
-        p.error("the ResNet trains with plain SGD (--lr-schedule and --warmup-epochs work; momentum, Adam, weight "
-                "decay and clipping are the LeNet's so far: issue 19)")
-
-
-def cluster(p, args):
-    """The hosts a run spans (harness/cluster.py): this one alone unless --hosts names several."""
-    if not args.hosts:
-        if args.node_rank or args.interface or args.port != DEFAULT_PORT:
-            p.error("--node-rank, --port and --interface go with --hosts")
-        return ONE_HOST
-    if args.benchmark or args.merge or args.list_devices:
-        p.error("--hosts runs training: not with --benchmark, --merge or --list-devices")
-    odd = [n for n in args.processes if n % len(args.hosts)]
-    if odd:
-        p.error(f"--hosts spreads each run's processes evenly over {len(args.hosts)} hosts: --processes "
-                f"{odd[0]} is not a multiple of {len(args.hosts)}")
-    if not 0 <= args.node_rank < len(args.hosts):
-        p.error(f"--node-rank must be between 0 and {len(args.hosts) - 1}")
-    if not 0 < args.port < 65536 - max(args.processes):
-        p.error("--port must leave room for a port per process below 65536")
-    try:
-        return Cluster(tuple(args.hosts), args.node_rank, args.port, args.interface)
-    except RosettaError as err:
-        p.error(str(err))
+    """The options (harness/options.py: every one, grouped, each checked where it is parsed)."""
+    return parse_options(argv, __doc__.split("\n\n")[0])
 
 
 def list_devices(args):

@@ -25,7 +25,6 @@ import numpy as np
 from common import resnet
 from common.interface import RosettaError
 from common.layouts import to_channels_last, to_canonical
-from common.models import has_batchnorm
 from common.lenet import PARAM_NAMES, PARAM_SHAPES
 from common.optim import OPTIMIZERS, Optimizer
 
@@ -223,9 +222,11 @@ def has_state(framework, path):
     return os.path.exists(state_path(framework, path))
 
 
-def read_state(framework, path, optimizer=None):
+def read_state(framework, path, optimizer=None, weights=None):
     """The canonical optimizer state saved beside the weights file `path`, after checking it: one line naming the
-    file and what is wrong otherwise. With `optimizer`, the state must be one that optimizer keeps."""
+    file and what is wrong otherwise. With `optimizer`, the state must be one that optimizer keeps. Its buffers are
+    the network's: one per slot and parameter of `weights` (canonical, the file's own: read_model), each of its
+    parameter's shape."""
     checkpoint, file = load_module(framework, "checkpoint"), state_path(framework, path)
     if not os.path.exists(file):
         needs = f": {optimizer.name} needs one" if optimizer else ""
@@ -248,13 +249,15 @@ def read_state(framework, path, optimizer=None):
         holds = ", ".join(slots) or "no buffers"
         raise RosettaError(f"{file}: holds {known[tuple(slots)]}-style state ({holds}); {optimizer.name} keeps "
                            f"{', '.join(optimizer.slots) or 'no buffers'}")
+    weights = read_model(framework, path)[0] if weights is None else weights
+    model = "LeNet" if set(weights) == set(PARAM_NAMES) else f"ResNet-18 (width {resnet.width_of(weights)})"
     state = {"step": step}
     for slot in slots:
-        for name in PARAM_NAMES:
-            key, shape = f"{slot}.{name}", native_shape(framework, name)
+        for name in weights:
+            key, shape = f"{slot}.{name}", native_shape(framework, name, weights[name].shape)
             if key not in arrays or arrays[key].shape != shape:
                 found = f"is {arrays[key].shape}" if key in arrays else "is missing"
-                raise RosettaError(f"{file}: {key} {found}; this LeNet needs {shape}")
+                raise RosettaError(f"{file}: {key} {found}; this {model} needs {shape}")
             array = arrays.pop(key).astype(np.float32)
             state[key] = np.ascontiguousarray(to_canonical(name, array) if checkpoint.CHANNELS_LAST else array)
     if arrays:
@@ -262,10 +265,10 @@ def read_state(framework, path, optimizer=None):
     return state
 
 
-def keeps_optimizer_state(model, optimizer):
-    """Whether a run's checkpoints carry its optimizer's state: not for the recipe's SGD, and not for the ResNet,
-    whose SGD is stateless (a schedule's position is the epoch's)."""
-    return not optimizer.is_recipe and not has_batchnorm(model)
+def keeps_optimizer_state(optimizer):
+    """Whether a run's checkpoints carry its optimizer's state: for anything but the recipe's stateless SGD (a
+    schedule's position is the state's step count), whatever the network."""
+    return not optimizer.is_recipe
 
 
 def saver(spec, rank, optimizer):
@@ -278,7 +281,7 @@ def saver(spec, rank, optimizer):
     def save(epoch, runner):
         if epoch == spec.epochs or (every and epoch % every == 0):
             path = os.path.join(folder, checkpoint_name(spec, epoch))
-            if keeps_optimizer_state(spec.model, optimizer):
+            if keeps_optimizer_state(optimizer):
                 write_state(spec.framework, runner.optimizer_state(), optimizer, path)
             write_weights(spec.framework, runner.weights(), path, runner.bn_state())
     return save
@@ -299,9 +302,9 @@ def resume_point(spec, optimizer, steps_per_epoch):
     wants = "lenet" if spec.model == "lenet" else f"{spec.model} of width {spec.width}"
     if holds != wants:
         raise RosettaError(f"{path}: holds the {holds}; this run trains the {wants}")
-    if not keeps_optimizer_state(spec.model, optimizer):
+    if not keeps_optimizer_state(optimizer):
         return weights, bn_state, None, epoch
-    state = read_state(framework, path, optimizer)
+    state = read_state(framework, path, optimizer, weights)
     if state["step"] != epoch * steps_per_epoch:
         raise RosettaError(f"{path}: its optimizer state has done {state['step']} steps, not the {epoch} epochs x "
                            f"{steps_per_epoch} steps of this run: another batch size or data set")
@@ -324,9 +327,9 @@ def latest_checkpoint(spec, warn):
         if not os.path.exists(path):
             continue
         try:
-            read_weights(spec.framework, path)
+            weights = read_weights(spec.framework, path)
             if optimizer.slots or has_state(spec.framework, path):   # a state is written first, then its weights
-                read_state(spec.framework, path, optimizer)
+                read_state(spec.framework, path, optimizer, weights)
             return path
         except RosettaError as err:
             warn(f"warning: not resuming from {os.path.basename(path)}: {err}; trying the one before it")

@@ -68,7 +68,7 @@ def main(argv=None):
         data = load_dataset(args.dataset, args.data_dir) if args.verify else None   # bad data: fail before writing
         weights, bn_state = read_model(source, args.src)
         optimizer = Optimizer(args.optimizer) if args.optimizer else None
-        state = read_state(source, args.src, optimizer) if optimizer or has_state(source, args.src) else None
+        state = read_state(source, args.src, optimizer, weights) if optimizer or has_state(source, args.src) else None
         if state is not None:   # read and checked before anything is written
             optimizer = optimizer or Optimizer(optimizer_of(state))
             write_state(target, state, optimizer, args.dst)
@@ -76,7 +76,7 @@ def main(argv=None):
         print(f"wrote {args.dst} ({FORMATS[target]}) from {args.src} ({FORMATS[source]})"
               + (f", with {optimizer.name}'s state after {state['step']} steps" if state is not None else ""))
         if state is not None and args.verify:
-            again = read_state(target, args.dst, optimizer)
+            again = read_state(target, args.dst, optimizer, weights)
             if any(not np.array_equal(again[k], state[k]) for k in state):
                 raise RosettaError(f"{args.dst}: its optimizer state does not read back as {args.src}'s")
         if args.verify:

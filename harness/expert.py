@@ -1,4 +1,4 @@
-"""The project's steps against an expert's loop (issue 22): what the recipe's visible split, all-reduce and update,
+"""The project's steps against an expert's loop: what the recipe's visible split, all-reduce and update,
 and each framework's engines, cost against the one step a performance-minded user writes (each framework's
 expert.py).
 
@@ -51,7 +51,6 @@ def measure(fw, spec, devices):
     from .loader import load_module
     from .spec import RunSpec
     from .training import Scratch, runner
-    load_module(fw.name, "execution").use("default")
     expert = load_module(fw.name, "expert")
     device = devices[0]
     data = load_dataset("synthetic", None, 8 * BATCH, 0)

@@ -93,8 +93,6 @@ def skip_reason(spec, share, usable, most_devices, threads, seen):
     if spec.allreduce != "per-tensor" and spec.mode != "scratch" and not (
             spec.mode == "builtin" and spec.framework in BUCKETING_ENGINES):
         return f"--allreduce is the scratch step's; {spec.mode} sums the gradients its framework's own way"
-    if spec.model != "lenet" and (spec.exec, spec.layout) != ("default", "default"):
-        return f"exec levels and layouts are the LeNet's; the {spec.model} scratch step runs its framework's default"
     if spec.mode == "idiomatic" and (spec.devices, spec.processes) != (1, 1):
         return "the idiomatic reference loop is single-device, single-process"
     if spec.cores == "per-device" and (share < 1 or share * spec.devices > usable):

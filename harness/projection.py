@@ -87,12 +87,17 @@ def timed(fn, sync, repeats, warmup):
     return {"median": statistics.median(seconds), "min": min(seconds), "repeats": repeats}
 
 
+def to_host(tensor):
+    """One framework tensor as a numpy array: MXNet's NDArray has asnumpy; torch, TensorFlow and JAX take np.asarray."""
+    return tensor.asnumpy() if hasattr(tensor, "asnumpy") else np.asarray(tensor)
+
+
 def measure_allreduce(fw, spec, rank, world, devices):
     """Worker task 'allreduce': one buffer of spec.bytes summed across the run's processes."""
     x = np.ones(spec.bytes // 4, np.float32)
     (tensor,) = fw.split_and_load(x, devices[:1])
     (first,) = fw.allreduce([tensor])
-    (total,) = fw.to_numpy([first]).values()   # the contract's way back to numpy, for a one-tensor list
+    total = to_host(first)
     if not np.all(total == world):
         raise RuntimeError(f"the all-reduce summed to {float(total.flat[0])}, not {world}")
     repeats = spec.repeats or (5 if spec.bytes >= 16 * MB else 20)
@@ -102,21 +107,19 @@ def measure_allreduce(fw, spec, rank, world, devices):
 def measure_step(fw, spec, devices):
     """Worker task 'step': one scratch training step of spec.model (batch 256, one device), the compute an
     all-reduce would follow."""
-    from common.lenet import init_weights
+    from common.interface import StepSettings
+    from common.models import init_bn_state, init_weights
 
     from .loader import load_module
-    load_module(fw.name, "execution").use("default")
+    from .training import functional, network_of
+    model = functional(fw, network_of(spec))
+    settings = StepSettings(units=load_module(fw.name, "execution").compile("default", model))
     rng = np.random.default_rng(0)
     X = rng.standard_normal((spec.batch_size, 1, 28, 28)).astype(np.float32)
     y = rng.integers(0, 10, len(X))
-    if spec.model == "lenet":
-        replicas = [fw.get_params(init_weights(0), devices[0])]
-        step = lambda: fw.train_step(replicas, X, y, devices[:1], 0.01)   # noqa: E731
-    else:
-        net = load_module(fw.name, "resnet")
-        replicas = [net.get_params(resnet.init_weights(0, spec.width), devices[0])]
-        bn_states = [net.get_bn_state(resnet.init_bn_state(spec.width), devices[0])]
-        step = lambda: net.train_step(replicas, bn_states, X, y, devices[:1], 0.01)   # noqa: E731
+    replicas = [model.get_params(init_weights(spec.model, 0, width=spec.width), devices[0])]
+    bn_states = [model.get_bn_state(init_bn_state(spec.model, spec.width), devices[0])]
+    step = lambda: fw.train_step(model, replicas, bn_states, X, y, devices[:1], 0.01, settings=settings)   # noqa: E731
     return timed(step, lambda: fw.sync(devices), spec.repeats or (20 if spec.model == "lenet" else 10), warmup=3)
 
 

@@ -35,7 +35,6 @@ def gradient_allreduce(fw, spec, devices):
     chosen = spec.mode == "scratch" or spec.allreduce != "per-tensor"   # the engine's own unless bucketed by hand
     pattern = spec.allreduce if chosen else load_module(fw.name, "builtin").ALLREDUCE
     data_parallel, execution = load_module(fw.name, "data_parallel"), load_module(fw.name, "execution")
-    execution.use("default")
     per_parameter = [fw.split_and_load(np.ones((len(devices), n), np.float32), devices)
                      for n in gradient_sizes(spec.model, spec.width)]
     grads = [list(device_grads) for device_grads in zip(*per_parameter)]
@@ -51,9 +50,9 @@ def gradient_allreduce(fw, spec, devices):
 def measure(fw, spec, rank, world, devices):
     """Worker task 'collectives': the median seconds of the row's all-reduce of one step's gradients, after a
     check that it sums (every device's ones, over every process: the run's device count)."""
-    from .projection import timed
+    from .projection import timed, to_host
     allreduce, pattern = gradient_allreduce(fw, spec, devices)
-    (total,) = fw.to_numpy([allreduce()[0][0]]).values()   # in place or a new list: the first device's first
+    total = to_host(allreduce()[0][0])   # in place or a new list: the first device's first
     if not np.all(total == spec.devices):
         raise RuntimeError(f"the all-reduce summed to {float(total.flat[0])}, not {spec.devices}")
     return {**timed(allreduce, lambda: fw.sync(devices), REPEATS, WARMUP), "allreduce": pattern, "rank": rank}

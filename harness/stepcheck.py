@@ -16,15 +16,18 @@ from common import optim
 from common.batches import Order
 
 from .loader import load_module
-from .training import train
+from .spec import RunSpec
+from .training import Hooks, train
 
 
-def traced(runner, data, epochs, batch_size, optimizer, seed=0, min_size=1):
+def traced(runner, data, epochs, batch_size, optimizer, seed=0, min_size=1, max_steps=None):
     """Train `runner`; the weights before every step, then the final ones (copies: PyTorch's to_numpy hands out views
     of the live tensors, which the next step updates in place), and the training record."""
     trace = []
-    record = train(runner, data, epochs, batch_size, optimizer.lr, seed, min_size=min_size, optimizer=optimizer,
-                   before_step=lambda steps, runner: trace.append(copies(runner.weights())))
+    spec = RunSpec(runner.fw.name, runner.network.name, epochs=epochs, batch_size=batch_size, lr=optimizer.lr,
+                   seed=seed, devices=min_size, max_steps=max_steps)
+    record = train(runner, data, spec, optimizer,
+                   hooks=Hooks(before_step=lambda steps, runner: trace.append(copies(runner.weights()))))
     return trace + [copies(runner.weights())], record
 
 
@@ -33,25 +36,34 @@ def copies(weights):
     return {name: np.array(w) for name, w in weights.items()}
 
 
-def mean_gradient(fw, weights, X, y):
-    """The batch's mean gradient at canonical `weights`, from the framework's own scratch step on one device."""
+def mean_gradient(fw, model, weights, bn_state, X, y, n_devices=1):
+    """The batch's mean gradient at canonical `weights`, from the framework's own scratch loss_and_grads of `model` (a
+    Functional) on `n_devices` devices, summed: a local BatchNorm normalises each shard by its own statistics, so the
+    gradient depends on the split (a training-mode forward does not read the running statistics `bn_state`)."""
     dp = load_module(fw.name, "data_parallel")
-    (device,) = fw.get_devices(1)
-    (X,), (y,) = dp.split_and_load(X, [device]), dp.split_and_load(y, [device])
-    _, grads = dp.loss_and_grads(fw.get_params(weights, device), X, y)
-    return {k: g / np.float32(len(y)) for k, g in fw.to_numpy(grads).items()}
+    devices = fw.get_devices(n_devices)
+    X_shards, y_shards = dp.split_and_load(X, devices), dp.split_and_load(y, devices)
+    replicas = [model.get_params(weights, d) for d in devices]
+    bn_states = [model.get_bn_state(bn_state, d) for d in devices]
+    _, grads, _ = dp.loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices)
+    per_device = [model.to_numpy(device_grads) for device_grads in grads]
+    return {k: np.sum([g[k] for g in per_device], axis=0, dtype=np.float32) / np.float32(len(y)) for k in per_device[0]}
 
 
-def step_errors(fw, data, optimizer, trace, epochs, batch_size, seed=0, min_size=1):
+def step_errors(fw, data, optimizer, trace, epochs, batch_size, seed=0, min_size=1, model=None, bn_state=None,
+                n_devices=1, max_steps=None):
     """(the largest |weights after a step - the spec's step from the weights before it|, where), and the clipping
-    coefficients of the steps. `trace` is what `traced` returns for a run of these batches."""
+    coefficients of the steps. `trace` is what `traced` returns for a run of these batches; `model` the Functional
+    whose gradients the spec's step takes (the LeNet's by default), on `n_devices` devices, with `bn_state` for a
+    network with BatchNorm."""
+    model = model or load_module(fw.name, "lenet").Functional()
     order = Order(len(data.y_train), batch_size, seed, min_size)
-    batches = [rows for epoch in range(epochs) for rows, _ in order.parts(epoch, 0, 1)]
+    batches = [rows for epoch in range(epochs) for rows, _ in order.parts(epoch, 0, 1)][:max_steps]
     if len(trace) != len(batches) + 1:
         raise ValueError(f"a trace of {len(trace) - 1} steps for a run of {len(batches)}")
     state, worst, coefficients = optim.init_state(optimizer, trace[0]), (0.0, None), []
     for k, rows in enumerate(batches):
-        grads = mean_gradient(fw, trace[k], data.X_train[rows], data.y_train[rows])
+        grads = mean_gradient(fw, model, trace[k], bn_state, data.X_train[rows], data.y_train[rows], n_devices)
         coefficients.append(optimizer.clip_coefficient(grads))
         want, state = optim.step(optimizer, trace[k], grads, state)
         for name, value in want.items():

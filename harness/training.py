@@ -7,13 +7,15 @@ A run has `world` processes (1 unless an engine runs several); each one calls `t
 trains on its contiguous part of every global batch, dividing the summed gradient by the global batch
 size. `summarize` merges the per-process records into one run.
 """
+import collections
 import dataclasses
 import hashlib
 
 import numpy as np
 
 from common.batches import Order
-from common.interface import Network, RosettaError
+from common.buckets import bucket_bytes
+from common.interface import Network, StepSettings
 from common.models import has_batchnorm, init_bn_state, init_weights
 from common.optim import Optimizer
 
@@ -23,29 +25,26 @@ from .timing import Timer
 LOGGED_STEPS = 2000   # per-step losses kept, for the parity checks and the loss curves
 
 
-def check_resnet_optimizer(optimizer):
-    """The ResNet's steps are the recipe's SGD, at the rate train() hands each step: a schedule and a warm-up work,
-    a stateful optimizer, weight decay or clipping does not yet."""
-    if not optimizer.rate_only:
-        raise RosettaError("the ResNet trains with plain SGD (a schedule and a warm-up included; no momentum, Adam, "
-                           "weight decay or clipping yet): the optimizers' state is the LeNet's (issue 19)")
-
-
 class Scratch:
-    """The recipe from scratch: one replica per device and the framework's own train_step."""
+    """The recipe from scratch: one replica per device, the network as its framework writes it (`model`, a Functional
+    of lenet.py or resnet.py, in the run's layout) and the framework's one train_step, with the run's settings (the
+    all-reduce's buckets, the compiled units: common.interface.StepSettings)."""
 
-    def __init__(self, fw, devices, network=Network()):
-        self.fw, self.devices, self.network = fw, devices, network
+    def __init__(self, fw, devices, network=Network(), model=None, settings=StepSettings()):
+        self.fw, self.devices, self.network, self.settings = fw, devices, network, settings
+        self.functional = model or functional(fw, network)
 
     def initial_weights(self, seed, init):
         return init_weights(self.network.name, seed, init, width_of(self.network))
 
     def start(self, weights, optimizer, state=None):
-        """The replicas and, for a stateful optimizer, each one's state (the recipe's sgd has none): zero, or the
-        canonical `state` of a checkpoint."""
-        self.replicas = [self.fw.get_params(weights, d) for d in self.devices]
+        """The replicas, their BatchNorm state (None each for the LeNet) and, for a stateful optimizer, each one's
+        state (the recipe's sgd has none): zero, or the canonical `state` of a checkpoint."""
+        self.replicas = [self.functional.get_params(weights, d) for d in self.devices]
+        self.bn_states = [self.functional.get_bn_state(self.network.bn_state, d) for d in self.devices]
         self.states = None if optimizer.is_recipe else [
-            self.fw.init_state(r, optimizer) if state is None else self.fw.state_from_numpy(state, r, optimizer)
+            self.fw.init_state(r, optimizer) if state is None else self.fw.state_from_numpy(state, r, optimizer,
+                                                                                            self.functional)
             for r in self.replicas]
 
     def feed(self, data, order, rank, world):
@@ -59,69 +58,36 @@ class Scratch:
 
     def step(self, batch, lr, batch_size):
         X, y = batch
-        if self.states is None:
-            return self.fw.train_step(self.replicas, X, y, self.devices, lr, batch_size)
-        return self.fw.train_step(self.replicas, X, y, self.devices, lr, batch_size, self.states)
+        return self.fw.train_step(self.functional, self.replicas, self.bn_states, X, y, self.devices, lr, batch_size,
+                                  self.states, self.settings)
 
     def weights(self):
-        return self.fw.to_numpy(self.replicas[0])
+        return self.functional.to_numpy(self.replicas[0])
 
     def optimizer_state(self):
         """The first replica's optimizer state, canonical (common.optim.init_state's form)."""
-        return self.fw.state_to_numpy(self.states[0])
+        return self.fw.state_to_numpy(self.states[0], self.functional)
 
     def evaluate(self, X, y):
-        return self.fw.evaluate(self.replicas[0], X, y)
+        return self.fw.evaluate(self.functional, self.replicas[0], self.bn_states[0], X, y)
 
     def spread(self):
         """Largest |difference| between any replica's weights and the first one's: 0 when in sync."""
         first = self.weights()
-        return max((float(np.max(np.abs(self.fw.to_numpy(r)[k] - first[k])))
+        return max((float(np.max(np.abs(self.functional.to_numpy(r)[k] - first[k])))
                     for r in self.replicas[1:] for k in first), default=0.0)
 
     def sync(self):
         self.fw.sync(self.devices)
 
     def replica_bn_states(self):
-        return []   # the LeNet has no BatchNorm
+        """Each replica's running statistics, canonical ([] for a network without BatchNorm)."""
+        return [self.functional.bn_state_to_numpy(s) for s in self.bn_states if s is not None]
 
     def bn_state(self):
         """The running statistics a checkpoint keeps and evaluation uses: the first replica's (None: no BatchNorm)."""
         states = self.replica_bn_states()
         return states[0] if states else None
-
-
-class ScratchBN(Scratch):
-    """The recipe with BatchNorm (the framework's resnet.py): each replica also carries its running statistics,
-    its shard's (network.sync False) or the global batch's (True), which the step returns and the runner keeps."""
-
-    def __init__(self, fw, devices, network):
-        super().__init__(fw, devices, network)
-        self.net = load_module(fw.name, "resnet")
-
-    def start(self, weights, optimizer, state=None):
-        check_resnet_optimizer(optimizer)
-        self.replicas = [self.net.get_params(weights, d) for d in self.devices]
-        self.bn_states = [self.net.get_bn_state(self.network.bn_state, d) for d in self.devices]
-
-    def step(self, batch, lr, batch_size):
-        X, y = batch
-        return self.net.train_step(self.replicas, self.bn_states, X, y, self.devices, lr, batch_size,
-                                   sync=self.network.sync)
-
-    def weights(self):
-        return self.net.to_numpy(self.replicas[0])
-
-    def evaluate(self, X, y):
-        return self.net.evaluate(self.replicas[0], self.bn_states[0], X, y)
-
-    def spread(self):
-        first = self.weights()
-        return max((float(np.max(np.abs(self.net.to_numpy(r)[k] - first[k])))
-                    for r in self.replicas[1:] for k in first), default=0.0)
-
-    def replica_bn_states(self):
-        return [self.net.bn_state_to_numpy(s) for s in self.bn_states]
 
 
 class Builtin(Scratch):
@@ -131,18 +97,16 @@ class Builtin(Scratch):
     train_step(model, batch, lr, batch_size) -> mean loss, to_numpy(model), optimizer_state(model) (canonical)
     and evaluate(model, X, y); with a stateful optimizer its own schedule sets the rate, and lr is the spec's."""
 
-    def __init__(self, fw, devices, network=Network()):
-        super().__init__(fw, devices, network)
+    def __init__(self, fw, devices, network=Network(), bucket_bytes=None):
+        self.fw, self.devices, self.network, self.bucket_bytes = fw, devices, network, bucket_bytes
         self.engine = load_module(fw.name, "builtin")
         self.pipeline = load_module(fw.name, "pipeline")
 
     def start(self, weights, optimizer, state=None):
         """The engine's model and its trainer: the framework's own optimizer and schedule computing `optimizer`,
         from the canonical `state` of a checkpoint if given; the network and, for the ResNet, its BatchNorm."""
-        if has_batchnorm(self.network.name):
-            check_resnet_optimizer(optimizer)
-            optimizer = None   # the recipe's SGD, at the rate train() hands each step
-        self.model = self.engine.get_model(weights, self.devices, optimizer, state=state, network=self.network)
+        extra = {} if self.bucket_bytes is None else {"bucket_bytes": self.bucket_bytes}   # engines that bucket (JAX)
+        self.model = self.engine.get_model(weights, self.devices, optimizer, state=state, network=self.network, **extra)
 
     def feed(self, data, order, rank, world):
         self.loader = self.pipeline.make_loader(data, order, rank, world, self.model, self.devices)
@@ -184,8 +148,8 @@ class Idiomatic(Builtin):
     """The framework's minimal single-device loop (its folder's idiomatic.py: net, trainer, loss):
     the reference that shows what the from-scratch harness costs. Fed numpy batches, as the recipe is."""
 
-    def __init__(self, fw, devices, network=Network()):
-        Scratch.__init__(self, fw, devices, network)
+    def __init__(self, fw, devices, network=Network(), bucket_bytes=None):
+        self.fw, self.devices, self.network, self.bucket_bytes = fw, devices, network, None   # one device: no sum
         self.engine = load_module(fw.name, "idiomatic")
 
     feed, batches = Scratch.feed, Scratch.batches
@@ -208,12 +172,24 @@ def width_of(network):
     return None if network.bn_state is None else len(network.bn_state["stem.bn.running_mean"])
 
 
+def functional(fw, network, layout="default"):
+    """The network as the scratch step trains it: its framework's Functional (lenet.py's, or resnet.py's with the
+    run's BatchNorm), in `layout` (execution.layout's key; 'default': the network's own default, which is the
+    framework's usual layout but for PyTorch's ResNet, NCHW: its resnet.py says why)."""
+    laid_out = {} if layout == "default" else {"layout": load_module(fw.name, "execution").layout(layout)}
+    if has_batchnorm(network.name):
+        return load_module(fw.name, "resnet").Functional(sync=network.sync, **laid_out)
+    return load_module(fw.name, "lenet").Functional(**laid_out)
+
+
 def runner(spec, fw, devices):
-    """The mode's runner for the spec's network: the scratch recipe of a BatchNorm network is ScratchBN."""
+    """The mode's runner for the spec's network; the scratch one with the spec's layout, exec level and all-reduce."""
     network = network_of(spec)
-    if spec.mode == "scratch" and has_batchnorm(spec.model):
-        return ScratchBN(fw, devices, network)
-    return MODES[spec.mode](fw, devices, network)
+    if spec.mode != "scratch":
+        return MODES[spec.mode](fw, devices, network, bucket_bytes(spec.allreduce))
+    model = functional(fw, network, spec.layout)
+    units = load_module(fw.name, "execution").compile(spec.exec, model)
+    return Scratch(fw, devices, network, model, StepSettings(bucket_bytes(spec.allreduce), units))
 
 
 def steps_per_epoch(n, batch_size, min_size=1):
@@ -228,19 +204,26 @@ def digest(weights):
     return h.hexdigest()[:16]
 
 
-def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world=1, min_size=1,
-          progress=None, max_steps=None, weights=None, first_epoch=0, after_epoch=None, optimizer=None, state=None,
-          before_step=None, every_epoch_accuracy=False):
-    """Train this process's part; return its record: loss sums and sizes rather than means, so that
-    processes with shards of different sizes merge exactly. max_steps stops early (for parity checks).
-    `optimizer` (common/optim.py) is the update and its schedule, each step's rate passed to the step; None: the
-    recipe's plain SGD at rate lr. A resumed run's `state` is its optimizer's, canonical.
-    A resumed run starts from `weights` at `first_epoch` (harness/checkpoints.py): the remaining epochs see
-    the batches the uninterrupted run would. after_epoch(epochs done, runner) and before_step(steps done, runner)
-    run outside the timers, and so does every_epoch_accuracy's evaluation after each epoch (time to accuracy)."""
-    optimizer = optimizer or Optimizer(lr=lr)
-    runner.start(runner.initial_weights(seed, init) if weights is None else weights, optimizer, state)
-    order = Order(len(data.y_train), batch_size, seed, min_size)
+# Where a run starts: from the initial weights at epoch 0, or (harness/checkpoints.py's resume_point) from a
+# checkpoint's weights and canonical optimizer state after its epochs.
+Start = collections.namedtuple("Start", "weights state first_epoch", defaults=(None, None, 0))
+# What a run calls outside its timers: progress(steps, total, loss) on rank 0, before_step(steps done, runner),
+# after_epoch(epochs done, runner).
+Hooks = collections.namedtuple("Hooks", "progress before_step after_epoch", defaults=(None, None, None))
+
+
+def train(runner, data, spec, optimizer, rank=0, world=1, start=Start(), hooks=Hooks()):
+    """Train this process's part of the run `spec` (harness/spec.py: epochs, batch size, seed and init, max_steps to
+    stop early, target_accuracy to evaluate after every epoch); return its record: loss sums and sizes rather than
+    means, so that processes with shards of different sizes merge exactly. `optimizer` (common/optim.py) is the
+    update and its schedule, each step's rate passed to the step. A resumed run starts from `start` (the remaining
+    epochs see the batches the uninterrupted run would); the hooks run outside the timers, and so does the
+    evaluation after each epoch (time to accuracy)."""
+    epochs, batch_size, min_size, max_steps = spec.epochs, spec.batch_size, spec.devices, spec.max_steps
+    first_epoch, progress, before_step, after_epoch = start.first_epoch, *hooks
+    weights = runner.initial_weights(spec.seed, spec.init) if start.weights is None else start.weights
+    runner.start(weights, optimizer, start.state)
+    order = Order(len(data.y_train), batch_size, spec.seed, min_size)
     runner.feed(data, order, rank, world)
     record = {"epoch_loss_sums": [], "epoch_sizes": [], "epoch_seconds": [], "epoch_input_seconds": [],
               "step_loss_sums": [], "step_sizes": [], "step_seconds": [], "first_step_seconds": None,
@@ -286,7 +269,7 @@ def train(runner, data, epochs, batch_size, lr, seed=0, init="he", rank=0, world
         record["epoch_sizes"].append(size)
         record["epoch_seconds"].append(epoch_timer.seconds)
         record["epoch_input_seconds"].append(waited)
-        if every_epoch_accuracy:
+        if spec.target_accuracy is not None:
             record["epoch_test_accuracies"].append(runner.evaluate(data.X_test, data.y_test))
         if after_epoch:
             after_epoch(epoch + 1, runner)

@@ -108,9 +108,8 @@ def run(spec, started):
     from .checkpoints import resume_point, saver
     from .profile import profiler
     from .stepcheck import copies
-    from common.buckets import bucket_bytes
     from common.data import load_dataset
-    from .training import runner as runner_for, steps_per_epoch, train
+    from .training import Hooks, Start, runner as runner_for, steps_per_epoch, train
     data = load_dataset(spec.dataset, spec.data_dir, spec.n_synthetic, spec.seed)
     with joined(fw, spec) as (rank, world, devices):
         runner = runner_for(spec, fw, devices)
@@ -118,15 +117,12 @@ def run(spec, started):
             from .training import fed_rows
             return {"fed": fed_rows(runner, data, spec.epochs, spec.batch_size, spec.seed, rank, world,
                                     spec.devices), "rank": rank}
-        execution = load_module(fw.name, "execution") if spec.mode == "scratch" else None
-        # the built-in engines and reference loops run their own way, in their own layout
-        layout_name = execution.use_layout(spec.layout) if execution else runner.engine.LAYOUT
-        if execution:   # before use(): TensorFlow traces the step with it
-            load_module(fw.name, "data_parallel").BUCKET_BYTES = bucket_bytes(spec.allreduce)
-        elif spec.allreduce != "per-tensor":   # an engine whose psum is written by hand (common/buckets.py)
-            runner.engine.BUCKET_BYTES = bucket_bytes(spec.allreduce)
-        exec_name = execution.use(spec.exec) if execution else None   # an engine's: once it has built its model
-        compiles = execution.COMPILES[exec_name] if execution else runner.engine.COMPILES
+        if spec.mode == "scratch":   # the step's layout and compiled units are its own; the engines run their way
+            execution = load_module(fw.name, "execution")
+            layout_name, exec_name = execution.LAYOUTS[runner.functional.layout], execution.NAMES[execution.level(spec.exec)]
+            compiles = execution.COMPILES[exec_name]
+        else:
+            layout_name, exec_name, compiles = runner.engine.LAYOUT, None, runner.engine.COMPILES   # exec: once built
         per_epoch = steps_per_epoch(len(data.y_train), spec.batch_size, spec.devices)
         optimizer = spec.canonical_optimizer(per_epoch)
         weights, bn_state, state, first_epoch = resume_point(spec, optimizer, per_epoch)   # a fresh run: 0, and None
@@ -143,12 +139,9 @@ def run(spec, started):
             if profile_step:
                 profile_step(steps, runner)
         fresh_peak = reset_peak_rss()   # the data set's generation peak (docs/results.md) is not training's
-        record = train(runner, data, spec.epochs, spec.batch_size, spec.lr, spec.seed,
-                       spec.init, rank, world, min_size=spec.devices, progress=progress,
-                       max_steps=spec.max_steps, weights=weights, first_epoch=first_epoch,
-                       after_epoch=saver(spec, rank, optimizer), optimizer=optimizer, state=state,
-                       before_step=before_step if trace is not None or profile_step else None,
-                       every_epoch_accuracy=spec.target_accuracy is not None)
+        record = train(runner, data, spec, optimizer, rank, world, Start(weights, state, first_epoch),
+                       Hooks(progress, before_step if trace is not None or profile_step else None,
+                             saver(spec, rank, optimizer)))
         if finish_profile:
             finish_profile(runner)
         record.update(profiled)
