@@ -11,10 +11,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from common.interface import Model, Network, RosettaError, Unavailable
 
-from . import resnet
-from .data_parallel import evaluate as evaluate_params, sgd
+from . import lenet, resnet
+from .data_parallel import sgd
 from .execution import DEFAULT_LAYOUT, LAYOUTS
-from .idiomatic import build, evaluate as evaluate_idiomatic, is_resnet
+from .idiomatic import build, evaluate as evaluate_idiomatic, is_resnet, param_names
 from .lenet import loss_sum, to_numpy as params_to_numpy
 from .optimizer import Trainer, canonical_state, get_trainer
 
@@ -31,7 +31,8 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     otherwise nn.DataParallel over its GPUs, the module on the first one, as its documentation requires. The
     recipe's plain SGD (optimizer None or is_recipe) is torch.optim.SGD at the harness's rate; any other optimizer
     is optimizer.py's Trainer: torch.optim's class, its scheduler and the clipping norm, over the parameters of
-    the wrapped module, going on from a checkpoint's canonical `state` if given (every process loads the same one).
+    the wrapped module (the network's PARAM_NAMES order, the LeNet's or the ResNet's), going on from a checkpoint's
+    canonical `state` if given (every process loads the same one).
     The ResNet's BatchNorm under DDP: local (network.sync False) keeps DDP's default broadcast_buffers=True, rank 0's
     running statistics sent to every rank before each forward (each rank's shard then moves its own copy); sync is
     torch.nn.SyncBatchNorm, for DDP on GPUs (nn.DataParallel's replicas in one process it does not synchronise)."""
@@ -41,17 +42,19 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
         module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
     if dist.is_initialized() and len(devices) == 1:
         try:
-            net = DistributedDataParallel(module.to(device), device_ids=[device.index] if device.type == "cuda" else None)
+            net = DistributedDataParallel(module.to(device),
+                                          device_ids=[device.index] if device.type == "cuda" else None)
         except ValueError as err:   # torch's own reason: SyncBatchNorm runs on GPUs only
             raise Unavailable(f"torch.nn.SyncBatchNorm under DistributedDataParallel: {err}") from None
     elif not dist.is_initialized() and device.type == "cuda":
         net = nn.DataParallel(module.to(device), device_ids=[d.index for d in devices])
     else:
         raise RosettaError("PyTorch's built-in engine is DistributedDataParallel, one process per device, or on "
-                           "GPUs nn.DataParallel in one process: start it through compare.py or torchrun (docs/usage.md)")
+                           "GPUs nn.DataParallel in one process: start it through compare.py or torchrun "
+                           "(docs/usage.md)")
     if optimizer is None or optimizer.is_recipe:
         return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), device)
-    return Model(net, get_trainer(net.parameters(), optimizer, state), device)
+    return Model(net, get_trainer(net.parameters(), optimizer, state, param_names(module)), device)
 
 
 def train_step(model, batch, lr, batch_size):
@@ -108,10 +111,10 @@ def replica_bn_states(model):
 
 
 def optimizer_state(model):
-    return canonical_state(model.trainer.state_dict())
+    return canonical_state(model.trainer.state_dict(), model.trainer.names)
 
 
 def evaluate(model, X, y):
     if is_resnet(model.net.module):
         return evaluate_idiomatic(Model(model.net.module, None), X, y)
-    return evaluate_params(list(model.net.module.parameters()), X, y)
+    return lenet.accuracy(list(model.net.module.parameters()), X, y)   # build_model's kernels: the default layout

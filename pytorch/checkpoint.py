@@ -13,6 +13,7 @@ from common import resnet
 from common.lenet import PARAM_NAMES, init_weights
 
 from . import resnet as resnet_model
+from .idiomatic import param_names
 from .lenet import build_model
 from .optimizer import canonical_state, get_trainer
 
@@ -44,7 +45,8 @@ def load(path, width=None):
     if missing or unexpected:
         wrong = [f"{what} {', '.join(repr(key) for key in keys)}"
                  for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
-        raise RosettaError(f"{path}: not this {'LeNet' if width is None else 'ResNet'}'s state_dict: {'; '.join(wrong)}")
+        network = "LeNet" if width is None else "ResNet"
+        raise RosettaError(f"{path}: not this {network}'s state_dict: {'; '.join(wrong)}")
     return model.eval()
 
 
@@ -62,13 +64,23 @@ def read(path):
 def save_state(state, optimizer, path):
     """torch.optim's own optimizer and scheduler for `optimizer`, as the built-in and idiomatic modes build them
     (over a model's parameters(): the buffers' numbers are its parameters' order), started from the canonical
-    `state` and saved as they are."""
-    trainer = get_trainer(build_model(init_weights()).parameters(), optimizer, state)
+    `state` and saved as they are. The network is the one the state's names are of (`<slot>.<param name>`): the
+    LeNet, or the ResNet of the width of its stem's buffers (a state with no buffers, plain SGD's, is the LeNet's)."""
+    model = idiomatic(*any_weights(width_of_state(state)))
+    trainer = get_trainer(model.parameters(), optimizer, state, param_names(model))
     torch.save(trainer.state_dict(), path)
 
 
+def width_of_state(state):
+    """The ResNet's width read off a canonical state's buffers (common.resnet.width_of, on any slot's); None for a
+    state of the LeNet's parameters, or one with no buffers."""
+    stem = next((value for key, value in state.items() if key.endswith(".stem.conv.weight")), None)
+    return None if stem is None else resnet.width_of({"stem.conv.weight": stem})
+
+
 def read_state(path):
-    """The canonical state's entries as stored: the scheduler's step count, the buffers by parameter number."""
+    """The canonical state's entries as stored: the scheduler's step count, the buffers by parameter number, named
+    by the network with as many parameters (the LeNet's or the ResNet's names)."""
     return canonical_state(torch.load(path, map_location="cpu", weights_only=True))
 
 

@@ -1,21 +1,22 @@
 """Data parallelism from scratch in PyTorch: split the batch, forward and backward on every device,
 sum the gradients across devices, apply the same SGD update to every replica (or, with states, the same
-update of optimizer.py)."""
+update of optimizer.py). One step for every network: the network (a Functional of lenet.py or resnet.py) brings its
+forward, its loss and its BatchNorm state; the run's settings (the all-reduce's buckets, the compiled units) are
+the step's arguments."""
 import torch
 import torch.distributed as dist
 
 from common.buckets import plan
+from common.interface import StepSettings
 from common.sharding import shard_bounds
 
 from . import optimizer
-from .lenet import forward, loss_sum, to_layout
 
 
 def split_and_load(array, devices):
-    """torch.tensor copies: a shard never aliases the caller's numpy array, on the CPU as on a GPU. Images
-    get the strides of the chosen memory layout (to_layout): PyTorch picks its convolution path from them."""
-    return [to_layout(torch.tensor(array[a:b], device=d))
-            for (a, b), d in zip(shard_bounds(len(array), len(devices)), devices)]
+    """torch.tensor copies: a shard never aliases the caller's numpy array, on the CPU as on a GPU. The network lays
+    its images out itself (its Functional's layout): PyTorch picks its convolution path from their strides."""
+    return [torch.tensor(array[a:b], device=d) for (a, b), d in zip(shard_bounds(len(array), len(devices)), devices)]
 
 
 def allreduce(tensors):
@@ -29,9 +30,6 @@ def allreduce(tensors):
         for t in tensors[1:]:
             t.copy_(tensors[0].to(t.device))
     return tensors
-
-
-BUCKET_BYTES = None   # the run's --allreduce (common.buckets.bucket_bytes): None, one allreduce per parameter
 
 
 def allreduce_gradients(grads, bucket_bytes=None):
@@ -51,14 +49,15 @@ def allreduce_gradients(grads, bucket_bytes=None):
     return grads
 
 
-def sgd(params, grads, lr, batch_size):
-    """The recipe's update, lr / batch_size times the summed gradient, made in place (update)."""
-    update(params, grads, lr / batch_size)
+def sgd(params, grads, lr, batch_size, units=None):
+    """The recipe's update, lr / batch_size times the summed gradient, made in place by the unit `update` (of
+    `units`, a level's; None: as written)."""
+    (units or UNITS)["update"](params, grads, lr / batch_size)
 
 
-# The units of the step: execution.use replaces each name of UNITS (lenet.py's forward, imported above, too)
-# with its compiled form at the chosen level, or with the function as written here. PyTorch compiles the
-# forward (torch.compile; AOTAutograd compiles its backward).
+# The units of the step: a compiled level (execution.compile) hands train_step its own form of each name of UNITS,
+# or the function as written here. PyTorch compiles the network's forward inside loss_and_grads (torch.compile;
+# AOTAutograd compiles its backward).
 def update(params, grads, scale):
     """The SGD update of one replica, in place."""
     with torch.no_grad():
@@ -66,47 +65,43 @@ def update(params, grads, scale):
             p.sub_(g, alpha=scale)
 
 
-def loss_and_grads(params, X, y):
-    """One device's part of the step: its shard's summed loss and the gradients."""
-    loss = loss_sum(forward(params, X), y)
-    return loss.detach(), torch.autograd.grad(loss, params)
+def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices, compiled_forward=None):
+    """Every device's part of the step: its shard's summed loss, its replica's gradients and new BatchNorm state
+    (model.loss_and_grads; compiled_forward: the network's forward where a level compiles it)."""
+    return model.loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, compiled_forward)
 
 
-def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size, states=None, bucket_bytes=None):
+def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
+                   bucket_bytes=None, units=None):
     """The step on shards already on their devices: each device's loss and gradients, the gradients summed across
     devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same update on every replica (the
-    recipe's sgd, or optimizer.apply with each replica's state). Returns each device's summed loss."""
-    losses, grads = [], []
-    for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):
-        loss, device_grads = loss_and_grads(params, X_shard, y_shard)
-        losses.append(loss)
-        grads.append(device_grads)
+    recipe's sgd, or optimizer.apply with each replica's state). `units`: a level's, None as written. Returns each
+    device's summed loss and each replica's new BatchNorm state."""
+    units = units or UNITS
+    losses, grads, new_bn_states = units["loss_and_grads"](model, replicas, bn_states, X_shards, y_shards, devices)
     allreduce_gradients(grads, bucket_bytes)
     if states is None:
         for params, device_grads in zip(replicas, grads):
-            sgd(params, device_grads, lr, batch_size)
+            sgd(params, device_grads, lr, batch_size, units)
     else:
         for params, device_grads, state in zip(replicas, grads, states):
             optimizer.apply(params, device_grads, state, lr, batch_size)
-    return losses
+    return losses, new_bn_states
 
 
-UNITS = {"forward": forward, "update": update, "loss_and_grads": loss_and_grads, "step_on_shards": step_on_shards}
-# At import the units are what the default level makes them: eager, every one as written.
+UNITS = {"update": update, "loss_and_grads": loss_and_grads, "step_on_shards": step_on_shards}
 
 
-def train_step(replicas, X, y, devices, lr, batch_size=None, states=None):
+def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, settings=StepSettings()):
+    """One step of the network `model` on a numpy batch (common.interface.CONTRACT): the replicas and states in place,
+    the new running statistics into bn_states' slots. Returns the mean loss."""
+    units = settings.units or UNITS
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
-    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X), states,
-                            BUCKET_BYTES)
+    losses, bn_states[:] = units["step_on_shards"](model, replicas, bn_states, X_shards, y_shards, devices, lr,
+                                                   batch_size or len(X), states, settings.bucket_bytes, units)
     return sum(loss.item() for loss in losses) / len(X)
 
 
-def evaluate(params, X, y, batch_size=1000):
-    device = params[0].device
-    correct = 0
-    with torch.no_grad():
-        for i in range(0, len(X), batch_size):
-            X_batch = to_layout(torch.from_numpy(X[i:i + batch_size]).to(device))
-            correct += (forward(params, X_batch).argmax(1).cpu().numpy() == y[i:i + batch_size]).sum()
-    return float(correct) / len(X)
+def evaluate(model, replica, bn_state, X, y):
+    """Accuracy of one replica, in inference mode (the ResNet's BatchNorm by its running statistics)."""
+    return model.evaluate(replica, bn_state, X, y)

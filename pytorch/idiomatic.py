@@ -5,6 +5,7 @@ what the from-scratch recipe costs."""
 import torch
 import torch.nn.functional as F
 
+from common import lenet as lenet_spec, resnet as resnet_spec
 from common.interface import Model, Network, RosettaError, Unavailable
 
 from . import resnet
@@ -23,7 +24,8 @@ PORTS = ("canonical", "stock")
 def get_model(weights, devices, optimizer=None, state=None, port="canonical", network=Network()):
     """The recipe's plain SGD (optimizer None or is_recipe) is torch.optim.SGD at the harness's rate; any other
     optimizer is optimizer.py's Trainer, as in builtin.py, from a checkpoint's canonical `state` if given. The
-    network is the LeNet, or the ResNet with nn.BatchNorm2d (network.sync changes nothing on one device)."""
+    network is the LeNet, or the ResNet with nn.BatchNorm2d (network.sync changes nothing on one device); the
+    Trainer knows its parameters by the network's names (its state's)."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     if port not in PORTS:
@@ -31,7 +33,7 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
     net = build(weights, network).to(devices[0])
     if optimizer is None or optimizer.is_recipe:
         return Model(net, torch.optim.SGD(net.parameters(), lr=0.0))
-    return Model(net, get_trainer(net.parameters(), optimizer, state))
+    return Model(net, get_trainer(net.parameters(), optimizer, state, param_names(net)))
 
 
 def build(weights, network):
@@ -41,6 +43,12 @@ def build(weights, network):
 
 def is_resnet(net):
     return isinstance(net, resnet.ResNet)
+
+
+def param_names(net):
+    """The canonical names of the network's parameters(), in their order: build_model names its layers canonically
+    and registers them in forward order, PARAM_NAMES' order."""
+    return resnet_spec.PARAM_NAMES if is_resnet(net) else lenet_spec.PARAM_NAMES
 
 
 def train_step(model, X, y, devices, lr, batch_size=None):
@@ -76,7 +84,7 @@ def replica_bn_states(model):
 
 
 def optimizer_state(model):
-    return canonical_state(model.trainer.state_dict())
+    return canonical_state(model.trainer.state_dict(), model.trainer.names)
 
 
 def evaluate(model, X, y, batch_size=1000):

@@ -1,6 +1,7 @@
 """LeNet in PyTorch ops. A replica is the list of parameter tensors on one device, in
 common.lenet.PARAM_NAMES order; the axis order is canonical, so no conversion is needed (the memory layout,
-NCHW or NHWC strides, is to_layout's)."""
+NCHW or NHWC strides, is to_layout's). Functional is the network as the recipe's step trains it."""
+import dataclasses
 from collections import OrderedDict
 
 import numpy as np
@@ -12,26 +13,26 @@ from common.lenet import LAYERS, PARAM_NAMES, POOL
 
 
 # PyTorch picks its convolution path from the strides of the input and the kernel, so the memory layout is
-# set wherever they are made. execution.py names and chooses the layouts (LAYOUTS, DEFAULT_LAYOUT); builtin.py
-# and idiomatic.py run the default (nobody switches it in their processes).
+# set wherever they are made: a Functional's layout is its field, and every function here takes it as an argument.
+# execution.py names and chooses the layouts (LAYOUTS); builtin.py and idiomatic.py run the default one.
 MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
-layout = "nhwc"   # the scratch step's: execution.DEFAULT_LAYOUT at import; execution.use_layout replaces it
+DEFAULT_LAYOUT = "nhwc"   # execution.DEFAULT_LAYOUT: channels-last is faster here (execution.py says why)
 
 
-def to_layout(t):
+def to_layout(t, layout=DEFAULT_LAYOUT):
     """A 4-d tensor (images, conv kernels) with the strides of `layout`; others as they are. `.to(memory_format=)`
     sets them even with one channel, where both stride patterns pass as either format, so that
     `.contiguous(memory_format=)` may keep strides that PyTorch reads as the other layout."""
     return t.to(memory_format=MEMORY_FORMATS[layout]) if t.dim() == 4 else t
 
 
-def get_params(weights, device):
-    return [to_layout(torch.tensor(weights[name], device=device)).requires_grad_() for name in PARAM_NAMES]
+def get_params(weights, device, layout=DEFAULT_LAYOUT):
+    return [to_layout(torch.tensor(weights[name], device=device), layout).requires_grad_() for name in PARAM_NAMES]
 
 
 def forward(params, X):
-    """A unit of data_parallel.py's step: execution.use replaces it there with torch.compile(forward) at the
-    graph level."""
+    """The layout is in the strides of X and the kernels: the same code runs both. execution.py's graph level
+    compiles this function (torch.compile), which recompiles for the other strides."""
     w1, b1, w2, b2, w3, b3, w4, b4 = params
     h = F.avg_pool2d(F.relu(F.conv2d(X, w1, b1)), POOL)
     h = F.avg_pool2d(F.relu(F.conv2d(h, w2, b2)), POOL)
@@ -45,13 +46,66 @@ def loss_sum(logits, y):
     return F.cross_entropy(logits, y, reduction="sum")
 
 
+def loss_and_grads(params, X, y, forward=forward):
+    """One device's part of the step: its shard's summed loss and the gradients (`forward` as written, or as a
+    compiled level makes it)."""
+    loss = loss_sum(forward(params, X), y)
+    return loss.detach(), torch.autograd.grad(loss, params)
+
+
 def to_numpy(params):
     """C-ordered whatever the layout: channels-last kernels would otherwise come out with their strides."""
     return {name: np.ascontiguousarray(p.detach().cpu().numpy(), dtype=np.float32)
             for name, p in zip(PARAM_NAMES, params)}
 
 
-def build_model(weights):
+def accuracy(params, X, y, layout=DEFAULT_LAYOUT, batch_size=1000):
+    """Of one replica on numpy data, its batches laid out as its kernels are."""
+    device = params[0].device
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(X), batch_size):
+            X_batch = to_layout(torch.from_numpy(X[i:i + batch_size]).to(device), layout)
+            correct += (forward(params, X_batch).argmax(1).cpu().numpy() == y[i:i + batch_size]).sum()
+    return float(correct) / len(X)
+
+
+@dataclasses.dataclass(frozen=True)
+class Functional:
+    """The LeNet as the recipe's step trains it (common.interface.FUNCTIONAL): the functions above, in `layout`
+    (execution.layout's key). No BatchNorm: its state is None on every device."""
+    layout: str = DEFAULT_LAYOUT
+    name = "lenet"
+    param_names = PARAM_NAMES
+
+    def get_params(self, weights, device):
+        return get_params(weights, device, self.layout)
+
+    def get_bn_state(self, state, device):
+        return None
+
+    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices, compiled_forward=None):
+        """Each device's own loss and gradients, one device after another; on GPUs each call only queues the device's
+        kernels, so the devices work in parallel. Each shard is laid out as the replica's kernels are. The forward is
+        compiled_forward where a level compiles it (execution.py), else as written."""
+        losses, grads = [], []
+        for params, X, y in zip(replicas, X_shards, y_shards):
+            loss, device_grads = loss_and_grads(params, to_layout(X, self.layout), y, compiled_forward or forward)
+            losses.append(loss)
+            grads.append(device_grads)
+        return losses, grads, bn_states
+
+    def to_numpy(self, replica):
+        return to_numpy(replica)
+
+    def bn_state_to_numpy(self, bn_state):
+        return {}
+
+    def evaluate(self, replica, bn_state, X, y):
+        return accuracy(replica, X, y, self.layout)
+
+
+def build_model(weights, layout=DEFAULT_LAYOUT):
     """The same LeNet as an idiomatic nn.Module (for the built-in engines and the reference loop); its
     parameters come out in PARAM_NAMES order, so the scratch forward and to_numpy work on them too. The
     layers are named as in common.lenet, so its state_dict keys are the canonical names (conv1.weight, ...)."""

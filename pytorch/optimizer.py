@@ -7,9 +7,8 @@ import warnings
 import torch
 from torch.optim import lr_scheduler
 
+from common import lenet, resnet
 from common.optim import CLIP_EPS, STEP_FACTOR
-
-from .lenet import PARAM_NAMES, to_layout, to_numpy
 
 
 def init_state(replica, optimizer):
@@ -18,18 +17,19 @@ def init_state(replica, optimizer):
             **{slot: [torch.zeros_like(p) for p in replica] for slot in optimizer.slots}}
 
 
-def state_to_numpy(state):
+def state_to_numpy(state, model):
+    """Each slot's buffers named and C-ordered as `model` (a Functional) does its replica's parameters."""
     arrays = {"step": state["step"]}
     for slot in state["optimizer"].slots:
-        arrays.update({f"{slot}.{name}": value for name, value in to_numpy(state[slot]).items()})
+        arrays.update({f"{slot}.{name}": value for name, value in model.to_numpy(state[slot]).items()})
     return arrays
 
 
-def state_from_numpy(arrays, replica, optimizer):
+def state_from_numpy(arrays, replica, optimizer, model):
     state = init_state(replica, optimizer)
     state["step"] = int(arrays["step"])
     for slot in optimizer.slots:
-        for buffer, name in zip(state[slot], PARAM_NAMES):
+        for buffer, name in zip(state[slot], model.param_names):
             buffer.copy_(torch.from_numpy(arrays[f"{slot}.{name}"]))   # copy_ keeps the buffer's strides
     return state
 
@@ -66,10 +66,12 @@ def apply(params, grads, state, lr, batch_size):
 
 class Trainer(typing.NamedTuple):
     """What a PyTorch user holds beside the model: the optimizer, its learning-rate scheduler and the clipping norm
-    (None: no clipping). step() is the three lines after loss.backward() in PyTorch's examples."""
+    (None: no clipping). step() is the three lines after loss.backward() in PyTorch's examples. `names`: the
+    canonical names of the optimizer's parameters, in its order (the network's PARAM_NAMES), for the canonical state."""
     optimizer: torch.optim.Optimizer
     scheduler: lr_scheduler.LRScheduler
     clip_norm: float | None
+    names: tuple | None = None
 
     def zero_grad(self):
         self.optimizer.zero_grad()
@@ -85,25 +87,27 @@ class Trainer(typing.NamedTuple):
 
     def state_dict(self):
         """What PyTorch's "saving and loading a general checkpoint" saves beside the model: the optimizer's
-        state_dict (its buffers by parameter number, in the model's parameters() order, which is PARAM_NAMES';
+        state_dict (its buffers by parameter number, in the model's parameters() order, which is `names`';
         Adam's step count per parameter) and the scheduler's (its last_epoch is the steps done: SGD counts none)."""
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load(self, state):
         """Put the canonical `state` into this new trainer, so that its next update is step state["step"] of the run.
-        The buffers go in through the optimizer's load_state_dict as they are, in the model's layout (to_layout: a
-        channels-last kernel's buffer is channels-last, as torch.optim's own are, so the update runs the same kernels;
-        a buffer of the wrong shape is saved as given, for the harness's read_state to name); Adam and AdamW also count
-        the steps per parameter (their bias corrections). The scheduler is stepped to the state's step, as the
-        interrupted run stepped it: the warm-up's and the cosine's rates are each computed from the previous one, so
-        only the same steps give the same rates, bit for bit."""
+        The buffers go in through the optimizer's load_state_dict as they are, in their parameter's layout (its
+        strides: a channels-last kernel's buffer is channels-last, as torch.optim's own are, so the update runs the
+        same kernels; a buffer of the wrong shape is saved as given, for the harness's read_state to name); Adam and
+        AdamW also count the steps per parameter (their bias corrections). The scheduler is stepped to the state's
+        step, as the interrupted run stepped it: the warm-up's and the cosine's rates are each computed from the
+        previous one, so only the same steps give the same rates, bit for bit."""
         optimizer, step = self.optimizer, state["step"]
         params = [p for group in optimizer.param_groups for p in group["params"]]
+        if self.names is None:
+            raise ValueError(f"a state for {len(params)} parameters with no names (get_trainer's names)")
         slots = sorted({key.split(".", 1)[0] for key in state if key != "step"})
         saved = optimizer.state_dict()
         saved["state"] = {}
-        for i, (p, name) in enumerate(zip(params, PARAM_NAMES)):
-            buffers = {slot: to_layout(torch.tensor(state[f"{slot}.{name}"], device=p.device)) for slot in slots}
+        for i, (p, name) in enumerate(zip(params, self.names)):
+            buffers = {slot: buffer_like(p, state[f"{slot}.{name}"]) for slot in slots}
             if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
                 buffers["step"] = torch.tensor(float(step))   # torch.optim's own form: a float32 tensor on the CPU
             saved["state"][i] = buffers
@@ -112,6 +116,13 @@ class Trainer(typing.NamedTuple):
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
             for _ in range(step):
                 self.scheduler.step()
+
+
+def buffer_like(p, array):
+    """The canonical array as a buffer of parameter p: on its device, with its strides (empty_like keeps a dense
+    tensor's); an array of another shape as it is."""
+    t = torch.tensor(array, device=p.device)
+    return torch.empty_like(p, requires_grad=False).copy_(t) if t.shape == p.shape else t
 
 
 def get_schedule(torch_optimizer, optimizer):
@@ -132,34 +143,50 @@ def get_schedule(torch_optimizer, optimizer):
     return lr_scheduler.SequentialLR(torch_optimizer, [linear, after], milestones=[warmup])
 
 
-def get_trainer(parameters, optimizer, state=None):
+def get_trainer(parameters, optimizer, state=None, names=None):
     """torch.optim's own classes with the spec's hyperparameters and its defaults for the rest (dampening 0, no
-    amsgrad): plain sgd is SGD without momentum; weight_decay is L2 in the gradient, except in AdamW. With a
-    canonical `state` (a checkpoint's), the trainer goes on from it (Trainer.load)."""
-    o = optimizer
+    amsgrad): plain sgd is SGD without momentum; weight_decay is L2 in the gradient, except in AdamW, on every
+    parameter (one group: BatchNorm's weight and bias and every bias too, torch.optim's default). `names`: the
+    parameters' canonical names in their order (the network's PARAM_NAMES), which the canonical state needs (None:
+    the LeNet's or the ResNet's, by their number). With a canonical `state` (a checkpoint's), the trainer goes on from
+    it (Trainer.load)."""
+    o, parameters = optimizer, list(parameters)
     if o.name in ("sgd", "momentum", "nesterov"):
         torch_optimizer = torch.optim.SGD(parameters, lr=o.lr, momentum=0.0 if o.name == "sgd" else o.momentum,
                                           nesterov=o.name == "nesterov", weight_decay=o.weight_decay)
     else:
         adam = torch.optim.AdamW if o.decoupled else torch.optim.Adam
         torch_optimizer = adam(parameters, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-    trainer = Trainer(torch_optimizer, get_schedule(torch_optimizer, o), o.clip_norm)
+    names = NAMES_BY_COUNT.get(len(parameters)) if names is None else tuple(names)
+    trainer = Trainer(torch_optimizer, get_schedule(torch_optimizer, o), o.clip_norm, names)
     if state is not None:
         trainer.load(state)
     return trainer
 
 
-def canonical_state(saved):
+# The networks' parameter names by their number: a file of torch.optim's state numbers its parameters, no more
+NAMES_BY_COUNT = {len(names): names for names in (lenet.PARAM_NAMES, resnet.PARAM_NAMES)}
+
+
+def canonical_state(saved, names=None):
     """The canonical state (common.optim.init_state's form) in a Trainer.state_dict(), its arrays as stored but
     C-ordered copies: a channels-last buffer's numpy view keeps its strides, and a view of a live buffer would
-    change under its caller with the next update. Adam's step counts must be the scheduler's."""
+    change under its caller with the next update. Adam's step counts must be the scheduler's. `names`: the
+    parameters' canonical names in the optimizer's order; None: the LeNet's or the ResNet's, whichever network has
+    as many parameters as the optimizer (the ResNet has as many at every width)."""
     if not isinstance(saved, dict) or set(saved) != {"optimizer", "scheduler"}:   # e.g. a model's weights
         raise ValueError("not an optimizer and scheduler checkpoint (Trainer.state_dict)")
     step, buffers = saved["scheduler"]["last_epoch"], saved["optimizer"]["state"]
-    if set(buffers) - set(range(len(PARAM_NAMES))):
-        raise ValueError(f"state for {len(buffers)} parameters; this LeNet has {len(PARAM_NAMES)}")
+    if names is None:
+        count = sum(len(group["params"]) for group in saved["optimizer"]["param_groups"])
+        if count not in NAMES_BY_COUNT:
+            raise ValueError(f"state for {count} parameters; the LeNet has {len(lenet.PARAM_NAMES)}, the ResNet "
+                             f"{len(resnet.PARAM_NAMES)}")
+        names = NAMES_BY_COUNT[count]
+    if set(buffers) - set(range(len(names))):
+        raise ValueError(f"state for {len(buffers)} parameters; this network has {len(names)}")
     state = {"step": step}
-    for i, name in enumerate(PARAM_NAMES):
+    for i, name in enumerate(names):
         for slot, value in buffers.get(i, {}).items():
             if slot == "step":
                 if float(value) != step:

@@ -1,7 +1,7 @@
 """d2l's ResNet-18 (common/resnet.py) in PyTorch ops. A replica is the list of parameter tensors on one device, in
 common.resnet.PARAM_NAMES order, and its BatchNorm state the list of running statistics in BN_STATE_NAMES order;
 the axis order is canonical, so no conversion is needed (the memory layout, NCHW or NHWC strides, is to_layout's,
-as in lenet.py).
+as in lenet.py). Functional is the network as the recipe's step trains it, with local or synchronised BatchNorm.
 
 The ResNet runs NCHW (contiguous), unlike the LeNet: PyTorch 2.13's CPU backward of this network in channels-last
 memory corrupts the heap whenever a shard has an odd number of images ("double free or corruption", measured at
@@ -10,30 +10,31 @@ convolution with fewer than 16 input channels reproduces it (oneDNN's jit_1x1 AV
 uxlfoundation/oneDNN#6035), yet computing those in NCHW alone did not cure the whole network. NCHW costs 4% here
 (238 against 229 ms a step at width 8, batch 256, 2 threads), and odd shards are common (157 = 79 + 78).
 """
+import dataclasses
+
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.nn as dist_nn
+import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
 
 from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, has_projection, layer_arguments,
                            layers)
 
-from . import data_parallel
-from .data_parallel import allreduce_gradients, sgd, split_and_load
-from .lenet import MEMORY_FORMATS, loss_sum
+from . import lenet
+from .lenet import loss_sum
 
-layout = "nchw"   # not lenet.layout's channels-last: see above
-
-
-def to_layout(t):
-    """A 4-d tensor with the strides of `layout` (lenet.to_layout, for this file's own `layout`)."""
-    return t.to(memory_format=MEMORY_FORMATS[layout]) if t.dim() == 4 else t
+LAYOUT = "nchw"   # the only one it runs in, whatever a run asks for (see above)
 
 
-def get_params(weights, device):
-    return [to_layout(torch.tensor(weights[name], device=device)).requires_grad_() for name in PARAM_NAMES]
+def to_layout(t, layout=LAYOUT):
+    """lenet.to_layout, NCHW unless asked otherwise."""
+    return lenet.to_layout(t, layout)
+
+
+def get_params(weights, device, layout=LAYOUT):
+    return [to_layout(torch.tensor(weights[name], device=device), layout).requires_grad_() for name in PARAM_NAMES]
 
 
 def get_bn_state(state, device):
@@ -52,7 +53,7 @@ def batch_statistics(hs, sync):
     (common.resnet.moments) give the mean, then their squared deviations from it give the variance (one pass of
     sums of squares, E[x^2] - E[x]^2, loses float32 digits where the mean is large against the spread: 1e-4 in the
     weights after one step here). Summed across this process's devices and, in a process group, across processes by
-    torch.distributed.nn's all_reduce, which autograd differentiates (its backward all-reduces the incoming
+    torch.distributed's functional all_reduce, which autograd differentiates (its backward all-reduces the incoming
     gradient): every shard's gradient then includes what flows through the statistics, as if one device held the
     whole batch."""
     if not sync:
@@ -67,9 +68,11 @@ def batch_statistics(hs, sync):
 
 
 def all_sum(parts):
-    """The sum of one tensor per device, on the first device: data_parallel.allreduce's sum, but differentiable."""
+    """The sum of one tensor per device, on the first device: data_parallel.allreduce's sum, but differentiable. The
+    functional collective is what PyTorch 2.13 names for it: torch.distributed.nn's all_reduce is deprecated and
+    refused under torch.compile ("not supported under torch.compile"), and this one compiles into the graph."""
     total = sum(part.to(parts[0].device) for part in parts)
-    return dist_nn.all_reduce(total) if dist.is_initialized() else total
+    return funcol.all_reduce(total, "sum", dist.group.WORLD) if dist.is_initialized() else total
 
 
 def batch_norm(ps, ss, name, hs, training, bn, sync, new_states):
@@ -84,20 +87,21 @@ def batch_norm(ps, ss, name, hs, training, bn, sync, new_states):
             new[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * batch_mean.detach()
             new[f"{name}.running_var"] = (1 - bn.momentum) * var + bn.momentum * unbiased.detach()
         running = [(batch_mean, batch_var) for batch_mean, batch_var, _ in statistics]
-    return [(h - mean.view(c)) * torch.rsqrt(var.view(c) + bn.eps) * p[f"{name}.weight"].view(c) + p[f"{name}.bias"].view(c)
-            for p, h, (mean, var) in zip(ps, hs, running)]
+    return [(h - mean.view(c)) * torch.rsqrt(var.view(c) + bn.eps) * p[f"{name}.weight"].view(c)
+            + p[f"{name}.bias"].view(c) for p, h, (mean, var) in zip(ps, hs, running)]
 
 
-def forward_shards(replicas, bn_states, X_shards, training, bn=CANONICAL_BN, sync=False):
+def forward_shards(replicas, bn_states, X_shards, training, bn=CANONICAL_BN, sync=False, layout=LAYOUT):
     """Every replica on its own shard, in lock-step, layer by layer: a synchronised BatchNorm needs every shard's
     moments before any shard is normalised. Logits per shard; in training mode also each replica's new BatchNorm
-    state (a list in BN_STATE_NAMES order). Nothing is updated in place."""
+    state (a list in BN_STATE_NAMES order). Nothing is updated in place. execution.py's graph level compiles this
+    function (torch.compile), the shards' all-reduces of a synchronised BatchNorm included."""
     ps, ss = [dict(zip(PARAM_NAMES, r)) for r in replicas], [dict(zip(BN_STATE_NAMES, s)) for s in bn_states]
     new_states = [{} for _ in replicas]
     convs = lambda name, hs: [conv(p, name, h) for p, h in zip(ps, hs)]   # noqa: E731
     norms = lambda name, hs: batch_norm(ps, ss, name, hs, training, bn, sync, new_states)   # noqa: E731
     relus = lambda hs: [F.relu(h) for h in hs]   # noqa: E731
-    hs = relus(norms("stem.bn", convs("stem.conv", [to_layout(X) for X in X_shards])))
+    hs = relus(norms("stem.bn", convs("stem.conv", [to_layout(X, layout) for X in X_shards])))
     for block, stride in BLOCKS:
         ys = relus(norms(f"{block}.bn1", convs(f"{block}.conv1", hs)))
         ys = norms(f"{block}.bn2", convs(f"{block}.conv2", ys))
@@ -109,9 +113,9 @@ def forward_shards(replicas, bn_states, X_shards, training, bn=CANONICAL_BN, syn
     return logits, [[new[name] for name in BN_STATE_NAMES] for new in new_states]
 
 
-def forward(params, bn_state, X, training, bn=CANONICAL_BN):
-    """Logits of the NCHW batch X on one replica; in training mode (batch statistics) also its new BatchNorm state."""
-    out = forward_shards([params], [bn_state], [X], training, bn)
+def forward(params, bn_state, X, training, bn=CANONICAL_BN, layout=LAYOUT):
+    """Logits of the batch X on one replica; in training mode (batch statistics) also its new BatchNorm state."""
+    out = forward_shards([params], [bn_state], [X], training, bn, layout=layout)
     return (out[0][0], out[1][0]) if training else out[0]
 
 
@@ -125,11 +129,11 @@ def bn_state_to_numpy(bn_state):
     return {name: t.detach().cpu().numpy().astype(np.float32) for name, t in zip(BN_STATE_NAMES, bn_state)}
 
 
-def loss_and_grads(replicas, bn_states, X_shards, y_shards, sync):
+def loss_and_grads(replicas, bn_states, X_shards, y_shards, sync=False, layout=LAYOUT, forward_shards=forward_shards):
     """The devices' summed losses and each replica's gradients, from one backward through the whole lock-step
     forward: with sync, a replica's gradient includes what reaches it through the other shards' statistics. Also the
-    replicas' new BatchNorm states."""
-    logits, new_states = forward_shards(replicas, bn_states, X_shards, True, CANONICAL_BN, sync)
+    replicas' new BatchNorm states. `forward_shards` as written, or as a compiled level makes it."""
+    logits, new_states = forward_shards(replicas, bn_states, X_shards, True, CANONICAL_BN, sync, layout)
     losses = [loss_sum(out, y) for out, y in zip(logits, y_shards)]
     params = [p for replica in replicas for p in replica]
     grads = torch.autograd.grad(sum(loss.to(losses[0].device) for loss in losses), params)
@@ -137,26 +141,51 @@ def loss_and_grads(replicas, bn_states, X_shards, y_shards, sync):
     return [loss.detach() for loss in losses], [grads[i * n:(i + 1) * n] for i in range(len(replicas))], new_states
 
 
-def train_step(replicas, bn_states, X, y, devices, lr, batch_size=None, sync=False):
-    """data_parallel.train_step with BatchNorm: the shards' forward in lock-step (batch_statistics), then the
-    recipe's all-reduce of the gradients and its update; the replicas' new running statistics go into bn_states."""
-    X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
-    losses, grads, bn_states[:] = loss_and_grads(replicas, bn_states, X_shards, y_shards, sync)
-    grads = allreduce_gradients(grads, data_parallel.BUCKET_BYTES)
-    for params, device_grads in zip(replicas, grads):
-        sgd(params, device_grads, lr, batch_size or len(X))
-    return sum(loss.item() for loss in losses) / len(X)
-
-
-def evaluate(params, bn_state, X, y, batch_size=1000):
-    """Inference mode: every image normalised by the running statistics."""
+def accuracy(params, bn_state, X, y, layout=LAYOUT, batch_size=1000):
+    """Of one replica on numpy data, in inference mode: every image normalised by the running statistics."""
     device = params[0].device
     correct = 0
     with torch.no_grad():
         for i in range(0, len(X), batch_size):
-            logits = forward(params, bn_state, torch.from_numpy(X[i:i + batch_size]).to(device), training=False)
+            X_batch = torch.from_numpy(X[i:i + batch_size]).to(device)
+            logits = forward(params, bn_state, X_batch, training=False, layout=layout)
             correct += (logits.argmax(1).cpu().numpy() == y[i:i + batch_size]).sum()
     return float(correct) / len(X)
+
+
+@dataclasses.dataclass(frozen=True)
+class Functional:
+    """The ResNet as the recipe's step trains it (common.interface.FUNCTIONAL): the functions above, every shard in
+    lock-step, with local BatchNorm or (sync, --bn sync) the global batch's statistics. Its layout is NCHW whatever it
+    is given (see above): the field then says what runs, in the table's layout column too."""
+    layout: str = LAYOUT
+    sync: bool = False
+    name = "resnet18"
+    param_names = PARAM_NAMES
+
+    def __post_init__(self):
+        object.__setattr__(self, "layout", LAYOUT)   # frozen: dataclasses' own way to set a field in __post_init__
+
+    def get_params(self, weights, device):
+        return get_params(weights, device, self.layout)
+
+    def get_bn_state(self, state, device):
+        return get_bn_state(state, device)
+
+    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices, compiled_forward=None):
+        """The lock-step forward of every shard and one backward; compiled_forward is forward_shards where a level
+        compiles it (execution.py)."""
+        return loss_and_grads(replicas, bn_states, X_shards, y_shards, self.sync, self.layout,
+                              compiled_forward or forward_shards)
+
+    def to_numpy(self, replica):
+        return to_numpy(replica)
+
+    def bn_state_to_numpy(self, bn_state):
+        return bn_state_to_numpy(bn_state)
+
+    def evaluate(self, replica, bn_state, X, y):
+        return accuracy(replica, bn_state, X, y, self.layout)
 
 
 class Residual(nn.Module):
@@ -207,7 +236,7 @@ def build_model(weights, bn_state, bn=CANONICAL_BN):
     state = {name: torch.from_numpy(np.asarray(a)) for name, a in {**weights, **bn_state}.items()}
     missing = model.load_state_dict(state, strict=False).missing_keys
     assert all(key.endswith("num_batches_tracked") for key in missing), missing
-    return model.to(memory_format=MEMORY_FORMATS[layout])
+    return model.to(memory_format=lenet.MEMORY_FORMATS[LAYOUT])
 
 
 def model_to_numpy(model):
