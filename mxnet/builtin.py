@@ -10,9 +10,8 @@ from mxnet import autograd, gluon, nd
 from common.interface import Model, Network, Unavailable
 
 from . import distributed as dist, resnet
-from .data_parallel import evaluate as evaluate_params
-from .idiomatic import build, evaluate as evaluate_gluon, is_resnet
-from .lenet import loss_sum, to_numpy as params_to_numpy
+from .idiomatic import build, canonical_names, evaluate as evaluate_gluon, is_resnet
+from .lenet import evaluate as evaluate_params, loss_sum, to_numpy as params_to_numpy
 from .optimizer import Trainer, get_trainer, canonical_state
 
 EXEC = "hybridize"
@@ -29,7 +28,8 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     size). Without a kvstore (kvstore=None) the Trainer would update each copy with its own gradient.
     The recipe's plain SGD (optimizer None or is_recipe) is Gluon's "sgd" at the harness's rate; any other
     optimizer is optimizer.py's Trainer: MXNet's optimizer and schedule, and clipping by global norm, from the
-    canonical `state` of a checkpoint if given (every context's updater, in every process, gets it).
+    canonical `state` of a checkpoint if given (every context's updater, in every process, gets it), for either
+    network (its parameters by their canonical names: idiomatic.canonical_names).
     The ResNet's sync BatchNorm: SyncBatchNorm over this process's contexts (GPUs: written, not run here)."""
     if network.sync and dist.is_initialized():
         raise Unavailable("Gluon's contrib SyncBatchNorm synchronises the contexts of one process only, not a "
@@ -43,7 +43,7 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     if optimizer is None or optimizer.is_recipe:
         trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0}, **kvstore)
     else:
-        trainer = get_trainer(net.collect_params(), optimizer, state=state, **kvstore)
+        trainer = get_trainer(net.collect_params(), optimizer, canonical_names(net), state=state, **kvstore)
     # Broadcast the Parameters now, not in the first step (MXNet 1.9.1): there, across processes on the CPU, the
     # weights' pull can overtake the gradients' pushpull and come back holding the summed gradients; and in any
     # run it copies the first context's running statistics, already moved by the first backward, over every

@@ -5,15 +5,18 @@ block 0, conv2 block 3, fc1 and fc2 (whose ReLU is inside the Dense) blocks 6 an
 The optimizer state is Gluon's Trainer.save_states file: the pickle of its first updater's states by parameter index
 (the Trainer's numbering, by sorted names: optimizer.trainer_order) and of the optimizer itself, which counts the
 updates made (num_update) and holds its schedule. Its classes are optimizer.py's: the file unpickles where that
-module is loaded (this one imports it), and Trainer.load_states reads it into a Trainer(net.collect_params())."""
+module is loaded (this one imports it), and Trainer.load_states reads it into a Trainer(net.collect_params()) of the
+same network: the LeNet's numbers 8 parameters, a ResNet's all of its Parameters (the BatchNorms' running
+statistics too, which have no state)."""
 import mxnet as mx
 
 from common import resnet
 from common.lenet import PARAM_NAMES, init_weights
 
 from . import resnet as resnet_model
+from .idiomatic import canonical_names
 from .lenet import build_model
-from .optimizer import get_trainer, trainer_order, updater_state
+from .optimizer import buffers, get_trainer, trainer_order, updater_state
 
 KEYS = dict(zip(PARAM_NAMES, (f"{block}.{part}" for block in (0, 3, 6, 7) for part in ("weight", "bias"))))
 CHANNELS_LAST = False   # MXNet's layout is the canonical one
@@ -50,23 +53,41 @@ def read(path):
     return {key: value.asnumpy() for key, value in arrays.items()}
 
 
+def state_network(state):
+    """The idiomatic network a canonical optimizer state belongs to, read off its names (`<slot>.<name>`): a ResNet of
+    the stem's width if a name is the ResNet's, else the LeNet (a state without buffers, plain SGD's, fits either)."""
+    names = {key.split(".", 1)[1] for key in state if key != "step"}
+    if names & set(resnet.PARAM_NAMES):
+        width = next(a.shape[0] for key, a in state.items() if key.endswith(".stem.conv.weight"))
+        return idiomatic(*any_weights(width))
+    return idiomatic(*any_weights())
+
+
 def save_state(state, optimizer, path):
-    """The Trainer the built-in and idiomatic modes build for `optimizer`, started from the canonical `state`, saves
-    it: save_states(path)."""
-    net = build_model(init_weights())   # any weights: the file holds the trainer's state, not the model's
-    get_trainer(net.collect_params(), optimizer, state=state).save_states(path)
+    """The Trainer the built-in and idiomatic modes build for `optimizer` on the state's network (LeNet or ResNet, any
+    width), started from the canonical `state`, saves it: save_states(path)."""
+    net = state_network(state)   # any weights: the file holds the trainer's state, not the model's
+    get_trainer(net.collect_params(), optimizer, canonical_names(net), state=state).save_states(path)
 
 
 def read_state(path):
     """The file's buffers (canonical names, MXNet's layout) and step count, by what Trainer.load_states calls:
-    Updater.set_states on a fresh updater, which unpickles the states and the saved optimizer into it."""
+    Updater.set_states on a fresh updater, which unpickles the states and the saved optimizer into it. The network is
+    the one whose Trainer numbers as many trained parameters as the file has states: the LeNet's 8, or a ResNet's,
+    whose width the stem's buffer tells (the only 4-d buffer with one input channel)."""
     fresh = mx.optimizer.SGD()
     updater = mx.optimizer.get_updater(fresh)
     with open(path, "rb") as file:
         updater.set_states(file.read())
     if updater.optimizer is fresh or not isinstance(updater.optimizer, mx.optimizer.Optimizer):
         raise ValueError("no optimizer in it (save_states saves one; get_states without dump_optimizer does not)")
-    return updater_state(updater, trainer_order(build_model(init_weights()).collect_params()))
+    if len(updater.states) == len(PARAM_NAMES):
+        net = idiomatic(*any_weights())
+    else:
+        stems = [a.shape[0] for state in updater.states.values() for a in buffers(state)
+                 if a.ndim == 4 and a.shape[1:] == resnet.layers(1)["stem.conv"][1][1:]]
+        net = idiomatic(*any_weights(stems[0] if stems else 1))   # no buffers: any width numbers them alike
+    return updater_state(updater, trainer_order(net.collect_params(), canonical_names(net)))
 
 
 def logits(model, X):

@@ -25,7 +25,8 @@ import mxnet as mx
 from mxnet.base import _LIB, check_call
 
 KV = None      # the process's dist kvstore, once init_process has run
-KEYS = set()   # the keys declared on it so far
+KEYS = {}      # (name, shape) -> the kvstore key declared for it
+FIRST_KEY = 10_000   # past a gluon.Trainer's keys (its parameters' numbers, from 0), which share the kvstore
 
 
 def backend(gpus):
@@ -59,12 +60,15 @@ def is_initialized():
     return KV is not None
 
 
-def all_reduce(t, key):
-    """The element-wise sum of t over all processes, in place: every worker pushes t under `key`, the
-    server adds the pushes up, every worker pulls the sum. A key is declared (kv.init, itself a barrier)
-    on its first use, so every process must use the same keys in the same order."""
-    if key not in KEYS:
+def all_reduce(t, name):
+    """The element-wise sum of t over all processes, in place: every worker pushes t under one key, the
+    server adds the pushes up, every worker pulls the sum. `name` says what t is (a tuple: a gradient's index, a
+    bucket's, a BatchNorm's sums), the same in every process; with t's shape it picks the key, so that a LeNet's and
+    a ResNet's, or two bucket sizes', never share a key in one process. A key is declared (kv.init, itself a
+    barrier) on its first use, so every process must use the same names in the same order."""
+    key = KEYS.get((name, t.shape))
+    if key is None:
+        key = KEYS[name, t.shape] = FIRST_KEY + len(KEYS)
         KV.init(key, t)
-        KEYS.add(key)
     KV.pushpull(key, t, out=t)
     return t

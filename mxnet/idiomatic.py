@@ -6,7 +6,7 @@ from mxnet import autograd, gluon, nd
 
 from common.interface import Model, Network, RosettaError, Unavailable
 
-from . import resnet
+from . import lenet, resnet
 from .lenet import build_model, to_numpy as params_to_numpy
 from .optimizer import CLASSES, Trainer, get_trainer, canonical_state
 
@@ -23,8 +23,9 @@ PORTS = tuple(CLASSES)
 def get_model(weights, devices, optimizer=None, state=None, port="canonical", network=Network()):
     """On one context the Trainer updates the weights itself (it makes no kvstore). The recipe's plain SGD
     (optimizer None or is_recipe) is Gluon's "sgd" at the harness's rate; any other optimizer is optimizer.py's
-    Trainer, as in builtin.py, from the canonical `state` of a checkpoint if given. The network is the LeNet, or
-    the ResNet with nn.BatchNorm (network.sync changes nothing on one context)."""
+    Trainer, as in builtin.py, from the canonical `state` of a checkpoint if given, for either network (its
+    parameters by their canonical names: canonical_names). The network is the LeNet, or the ResNet with nn.BatchNorm
+    (network.sync changes nothing on one context)."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     if port not in PORTS:
@@ -33,7 +34,7 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
     net.collect_params().reset_ctx(devices[0])
     if optimizer is None or optimizer.is_recipe:
         return Model(net, gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0}))
-    return Model(net, get_trainer(net.collect_params(), optimizer, port, state))
+    return Model(net, get_trainer(net.collect_params(), optimizer, canonical_names(net), port, state))
 
 
 def build(weights, network, sync_devices=None):
@@ -46,6 +47,11 @@ def build(weights, network, sync_devices=None):
 
 def is_resnet(net):
     return isinstance(net, resnet.ResNet)
+
+
+def canonical_names(net):
+    """Gluon name -> canonical name of the parameters the network trains: the LeNet's or the ResNet's."""
+    return (resnet if is_resnet(net) else lenet).canonical_names(net)
 
 
 def train_step(model, X, y, devices, lr, batch_size=None):

@@ -1,14 +1,18 @@
 """LeNet in MXNet ops. A replica is the list of parameter NDArrays on one context, in
-common.lenet.PARAM_NAMES order; MXNet's layout is PyTorch's, so no conversion is needed."""
+common.lenet.PARAM_NAMES order; MXNet's layout is PyTorch's, so no conversion is needed. Functional (at the end) is
+the network as the scratch step trains it."""
+import dataclasses
+
 import numpy as np
-from mxnet import gluon, nd
+from mxnet import autograd, gluon, nd
 
 from common.lenet import LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
 
 CONV1, CONV2, FC1 = (LAYERS[name][1] for name in ("conv1", "conv2", "fc1"))   # weight shapes
+DEFAULT_LAYOUT = "nchw"   # execution.LAYOUTS' only key, here so that the networks' files need not import execution.py
 
 
-def to_layout(X):
+def to_layout(X, layout=DEFAULT_LAYOUT):
     """A canonical NCHW batch in the convolutions' layout: as it is, NCHW being the only one MXNet's CPU
     Convolution takes (execution.py)."""
     return X
@@ -21,15 +25,14 @@ def get_params(weights, device):
     return params
 
 
-def forward(params, X, F=nd):
+def forward(params, X, F=nd, layout=DEFAULT_LAYOUT):
     """F is where the ops come from: mx.nd runs them one by one, mx.sym builds a graph of them, which is how
     hybridize traces this function (hybridized, below). A traced graph has no shapes to read: kernel sizes and
-    widths come from the spec. A unit of data_parallel.py's step: execution.use replaces it there with
-    hybridized(forward) at the graph level."""
+    widths come from the spec."""
     w1, b1, w2, b2, w3, b3, w4, b4 = params
     relu = {"act_type": "relu"}            # Activation, not F.relu: its oneDNN kernel is faster (docs/results.md)
     pool = {"kernel": (POOL, POOL), "stride": (POOL, POOL), "pool_type": "avg"}
-    h = F.Convolution(to_layout(X), w1, b1, kernel=CONV1[2:], num_filter=CONV1[0])
+    h = F.Convolution(to_layout(X, layout), w1, b1, kernel=CONV1[2:], num_filter=CONV1[0])
     h = F.Pooling(F.Activation(h, **relu), **pool)
     h = F.Convolution(h, w2, b2, kernel=CONV2[2:], num_filter=CONV2[0])
     h = F.Pooling(F.Activation(h, **relu), **pool)
@@ -50,8 +53,9 @@ class Traced(gluon.HybridBlock):
 
 
 def hybridized(function):
-    """`function` compiled by hybridize: traced once into a cached graph, as torch.compile or tf.function would;
-    static_alloc and static_shape also reuse its memory from step to step, as an idiomatic Gluon loop does."""
+    """`function`(params, X, F) compiled by hybridize: traced once into a cached graph, as torch.compile or tf.function
+    would; static_alloc and static_shape also reuse its memory from step to step, as an idiomatic Gluon loop does.
+    One block serves every context: the CachedOp keeps a graph's state per context."""
     block = Traced(function)
     block.hybridize(static_alloc=True, static_shape=True)
     return block
@@ -65,8 +69,31 @@ def loss_sum(logits, y):
     return cross_entropy(logits, y).sum()
 
 
+def loss_and_grads(replicas, X_shards, y_shards, forward=forward):
+    """Each context's summed loss on its shard and its replica's gradients (in its parameters' .grad): a record and a
+    backward per context, queued asynchronously, so the contexts work in parallel. `forward`(params, X): the written
+    one, or its hybridized graph."""
+    losses = []
+    for params, X, y in zip(replicas, X_shards, y_shards):
+        with autograd.record():
+            loss = loss_sum(forward(params, X), y)
+        loss.backward()
+        losses.append(loss)
+    return losses, [[p.grad for p in params] for params in replicas]
+
+
 def to_numpy(params):
     return {name: p.asnumpy().astype(np.float32) for name, p in zip(PARAM_NAMES, params)}
+
+
+def evaluate(params, X, y, forward=forward, batch_size=1000):
+    """Accuracy of one replica, outside autograd.record."""
+    device = params[0].context
+    correct = 0
+    for i in range(0, len(X), batch_size):
+        X_batch = nd.array(X[i:i + batch_size], ctx=device)
+        correct += (forward(params, X_batch).argmax(axis=1).asnumpy() == y[i:i + batch_size]).sum()
+    return float(correct) / len(X)
 
 
 def build_model(weights):
@@ -75,12 +102,55 @@ def build_model(weights):
     order; hybridized like the scratch forward."""
     nn = gluon.nn
     net = nn.HybridSequential()
-    net.add(nn.Conv2D(CONV1[0], CONV1[2:], in_channels=CONV1[1]), nn.Activation("relu"), nn.AvgPool2D(POOL),
-            nn.Conv2D(CONV2[0], CONV2[2:], in_channels=CONV2[1]), nn.Activation("relu"), nn.AvgPool2D(POOL),
-            nn.Dense(FC1[0], activation="relu", in_units=FC1[1]),   # flattens in C, H, W order
-            nn.Dense(NUM_CLASSES, in_units=FC1[0]))
+    with net.name_scope():   # names numbered within the net, whatever was made before (resnet.ResNet says why)
+        net.add(nn.Conv2D(CONV1[0], CONV1[2:], in_channels=CONV1[1]), nn.Activation("relu"), nn.AvgPool2D(POOL),
+                nn.Conv2D(CONV2[0], CONV2[2:], in_channels=CONV2[1]), nn.Activation("relu"), nn.AvgPool2D(POOL),
+                nn.Dense(FC1[0], activation="relu", in_units=FC1[1]),   # flattens in C, H, W order
+                nn.Dense(NUM_CLASSES, in_units=FC1[0]))
     net.initialize()
     for p, name in zip(net.collect_params().values(), PARAM_NAMES):
         p.set_data(nd.array(weights[name]))
     net.hybridize(static_alloc=True, static_shape=True)
     return net
+
+
+def canonical_names(net):
+    """Gluon name -> canonical name of every parameter build_model's net trains (optimizer.get_trainer's names)."""
+    return {p.name: name for p, name in zip(net.collect_params().values(), PARAM_NAMES)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Functional:
+    """The LeNet as the scratch step trains it (common.interface.FUNCTIONAL): replicas as lists of NDArrays, the
+    forward as a function of them. Its one setting is the layout (NCHW, the only one here)."""
+    layout: str = DEFAULT_LAYOUT
+    name = "lenet"
+    param_names = PARAM_NAMES
+
+    def get_params(self, weights, device):
+        return get_params(weights, device)
+
+    def get_bn_state(self, state, device):
+        return None   # no BatchNorm
+
+    def forward(self, params, X, F=nd):
+        return forward(params, X, F, self.layout)
+
+    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices):
+        return (*loss_and_grads(replicas, X_shards, y_shards, self.forward), bn_states)
+
+    def hybridized(self):
+        """loss_and_grads with the forward traced by hybridize (execution.py's graph level): one cached graph, its
+        backward too."""
+        compiled = hybridized(self.forward)
+        return lambda replicas, bn_states, X_shards, y_shards, devices: (
+            *loss_and_grads(replicas, X_shards, y_shards, compiled), bn_states)
+
+    def to_numpy(self, replica):
+        return to_numpy(replica)
+
+    def bn_state_to_numpy(self, bn_state):
+        return {}
+
+    def evaluate(self, replica, bn_state, X, y):
+        return evaluate(replica, X, y, self.forward)

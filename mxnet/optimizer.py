@@ -9,8 +9,6 @@ from mxnet import gluon, nd
 
 from common.optim import CLIP_EPS, STEP_FACTOR
 
-from .lenet import PARAM_NAMES, to_numpy
-
 
 def init_state(replica, optimizer):
     """zeros_like keeps each parameter's context."""
@@ -18,18 +16,19 @@ def init_state(replica, optimizer):
             **{slot: [nd.zeros_like(p) for p in replica] for slot in optimizer.slots}}
 
 
-def state_to_numpy(state):
+def state_to_numpy(state, model):
+    """Each slot's buffers named as `model` (a Functional) names its parameters: a slot is a replica's shape."""
     arrays = {"step": state["step"]}
     for slot in state["optimizer"].slots:
-        arrays.update({f"{slot}.{name}": value for name, value in to_numpy(state[slot]).items()})
+        arrays.update({f"{slot}.{name}": value for name, value in model.to_numpy(state[slot]).items()})
     return arrays
 
 
-def state_from_numpy(arrays, replica, optimizer):
+def state_from_numpy(arrays, replica, optimizer, model):
     state = init_state(replica, optimizer)
     state["step"] = int(arrays["step"])
     for slot in optimizer.slots:
-        for buffer, name in zip(state[slot], PARAM_NAMES):
+        for buffer, name in zip(state[slot], model.param_names):
             buffer[:] = arrays[f"{slot}.{name}"]   # copies into the buffer, on its context
     return state
 
@@ -187,28 +186,30 @@ def buffers(mx_state):
     return () if mx_state is None else (mx_state,) if isinstance(mx_state, nd.NDArray) else tuple(mx_state)
 
 
-def trainer_order(params):
-    """PARAM_NAMES in the order a gluon.Trainer numbers the model's ParameterDict `params` (which is in PARAM_NAMES
-    order): by their sorted names (Trainer.__init__ sorts the keys), conv0_bias before conv0_weight. The updaters'
-    states and update counts go by that number, so a states file fits any Trainer(net.collect_params())."""
-    canonical = dict(zip(params.keys(), PARAM_NAMES))
-    return [canonical[key] for key in sorted(params.keys())]
+def trainer_order(params, names):
+    """The canonical name of each parameter in the order a gluon.Trainer numbers the model's ParameterDict `params`:
+    by their sorted names (Trainer.__init__ sorts the keys), conv0_bias before conv0_weight. `names`: Gluon name ->
+    canonical name of every trained parameter (the network file's canonical_names); the rest (a BatchNorm's running
+    statistics, grad_req 'null': the Trainer numbers them but never updates them) get None. The updaters' states and
+    update counts go by that number, so a states file fits any Trainer(net.collect_params()) of the same network."""
+    return [names.get(key) for key in sorted(params.keys())]
 
 
 def updater_state(updater, names):
     """The canonical state (common.optim.init_state's form) of an Updater, what Trainer.save_states writes: its
-    states by the Trainer's index i, parameter names[i], and its optimizer's num_update, the updates made (the
-    largest count of any parameter on any context: one a step)."""
+    states by the Trainer's index i, parameter names[i] (None: not trained, no state), and its optimizer's
+    num_update, the updates made (the largest count of any parameter on any context: one a step)."""
     slot_names = slots(updater.optimizer)
-    if sorted(updater.states) != list(range(len(names))):
-        raise ValueError(f"states for parameters {sorted(updater.states)}, not LeNet's {len(names)}")
+    trained = [i for i, name in enumerate(names) if name is not None]
+    if sorted(updater.states) != trained:
+        raise ValueError(f"states for {len(updater.states)} parameters, not the network's {len(trained)}")
     state = {"step": int(updater.optimizer.num_update)}
-    for i, name in enumerate(names):
+    for i in trained:
         arrays = buffers(updater.states[i])
         if len(arrays) != len(slot_names):
             raise ValueError(f"{len(arrays)} buffers for parameter {i}; {type(updater.optimizer).__name__} keeps "
                              f"{len(slot_names)}")
-        state.update({f"{slot}.{name}": array.asnumpy() for slot, array in zip(slot_names, arrays)})
+        state.update({f"{slot}.{names[i]}": array.asnumpy() for slot, array in zip(slot_names, arrays)})
     return state
 
 
@@ -218,10 +219,10 @@ class Trainer(gluon.Trainer):
     gradients summed across contexts (and processes) by allreduce_grads, then clipped on every context, then the
     update. Clipping each context's gradients before the sum would clip a shard's norm, not the batch's."""
 
-    def __init__(self, params, optimizer, clip_norm=None, **kwargs):
+    def __init__(self, params, optimizer, names, clip_norm=None, **kwargs):
         super().__init__(params, optimizer, **kwargs)
         self.clip_norm = clip_norm
-        self.names = trainer_order(params)   # the canonical name of each index
+        self.names = trainer_order(params, names)   # the canonical name of each index (None: not trained)
 
     def step(self, batch_size, ignore_stale_grad=False):
         """The gradients are sums until update() rescales them by 1 / batch_size: the norm is clipped at
@@ -229,20 +230,25 @@ class Trainer(gluon.Trainer):
         (1e-6 * batch_size to the sum): the coefficients differ by ~1e-6 / norm, relative."""
         self.allreduce_grads()
         if self.clip_norm is not None:
-            for grads in zip(*(p.list_grad() for p in self._params)):   # one context's gradients
+            trained = [p for p in self._params if p.grad_req != "null"]   # running statistics have no gradient
+            for grads in zip(*(p.list_grad() for p in trained)):   # one context's gradients
                 gluon.utils.clip_global_norm(list(grads), self.clip_norm * batch_size, check_isfinite=False)
         self.update(batch_size, ignore_stale_grad)
 
 
-def get_trainer(params, optimizer, port="canonical", state=None, **kwargs):
-    """The gluon.Trainer of a stateful optimizer: its own schedule sets the rate, not set_learning_rate. kwargs:
-    the kvstore's, as for any gluon.Trainer. Every context's updater (one each, sharing the optimizer) gets its
-    state now rather than at its first update, as Trainer.load_states leaves them: zeros, or with a canonical `state`
-    (a checkpoint's) its buffers, the optimizer's count of updates starting at its step."""
-    trainer = Trainer(params, get_optimizer(optimizer, port, 0 if state is None else state["step"]),
+def get_trainer(params, optimizer, names, port="canonical", state=None, **kwargs):
+    """The gluon.Trainer of a stateful optimizer: its own schedule sets the rate, not set_learning_rate. `names`: the
+    network's Gluon name -> canonical name of each trained parameter (lenet.canonical_names, resnet.canonical_names).
+    kwargs: the kvstore's, as for any gluon.Trainer. Every context's updater (one each, sharing the optimizer) gets
+    its state now rather than at its first update, as Trainer.load_states leaves them: zeros, or with a canonical
+    `state` (a checkpoint's) its buffers, the optimizer's count of updates starting at its step; a parameter that is
+    not trained (grad_req 'null') gets none."""
+    trainer = Trainer(params, get_optimizer(optimizer, port, 0 if state is None else state["step"]), names,
                       optimizer.clip_norm, **kwargs)
     for context, updater in enumerate(trainer._updaters):
         for i, (name, param) in enumerate(zip(trainer.names, trainer._params)):
+            if name is None:
+                continue
             weight = param.list_data()[context]
             updater.states[i] = (updater.optimizer.create_state_multi_precision(i, weight) if state is None
                                  else mx_state(state, optimizer, name, weight.context))
