@@ -2,6 +2,7 @@
 installed, and a failure where its folder is broken; a time limit on every test; compare.py and hand-launched
 processes as a user starts them; the real processes of a run, found by a tag in their environment."""
 import atexit
+import functools
 import os
 import shutil
 import signal
@@ -59,6 +60,38 @@ def installed_frameworks():
             if REQUIRE_ALL:
                 skip_not_installed(str(err))
     return available
+
+
+@functools.cache
+def scratch(name, network="lenet", layout="default", sync=False, level="default", bucket_bytes=None):
+    """(model, settings) of a framework's scratch step: the network's Functional (lenet.py's, or resnet.py's with
+    --bn sync or local) in `layout`, and the run's settings (execution.compile's units at `level`, the all-reduce's
+    buckets). Cached: a tf.function or a jit is made once per configuration, as a run makes it once."""
+    from common.interface import StepSettings
+    from harness.loader import load_module
+    from common.interface import Network
+    from harness.training import functional
+    execution = load_module(name, "execution")
+    model = functional(load_framework(name), Network("lenet" if network == "lenet" else "resnet18", None, sync),
+                       layout)
+    return model, StepSettings(bucket_bytes, execution.compile(level, model))
+
+
+def train_steps(fw, replicas, X, y, devices, lr, batch_size=None, states=None, bn_states=None, **configuration):
+    """One data_parallel.train_step of the `configuration`'s scratch step (scratch()'s arguments) on `replicas`."""
+    model, settings = scratch(fw.name, **configuration)
+    bn_states = [None] * len(replicas) if bn_states is None else bn_states
+    return fw.train_step(model, replicas, bn_states, X, y, devices, lr, batch_size, states, settings)
+
+
+def replicas_of(fw, weights, devices, **configuration):
+    """One replica of canonical `weights` per device, as the configuration's model lays them out."""
+    model, _ = scratch(fw.name, **configuration)
+    return [model.get_params(weights, d) for d in devices]
+
+
+def weights_of(fw, replica, **configuration):
+    return scratch(fw.name, **configuration)[0].to_numpy(replica)
 
 
 @pytest.fixture(params=FRAMEWORKS)

@@ -7,7 +7,7 @@ from common import FRAMEWORKS
 from common import resnet as resnet_spec
 from common.buckets import BUCKET_MB, bucket_bytes, plan
 from common.lenet import PARAM_SHAPES, init_weights
-from conftest import framework_or_skip
+from conftest import framework_or_skip, replicas_of, scratch, train_steps, weights_of
 from harness.loader import load_module
 
 SMALL = 4096   # bytes: the LeNet's 8 gradients in 5 buckets, its dense weights (48,000 bytes) each alone in one
@@ -47,7 +47,7 @@ def gradients(name, devices, seed):
     fw = framework_or_skip(name)
     grads = []
     for i, d in enumerate(fw.get_devices(devices)):
-        replica = fw.get_params(init_weights(seed + i), d)
+        (replica,) = replicas_of(fw, init_weights(seed + i), [d])
         if name == "pytorch":
             grads.append([p.detach().clone() for p in replica])
         elif name == "tensorflow":
@@ -76,31 +76,16 @@ def test_the_bucketed_sum_is_the_per_tensor_sum(name, devices):
             np.testing.assert_allclose(want[d][i], total[i], rtol=1e-6, err_msg=f"device {d}, parameter {i}")
 
 
-@pytest.fixture
-def bucketed_step():
-    """Sets each framework's BUCKET_BYTES for one test, and the per-tensor all-reduce back after it."""
-    touched = []
-
-    def set_to(name, value):
-        dp = load_module(name, "data_parallel")
-        touched.append(dp)
-        dp.BUCKET_BYTES = value
-    yield set_to
-    for dp in touched:
-        dp.BUCKET_BYTES = None
-
-
 @pytest.mark.parametrize("name", FRAMEWORKS)
-def test_a_bucketed_lenet_step_is_the_per_tensor_step(name, digits, bucketed_step):
+def test_a_bucketed_lenet_step_is_the_per_tensor_step(name, digits):
     fw = framework_or_skip(name)
     devices = fw.get_devices(2)
     X, y = digits.X_train[:97], digits.y_train[:97]
     results = []
     for cap in (None, SMALL, bucket_bytes("bucketed")):
-        bucketed_step(name, cap)
-        replicas = [fw.get_params(init_weights(3), d) for d in devices]
-        loss = fw.train_step(replicas, X, y, devices, 0.2)
-        results.append((loss, [fw.to_numpy(r) for r in replicas]))
+        replicas = replicas_of(fw, init_weights(3), devices)
+        loss = train_steps(fw, replicas, X, y, devices, 0.2, bucket_bytes=cap)
+        results.append((loss, [weights_of(fw, r) for r in replicas]))
     (want_loss, want), *others = results
     for loss, replicas in others:
         assert loss == want_loss
@@ -111,22 +96,21 @@ def test_a_bucketed_lenet_step_is_the_per_tensor_step(name, digits, bucketed_ste
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FRAMEWORKS)
-def test_a_bucketed_resnet_step_is_the_per_tensor_step(name, bucketed_step):
+def test_a_bucketed_resnet_step_is_the_per_tensor_step(name):
     """Width 8 and 7 images (shards of 4 and 3), as tests/test_resnet_training.py's: JAX compiles each shard's step
     per shape, and these are compiled already when the suite runs both."""
     fw = framework_or_skip(name)
-    resnet = load_module(name, "resnet")
     devices = fw.get_devices(2)
     rng = np.random.default_rng(0)
     X = rng.normal(0, 1, (7, *resnet_spec.IMAGE_SHAPE)).astype(np.float32)
     y = rng.integers(0, resnet_spec.NUM_CLASSES, 7)
     results = []
     for cap in (None, SMALL):
-        bucketed_step(name, cap)
-        replicas = [resnet.get_params(resnet_spec.init_weights(0, 8), d) for d in devices]
-        bn_states = [resnet.get_bn_state(resnet_spec.init_bn_state(8), d) for d in devices]
-        resnet.train_step(replicas, bn_states, X, y, devices, 0.1)
-        results.append([resnet.to_numpy(r) for r in replicas])
+        model, _ = scratch(name, "resnet")
+        replicas = [model.get_params(resnet_spec.init_weights(0, 8), d) for d in devices]
+        bn_states = [model.get_bn_state(resnet_spec.init_bn_state(8), d) for d in devices]
+        train_steps(fw, replicas, X, y, devices, 0.1, bn_states=bn_states, network="resnet", bucket_bytes=cap)
+        results.append([model.to_numpy(r) for r in replicas])
     want, got = results
     for replica in got:
         for key in want[0]:

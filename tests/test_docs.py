@@ -135,7 +135,12 @@ def test_the_framework_folders_hold_the_same_files():
 
 
 # PyTorch's own, with no counterpart in the others: nn.DataParallel's step with its four primitives (GPU only)
-PYTORCH_ONLY = {"builtin.py": {"primitives_step"}}
+# PyTorch's own: nn.DataParallel's primitives; and helpers of its translation that the others fold into their
+# Functional or need not (the strides a buffer keeps, Inductor's options per network, the parameters' names by count)
+PYTORCH_ONLY = {"builtin.py": {"primitives_step"}, "checkpoint.py": {"width_of_state"},
+                "execution.py": {"compiled_forward"}, "idiomatic.py": {"param_names"}, "optimizer.py": {"buffer_like"},
+                "lenet.py": {"accuracy", "loss_and_grads"}, "resnet.py": {"to_layout", "accuracy", "loss_and_grads",
+                                                                         "batch_statistics"}}
 
 
 @pytest.mark.parametrize("file", framework_files("pytorch"))

@@ -5,7 +5,7 @@ import pytest
 
 from common import FRAMEWORKS
 from common.lenet import init_weights
-from conftest import framework_or_skip
+from conftest import framework_or_skip, replicas_of, train_steps, weights_of
 from harness.loader import load_module
 
 
@@ -13,19 +13,18 @@ from harness.loader import load_module
 def test_the_expert_step_is_the_recipe_s_step(name, digits):
     fw = framework_or_skip(name)
     expert = load_module(name, "expert")
-    load_module(name, "execution").use("default")
     device = fw.get_devices(1)[0]
     X, y = digits.X_train[:64], digits.y_train[:64]
     mine = expert.get_model(init_weights(2), device)
     first = mine[0]
     losses = [expert.train_step(mine, X, y, device, 0.2, 64) for _ in range(2)]
-    replicas = [fw.get_params(init_weights(2), device)]
-    want = [fw.train_step(replicas, X, y, [device], 0.2) for _ in range(2)]
+    replicas = replicas_of(fw, init_weights(2), [device])
+    want = [train_steps(fw, replicas, X, y, [device], 0.2) for _ in range(2)]
     assert losses == pytest.approx(want, abs=1e-5) and losses[1] < losses[0]
     if name == "jax":   # its buffers donated: the old arrays are gone, the list holds the new ones
         assert first.is_deleted()
-    expected = fw.to_numpy(replicas[0])
-    for key, value in fw.to_numpy(mine).items():
+    expected = weights_of(fw, replicas[0])
+    for key, value in weights_of(fw, mine).items():
         np.testing.assert_allclose(value, expected[key], atol=1e-5, err_msg=key)
 
 

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from common import CONTRACT, RosettaError
-from common.interface import MODEL_CONTRACT, MODELS
+from common.interface import FUNCTIONAL, MODELS
 from common.lenet import PARAM_NAMES, PARAM_SHAPES, init_weights
+from conftest import replicas_of, scratch, train_steps, weights_of
 from harness.training import Scratch
 
 
@@ -33,10 +34,15 @@ def test_contract_is_complete(fw):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_file_meets_its_contract(fw, model):
-    """The model files beside lenet.py (common.interface.MODELS), loaded on their own: their names are lenet.py's."""
+    """lenet.py and resnet.py (common.interface.MODELS) each define the Functional the one scratch step trains, with
+    every member of FUNCTIONAL; the ResNet's no step of its own."""
     from harness.loader import load_module
     module = load_module(fw.name, model)
-    assert [name for name in MODEL_CONTRACT if not callable(getattr(module, name, None))] == []
+    functional = module.Functional()
+    assert [name for name in FUNCTIONAL if not hasattr(functional, name)] == []
+    assert functional.name == {"lenet": "lenet", "resnet": "resnet18"}[model]
+    assert not hasattr(module, "train_step")
+    assert hash(functional) == hash(module.Functional())   # a static argument of a compiled step
 
 
 def test_get_devices(fw):
@@ -83,7 +89,7 @@ def test_allreduce_sums_exactly_onto_every_device(fw, k):
 
 def test_get_params_and_to_numpy_round_trip(fw):
     weights = init_weights(3)
-    back = fw.to_numpy(fw.get_params(weights, fw.get_devices(1)[0]))
+    back = weights_of(fw, replicas_of(fw, weights, fw.get_devices(1))[0])
     assert list(back) == list(PARAM_NAMES)
     for name in PARAM_NAMES:
         assert back[name].shape == PARAM_SHAPES[name] and back[name].dtype == np.float32
@@ -92,11 +98,11 @@ def test_get_params_and_to_numpy_round_trip(fw):
 
 def run_steps(fw, n_devices, data, steps, batch=64, lr=0.1, seed=0):
     devices = fw.get_devices(n_devices)
-    replicas = [fw.get_params(init_weights(seed), d) for d in devices]
+    replicas = replicas_of(fw, init_weights(seed), devices)
     losses = []
     for s in range(steps):
         idx = slice(s * batch, (s + 1) * batch)
-        losses.append(fw.train_step(replicas, data.X_train[idx], data.y_train[idx], devices, lr))
+        losses.append(train_steps(fw, replicas, data.X_train[idx], data.y_train[idx], devices, lr))
     return losses, replicas
 
 
@@ -106,9 +112,9 @@ def test_train_step_on_several_devices_equals_one_device(fw, digits, n_devices):
     (loss_n,), many = run_steps(fw, n_devices, digits, 1, batch=61)   # uneven shards
     assert isinstance(loss_n, float)
     assert loss_n == pytest.approx(loss_1, abs=1e-5)
-    expected = fw.to_numpy(one)
+    expected = weights_of(fw, one)
     for replica in many:
-        for name, value in fw.to_numpy(replica).items():
+        for name, value in weights_of(fw, replica).items():
             np.testing.assert_allclose(value, expected[name], atol=1e-5)
     assert not np.allclose(expected["fc2.weight"], init_weights(0)["fc2.weight"])   # the step did update
 
@@ -122,7 +128,7 @@ def test_replicas_stay_identical_and_the_loss_falls(fw, digits):
 
 
 def test_evaluate_counts_correct_predictions(fw, digits):
-    replica = fw.get_params(init_weights(0), fw.get_devices(1)[0])
+    (replica,) = replicas_of(fw, init_weights(0), fw.get_devices(1))
     X, y = digits.X_test[:50], digits.y_test[:50]
     import torch
     import torch.nn.functional as F
@@ -130,18 +136,17 @@ def test_evaluate_counts_correct_predictions(fw, digits):
     h = F.avg_pool2d(F.relu(F.conv2d(torch.from_numpy(X), w["conv1.weight"], w["conv1.bias"])), 2)
     h = F.avg_pool2d(F.relu(F.conv2d(h, w["conv2.weight"], w["conv2.bias"])), 2).flatten(1)
     logits = F.linear(F.relu(F.linear(h, w["fc1.weight"], w["fc1.bias"])), w["fc2.weight"], w["fc2.bias"])
-    assert fw.evaluate(replica, X, y) == pytest.approx((logits.argmax(1).numpy() == y).mean())
+    assert fw.evaluate(scratch(fw.name)[0], replica, None, X, y) == pytest.approx((logits.argmax(1).numpy() == y).mean())
 
 
 def test_an_exec_level_a_framework_lacks_is_a_skip_not_a_failure(fw):
     from common.interface import Unavailable
     from harness.loader import load_module
     execution = load_module(fw.name, "execution")
-    assert execution.use("default") == execution.NAMES[execution.DEFAULT]
+    assert execution.level("default") == execution.DEFAULT
     if "xla" not in execution.NAMES:
         with pytest.raises(Unavailable, match=r"has no 'xla' mode here \(choose from eager, graph\)"):
-            execution.use("xla")
-    execution.use("default")
+            execution.level("xla")
 
 
 def broken_copy(tmp_path, monkeypatch, framework, break_it):

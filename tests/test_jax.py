@@ -4,7 +4,7 @@ import pytest
 
 from harness.loader import load_module
 from common.lenet import init_weights
-from conftest import framework_or_skip
+from conftest import framework_or_skip, replicas_of, train_steps, weights_of
 
 
 @pytest.fixture(scope="module")
@@ -25,14 +25,14 @@ def test_both_builtin_forms_compute_the_scratch_step(jax_fw, digits, form, n_dev
     builtin, pipeline = load_module("jax", "builtin"), load_module("jax", "pipeline")
     devices = jax_fw.get_devices(n_devices)
     X, y = digits.X_train[:batch_size], digits.y_train[:batch_size]
-    replicas = [jax_fw.get_params(init_weights(1), d) for d in devices]
-    ref_loss = jax_fw.train_step(replicas, X, y, devices, 0.2)
+    replicas = replicas_of(jax_fw, init_weights(1), devices)
+    ref_loss = train_steps(jax_fw, replicas, X, y, devices, 0.2)
     model = builtin.get_model(init_weights(1), devices, form=form)
     for _ in range(2):   # twice: the second step starts from the first one's replicated update
         loss = builtin.train_step(model, pipeline.global_batch(model.placement, devices, X, y, batch_size), 0.2, batch_size)
         if _ == 0:
             assert loss == pytest.approx(ref_loss, abs=1e-5)
-            weights, ref = builtin.to_numpy(model), jax_fw.to_numpy(replicas[0])
+            weights, ref = builtin.to_numpy(model), weights_of(jax_fw, replicas[0])
             for name in ref:
                 np.testing.assert_allclose(weights[name], ref[name], atol=1e-5, err_msg=name)
     for p in model.net:   # every device holds the same, updated parameters
@@ -41,8 +41,8 @@ def test_both_builtin_forms_compute_the_scratch_step(jax_fw, digits, form, n_dev
 
 
 @pytest.mark.parametrize("cap", [None, 25 * 2**20, 4 * 3000])
-def test_the_bucketed_builtin_step_makes_one_psum_a_bucket_and_the_same_step(jax_fw, digits, monkeypatch, cap):
-    """--allreduce bucketed (BUCKET_BYTES): XLA's CPU compiler leaves one all-reduce per gradient (8 for the LeNet, in
+def test_the_bucketed_builtin_step_makes_one_psum_a_bucket_and_the_same_step(jax_fw, digits, cap):
+    """--allreduce bucketed (get_model's bucket_bytes): XLA's CPU compiler leaves one all-reduce per gradient (8 for the LeNet, in
     both forms), so the shard_map form flattens them, one psum per bucket of common/buckets.py's plan (one at 25 MiB,
     five at 12 KB: the convolutions together, the dense layers' weights alone). Same step; the psums counted in the
     compiled program."""
@@ -52,8 +52,8 @@ def test_the_bucketed_builtin_step_makes_one_psum_a_bucket_and_the_same_step(jax
     builtin, pipeline = load_module("jax", "builtin"), load_module("jax", "pipeline")
     devices = jax_fw.get_devices(2)
     X, y = digits.X_train[:97], digits.y_train[:97]
-    monkeypatch.setattr(builtin, "BUCKET_BYTES", cap)
-    model = builtin.get_model(init_weights(1), devices, form=None if cap else "shard_map")   # bucketed: shard_map
+    model = builtin.get_model(init_weights(1), devices, form=None if cap else "shard_map",   # bucketed: shard_map
+                              bucket_bytes=cap)
     batch = pipeline.global_batch(model.placement, devices, X, y, 97)
     hlo = model.trainer.lower(model.net, *batch[:3], jnp.float32(0.2 / 97)).compile().as_text()
     sizes = [p.size for p in model.net]

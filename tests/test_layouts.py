@@ -1,6 +1,5 @@
 """Every memory layout computes the same step as the default one, the layout a run asks for is the one it
 gets (PyTorch: the strides of its batches and kernels), and the table names it on every row."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,28 +12,22 @@ from common.batches import Order, epoch_batches
 from common.interface import Unavailable
 from harness.loader import load_module
 from common.lenet import init_weights
-from conftest import ROOT, framework_or_skip, run_compare
+from conftest import ROOT, framework_or_skip, replicas_of, run_compare, scratch, train_steps, weights_of
 
 ALL_LAYOUTS = ("nchw", "nhwc")
 
 
 @pytest.fixture
 def execution(fw):
-    """The framework's execution module, back in its default layout and level after the test."""
-    module = load_module(fw.name, "execution")
-    yield module
-    module.use_layout("default")
-    module.use("default")
+    return load_module(fw.name, "execution")
 
 
 def one_step(fw, execution, layout, data, n_devices):
-    execution.use_layout(layout)   # before use(): a traced step keeps the layout it was traced with
-    execution.use("default")
     devices = fw.get_devices(n_devices)
-    replicas = [fw.get_params(init_weights(0), d) for d in devices]
+    replicas = replicas_of(fw, init_weights(0), devices, layout=layout)
     rows = epoch_batches(len(data.y_train), 256, 0, 0)[0]
-    loss = fw.train_step(replicas, data.X_train[rows], data.y_train[rows], devices, 0.2)
-    return loss, [fw.to_numpy(r) for r in replicas]
+    loss = train_steps(fw, replicas, data.X_train[rows], data.y_train[rows], devices, 0.2, layout=layout)
+    return loss, [weights_of(fw, r, layout=layout) for r in replicas]
 
 
 @pytest.mark.parametrize("n_devices", [1, 2])
@@ -50,26 +43,26 @@ def test_every_layout_computes_the_default_step(fw, execution, digits, n_devices
                 assert np.max(np.abs(replica[name] - value)) <= 1e-5, (fw.name, layout, name)
 
 
-def test_lenet_starts_in_the_default_layout(fw):
-    """execution.py's DEFAULT_LAYOUT is what lenet.py's `layout` holds at import: the layout builtin.py and
-    idiomatic.py run, and the scratch step's until use_layout. Read from a fresh copy of lenet.py (other tests
-    switch the loaded one's); MXNet's lenet.py has no `layout`, NCHW being its only one."""
+def test_a_functional_starts_in_the_default_layout_and_no_module_holds_one(fw):
+    """execution.py's DEFAULT_LAYOUT is the layout the LeNet's Functional gets when none is asked for (builtin.py's
+    and idiomatic.py's too; PyTorch's ResNet defaults to NCHW, its resnet.py says why); the layout is the model's
+    field, never a global of lenet.py or resnet.py that a step reads."""
     execution = load_module(fw.name, "execution")
-    path = os.path.join(ROOT, fw.name, "lenet.py")
-    spec = importlib.util.spec_from_file_location(f"rosetta_{fw.name}.fresh_lenet", path)
-    lenet = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lenet)
-    assert getattr(lenet, "layout", execution.DEFAULT_LAYOUT) == execution.DEFAULT_LAYOUT
+    assert load_module(fw.name, "lenet").Functional().layout == execution.DEFAULT_LAYOUT
+    assert load_module(fw.name, "resnet").Functional().layout == ("nchw" if fw.name == "pytorch"
+                                                                  else execution.DEFAULT_LAYOUT)
+    for name in ("lenet", "resnet"):
+        assert not hasattr(load_module(fw.name, name), "layout"), name
 
 
 def test_a_layout_a_framework_lacks_is_a_skip_with_its_reason(fw, execution):
-    assert execution.use_layout("default") == execution.LAYOUTS[execution.DEFAULT_LAYOUT]
+    assert execution.layout("default") == execution.DEFAULT_LAYOUT
     for layout in set(ALL_LAYOUTS) - set(execution.LAYOUTS):
         with pytest.raises(Unavailable, match=f"has no '{layout}' layout here"):
-            execution.use_layout(layout)
+            execution.layout(layout)
     if fw.name == "mxnet":
         with pytest.raises(Unavailable, match="takes NCHW only"):
-            execution.use_layout("nhwc")
+            execution.layout("nhwc")
     if fw.name == "tensorflow":   # NCHW pooling needs oneDNN on the CPU: on where TensorFlow turns it on
         assert ("nchw" in execution.LAYOUTS) == (execution.onednn_enabled() or fw.gpu_count() > 0)
 
@@ -92,23 +85,28 @@ STRIDES = {"nchw": ((784, 784, 28, 1), (9, 9, 3, 1), (500, 25, 5, 1)),
 
 @pytest.mark.parametrize("layout", ALL_LAYOUTS)
 def test_pytorch_shards_and_kernels_have_the_layouts_strides(digits, layout):
-    """With one channel both stride patterns pass is_contiguous for either format: the strides themselves
-    say which convolution path PyTorch takes."""
+    """With one channel both stride patterns pass is_contiguous for either format: the strides themselves say which
+    convolution path PyTorch takes. The model lays out its kernels and, inside its step, each shard."""
     fw = framework_or_skip("pytorch")
-    execution = load_module("pytorch", "execution")
-    try:
-        execution.use_layout(layout)
-        images, conv1, conv2 = STRIDES[layout]
-        devices = fw.get_devices(2)
-        shards = fw.split_and_load(digits.X_train[np.arange(256)], devices)
-        assert [s.stride() for s in shards] == [images, images]
-        assert [s.stride() for s in fw.split_and_load(digits.y_train[:256], devices)] == [(1,), (1,)]
-        replica = fw.get_params(init_weights(0), devices[0])
-        assert (replica[0].stride(), replica[2].stride()) == (conv1, conv2)
-        fw.train_step([replica], digits.X_train[:256], digits.y_train[:256], devices[:1], 0.2)
-        assert (replica[0].stride(), replica[2].stride()) == (conv1, conv2)   # the update keeps them
+    lenet = load_module("pytorch", "lenet")
+    images, conv1, conv2 = STRIDES[layout]
+    model, _ = scratch("pytorch", layout=layout)
+    devices = fw.get_devices(2)
+    shards = fw.split_and_load(digits.X_train[np.arange(256)], devices)
+    assert [lenet.to_layout(s, model.layout).stride() for s in shards] == [images, images]
+    assert [s.stride() for s in fw.split_and_load(digits.y_train[:256], devices)] == [(1,), (1,)]
+    replica = model.get_params(init_weights(0), devices[0])
+    assert (replica[0].stride(), replica[2].stride()) == (conv1, conv2)
+    seen = []
+    conv2d = lenet.F.conv2d
+    try:   # what the step's first convolution is handed
+        lenet.F.conv2d = lambda X, *rest: seen.append(X.stride()) or conv2d(X, *rest)
+        train_steps(fw, [replica], digits.X_train[:256], digits.y_train[:256], devices[:1], 0.2, layout=layout,
+                    level="eager")
     finally:
-        execution.use_layout("default")
+        lenet.F.conv2d = conv2d
+    assert seen[0] == images
+    assert (replica[0].stride(), replica[2].stride()) == (conv1, conv2)   # the update keeps them
 
 
 def test_pytorch_builtin_and_idiomatic_run_the_default_layout(digits):

@@ -13,11 +13,12 @@ import pytest
 
 from common import optim
 from common.interface import FRAMEWORKS
-from conftest import framework_or_skip
+from conftest import framework_or_skip, scratch
 from common.lenet import init_weights
 from harness.loader import load_module
 from harness.stepcheck import step_errors, traced
-from harness.training import MODES, steps_per_epoch
+from harness.spec import RunSpec
+from harness.training import runner as runner_for, steps_per_epoch
 
 BATCH, EPOCHS, SEED = 64, 1, 0    # digits: 23 steps, the last one short (a batch of 29)
 WARMUP = 5
@@ -127,24 +128,23 @@ def test_nesterov_adam_adamw_and_clipping_by_hand():
 def test_a_replicas_state_is_held_like_its_weights_and_converts_back_exactly(framework):
     """init_state's zeros and state_from_numpy's buffers, in every layout of the framework's scratch step: the
     buffers held as the replica's parameters are (channels-last where they are) come back canonical, exactly."""
+    from common import resnet
     fw = framework_or_skip(framework)
     execution = load_module(framework, "execution")
     o, (device,) = optim.Optimizer("adam"), fw.get_devices(1)
     rng = np.random.default_rng(1)
-    arrays = {"step": 7, **{key: rng.normal(size=w.shape).astype(np.float32)
-                            for key, w in optim.init_state(o, init_weights()).items() if key != "step"}}
-    try:
+    for network, weights in (("lenet", init_weights()), ("resnet", resnet.init_weights(0, 4))):
+        arrays = {"step": 7, **{key: rng.normal(size=w.shape).astype(np.float32)
+                                for key, w in optim.init_state(o, weights).items() if key != "step"}}
         for layout in execution.LAYOUTS:
-            execution.use_layout(layout)
-            replica = fw.get_params(init_weights(), device)
-            zeros, state = fw.state_to_numpy(fw.init_state(replica, o)), fw.state_to_numpy(
-                fw.state_from_numpy(arrays, replica, o))
+            model, _ = scratch(framework, network, layout)
+            replica = model.get_params(weights, device)
+            zeros = fw.state_to_numpy(fw.init_state(replica, o), model)
+            state = fw.state_to_numpy(fw.state_from_numpy(arrays, replica, o, model), model)
             assert state.keys() == zeros.keys() == arrays.keys() and (state["step"], zeros["step"]) == (7, 0)
             for key in arrays.keys() - {"step"}:
-                assert np.array_equal(state[key], arrays[key]), (layout, key)
-                assert zeros[key].shape == arrays[key].shape and not zeros[key].any(), (layout, key)
-    finally:
-        execution.use_layout("default")
+                assert np.array_equal(state[key], arrays[key]), (network, layout, key)
+                assert zeros[key].shape == arrays[key].shape and not zeros[key].any(), (network, layout, key)
 
 
 # ---- every framework and mode against the spec ----
@@ -173,11 +173,11 @@ def cases():
 def test_every_mode_computes_the_spec(framework, mode, n_devices, name, digits):
     fw = framework_or_skip(framework)
     optimizer = canonical(name, total_steps(digits, n_devices))
-    runner = MODES[mode](fw, fw.get_devices(n_devices))
+    runner = runner_for(RunSpec(framework, mode=mode, devices=n_devices, batch_size=BATCH), fw, fw.get_devices(n_devices))
     trace, _ = traced(runner, digits, EPOCHS, BATCH, optimizer, SEED, n_devices)
     assert_follows_the_spec(fw, digits, optimizer, n_devices, trace, f"{framework} {mode} {n_devices}d {name}")
     if mode == "scratch":   # every replica keeps the same state, counted in steps
-        states = [fw.state_to_numpy(state) for state in runner.states]
+        states = [fw.state_to_numpy(state, runner.functional) for state in runner.states]
         assert all(state["step"] == optimizer.total_steps for state in states)
         for state in states[1:]:
             assert all(np.array_equal(state[k], states[0][k]) for k in state if k != "step")

@@ -6,7 +6,7 @@ import pytest
 
 from common import optim
 from common.lenet import PARAM_SHAPES, init_weights
-from conftest import framework_or_skip
+from conftest import framework_or_skip, replicas_of, scratch, train_steps, weights_of
 from harness.loader import load_module
 
 STEPS, BATCH = 12, 128
@@ -45,21 +45,18 @@ def assert_close(got, want, tolerance):
 @pytest.mark.parametrize("name", optim.OPTIMIZERS)
 @pytest.mark.parametrize("level", ["eager", "graph"])
 def test_the_scratch_update_is_the_spec_at_every_level(jax_fw, name, level):
-    execution, optimizer = load_module("jax", "execution"), load_module("jax", "optimizer")
+    optimizer = load_module("jax", "optimizer")
     o, grads = problem(name)
     want, want_state = spec(o, grads)
     (device,) = jax_fw.get_devices(1)
-    try:
-        execution.use(level)
-        params = jax_fw.get_params(init_weights(0), device)
-        state = jax_fw.init_state(params, o)
-        for t, g in enumerate(grads):
-            summed = jax_fw.get_params({k: v * np.float32(BATCH) for k, v in g.items()}, device)
-            optimizer.apply(params, summed, state, o.learning_rate(t), BATCH)
-    finally:
-        execution.use("default")
-    assert_close(jax_fw.to_numpy(params), want, 1e-6)
-    got_state = jax_fw.state_to_numpy(state)
+    model, settings = scratch("jax", level=level)
+    params = model.get_params(init_weights(0), device)
+    state = jax_fw.init_state(params, o)
+    for t, g in enumerate(grads):
+        summed = model.get_params({k: v * np.float32(BATCH) for k, v in g.items()}, device)
+        optimizer.apply(params, summed, state, o.learning_rate(t), BATCH, settings.units["optimizer.update"])
+    assert_close(model.to_numpy(params), want, 1e-6)
+    got_state = jax_fw.state_to_numpy(state, model)
     assert got_state.pop("step") == STEPS
     assert_close(got_state, {k: v for k, v in want_state.items() if k != "step"}, 1e-6)
 
@@ -73,10 +70,10 @@ def test_optax_computes_the_spec(jax_fw, name):
     want, _ = spec(o, grads)
     (device,) = jax_fw.get_devices(1)
     tx = optimizer.get_trainer(o)
-    params = jax_fw.get_params(init_weights(0), device)
+    params = lenet.get_params(init_weights(0), device)
     opt_state = tx.init(params)
     for g in grads:
-        updates, opt_state = tx.update(jax_fw.get_params(g, device), opt_state, params)
+        updates, opt_state = tx.update(lenet.get_params(g, device), opt_state, params)
         params = optax.apply_updates(params, updates)
     assert_close(lenet.to_numpy(params), want, 1e-6)
 
@@ -127,12 +124,12 @@ def test_both_builtin_forms_clip_the_all_reduced_gradient(jax_fw, digits, form, 
     builtin, pipeline = load_module("jax", "builtin"), load_module("jax", "pipeline")
     o = optim.Optimizer(name, optim.DEFAULT_LR[name], 0.9, 5e-2, "cosine", 2, 4, clip_norm=0.3)
     devices = jax_fw.get_devices(3)
-    replicas = [jax_fw.get_params(init_weights(1), d) for d in devices]
+    replicas = replicas_of(jax_fw, init_weights(1), devices)
     states = [jax_fw.init_state(r, o) for r in replicas]
     model = builtin.get_model(init_weights(1), devices, o, form=form)
     for t, (a, b) in enumerate([(0, 101), (101, 198), (198, 299)]):
         X, y = digits.X_train[a:b], digits.y_train[a:b]
-        loss = jax_fw.train_step(replicas, X, y, devices, o.learning_rate(t), len(X), states)
+        loss = train_steps(jax_fw, replicas, X, y, devices, o.learning_rate(t), len(X), states)
         batch = pipeline.global_batch(model.placement, devices, X, y, len(X))
         assert builtin.train_step(model, batch, None, len(X)) == pytest.approx(loss, abs=1e-5)
-    assert_close(builtin.to_numpy(model), jax_fw.to_numpy(replicas[0]), 1e-6)
+    assert_close(builtin.to_numpy(model), weights_of(jax_fw, replicas[0]), 1e-6)

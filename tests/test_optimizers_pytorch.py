@@ -7,7 +7,7 @@ import torch
 
 from common import optim
 from common.lenet import init_weights
-from conftest import framework_or_skip
+from conftest import framework_or_skip, replicas_of, train_steps, weights_of
 from harness.loader import load_module
 
 
@@ -62,16 +62,12 @@ def test_every_exec_level_updates_with_states(pytorch, digits):
     devices = pytorch.get_devices(2)
     X, y = digits.X_train[:64], digits.y_train[:64]
     weights = {}
-    try:
-        for level in execution.NAMES:
-            execution.use(level)
-            replicas = [pytorch.get_params(init_weights(0), d) for d in devices]
-            states = [pytorch.init_state(r, o) for r in replicas]
-            for step in range(o.total_steps):
-                pytorch.train_step(replicas, X, y, devices, o.learning_rate(step), len(X), states)
-            assert [s["step"] for s in states] == [o.total_steps] * 2
-            weights[level] = pytorch.to_numpy(replicas[1])
-    finally:
-        execution.use("default")
+    for level in execution.NAMES:
+        replicas = replicas_of(pytorch, init_weights(0), devices, level=level)
+        states = [pytorch.init_state(r, o) for r in replicas]
+        for step in range(o.total_steps):
+            train_steps(pytorch, replicas, X, y, devices, o.learning_rate(step), len(X), states, level=level)
+        assert [s["step"] for s in states] == [o.total_steps] * 2
+        weights[level] = weights_of(pytorch, replicas[1], level=level)
     for name, value in weights["eager"].items():
         np.testing.assert_allclose(weights["graph"][name], value, atol=1e-6, err_msg=name)

@@ -7,7 +7,8 @@ import pytest
 
 from common.batches import epoch_batches
 from common.lenet import init_weights
-from conftest import installed_frameworks, run_compare
+from conftest import installed_frameworks, replicas_of, run_compare, weights_of
+from conftest import train_steps as one_step
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +21,11 @@ def frameworks():
 
 def train_steps(fw, data, n_devices, steps, batch_size, seed, lr=0.2):
     devices = fw.get_devices(n_devices)
-    replicas = [fw.get_params(init_weights(seed), d) for d in devices]
+    replicas = replicas_of(fw, init_weights(seed), devices)
     losses = []
     for idx in epoch_batches(len(data.y_train), batch_size, seed, 0)[:steps]:
-        losses.append(fw.train_step(replicas, data.X_train[idx], data.y_train[idx], devices, lr))
-    return losses, [fw.to_numpy(r) for r in replicas]
+        losses.append(one_step(fw, replicas, data.X_train[idx], data.y_train[idx], devices, lr))
+    return losses, [weights_of(fw, r) for r in replicas]
 
 
 @pytest.mark.parametrize("n_devices,batch_size,seed", [(2, 256, 0), (3, 101, 7), (4, 64, 3)])

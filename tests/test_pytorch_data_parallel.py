@@ -17,7 +17,7 @@ from common.lenet import init_weights
 from harness.launch import process_per_device, uses_engine
 from harness.loader import load_module
 from harness.stepcheck import mean_gradient
-from conftest import framework_or_skip
+from conftest import framework_or_skip, scratch
 
 LR = 0.2
 # A step's weights, as tests/test_engines.py checks the built-in engines: float32 rounding of the chunked sums is up
@@ -100,10 +100,11 @@ def spec_step(weights, X, y):
     fw = framework_or_skip("pytorch")
     dp = load_module("pytorch", "data_parallel")
     sgd = optim.Optimizer("sgd", lr=LR)
-    want, _ = optim.step(sgd, weights, mean_gradient(fw, weights, X, y), optim.init_state(sgd, weights))
+    model, _ = scratch("pytorch")
+    want, _ = optim.step(sgd, weights, mean_gradient(fw, model, weights, None, X, y), optim.init_state(sgd, weights))
     (device,) = fw.get_devices(1)
-    loss, _ = dp.loss_and_grads(fw.get_params(weights, device), *dp.split_and_load(X, [device]),
-                                *dp.split_and_load(y, [device]))
+    (loss,), _, _ = dp.loss_and_grads(model, [model.get_params(weights, device)], [None],
+                                      dp.split_and_load(X, [device]), dp.split_and_load(y, [device]), [device])
     return want, float(loss) / len(y)
 
 

@@ -1,6 +1,8 @@
 """d2l's ResNet-18: the spec (common/resnet.py) against d2l's numbers, each framework's functional forward and its
 idiomatic model against the spec's numpy forward, the gradients between frameworks, and the BatchNorm conventions
 measured on each framework's own BatchNorm layer. A tiny width and batch keep the file fast."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -84,20 +86,6 @@ def layouts(name):
     """The layouts the framework's functional forward runs here (execution.LAYOUTS: lenet.py's, set through its
     `layout`; TensorFlow's NCHW needs oneDNN)."""
     return tuple(load_module(name, "execution").LAYOUTS)
-
-
-@pytest.fixture
-def in_layout():
-    """Set a module's layout for the test; every module back to its own afterwards."""
-    changed = []
-
-    def use(module, layout):
-        if hasattr(module, "layout"):
-            changed.append((module, module.layout))
-            module.layout = layout
-    yield use
-    for module, layout in reversed(changed):
-        module.layout = layout
 
 
 # ---------------------------------------------------------------------------------------------------- the spec
@@ -191,17 +179,17 @@ def compiled(name, forward):
 
 
 @pytest.mark.parametrize("name", FRAMEWORKS)
-def test_functional_forward_equals_the_spec(name, case, in_layout):
+def test_functional_forward_equals_the_spec(name, case):
     fw, module = resnet_of(name)
     weights, state, X, _ = case
     want_logits, want_state = spec.forward(weights, state, X, True)
     want_eval = spec.forward(weights, want_state, X, False)
     device = fw.get_devices(1)[0]
     for layout in layouts(name):
-        in_layout(module, layout)
-        params, bn_state = module.get_params(weights, device), module.get_bn_state(state, device)
-        assert_state_close(module.to_numpy(params), weights, 0)
-        forward = compiled(name, module.forward)
+        model = module.Functional(layout=layout)
+        params, bn_state = model.get_params(weights, device), model.get_bn_state(state, device)
+        assert_state_close(model.to_numpy(params), weights, 0)
+        forward = compiled(name, functools.partial(module.forward, layout=model.layout))
         logits, new_state = forward(params, bn_state, tensor(name, X), True)
         assert_close(as_numpy(logits), want_logits, what=f"{layout} training logits")
         assert_state_close(module.bn_state_to_numpy(new_state), want_state)
@@ -231,7 +219,8 @@ def gradients(name, module, params, bn_state, X, y):
         import jax
         loss = lambda ps: loss_sum(module.forward(ps, bn_state, tensor(name, X), True)[0], y)   # noqa: E731
         grads = jax.jit(jax.grad(loss))(params)   # compiled, as data_parallel.py will (twice as fast here)
-    channels_last = name in ("tensorflow", "jax") and module.layout == "nhwc"   # PyTorch's NHWC is only strides
+    layout = module.Functional().layout   # get_params' default, which the caller's params are in
+    channels_last = name in ("tensorflow", "jax") and layout == "nhwc"   # PyTorch's NHWC is only strides
     return {n: to_canonical(n, as_numpy(g)) if channels_last else as_numpy(g) for n, g in zip(PARAM_NAMES, grads)}
 
 

@@ -5,10 +5,11 @@ would be off by far more than the tolerance); a file of another network is named
 import numpy as np
 import pytest
 
+from common import optim
 from common import resnet as spec
 from common.interface import RosettaError
 from conftest import framework_or_skip, installed_frameworks
-from harness.checkpoints import SUFFIXES, read_model, resnet_keys, resume_point, write_weights
+from harness.checkpoints import SUFFIXES, read_model, read_state, resnet_keys, resume_point, write_state, write_weights
 from harness.convert import main as convert
 from harness.loader import load_module
 from harness.spec import RunSpec
@@ -108,3 +109,41 @@ def test_a_run_resumes_only_from_its_own_network(trained, tmp_path):
         resume_point(RunSpec("mxnet", model="resnet18", width=16, resume_from=resnet_file), sgd, 10)
     with pytest.raises(RosettaError, match="holds the resnet18 of width 8; this run trains the lenet"):
         resume_point(RunSpec("mxnet", resume_from=resnet_file), sgd, 10)
+
+
+def a_state(name, step=7):
+    """A canonical optimizer state of the ResNet's every parameter, distinct random buffers (a layout or name slip
+    cannot go unseen); running statistics are not parameters and have none."""
+    rng = np.random.default_rng(4)
+    return {key: step if key == "step" else rng.normal(size=value.shape).astype(np.float32)
+            for key, value in optim.init_state(optim.Optimizer(name), spec.init_weights(0, WIDTH)).items()}
+
+
+@pytest.mark.parametrize("name", ["momentum", "adam"])
+def test_every_conversion_carries_the_resnet_s_optimizer_state(name, trained, tmp_path, available, capsys):
+    """The weights, the running statistics and the optimizer state of a ResNet, from each framework's native files
+    to each other's: every buffer exactly, under the ResNet's parameter names; each target reads its own file back."""
+    want = a_state(name)
+    for source in available:
+        src = saved(source, tmp_path / source, trained)
+        write_state(source, want, optim.Optimizer(name), src)
+        for target in available:
+            dst = str(tmp_path / source / f"to-{target}{SUFFIXES[target]}")
+            assert convert([src, dst]) == 0
+            assert f"with {name}'s state after 7 steps" in capsys.readouterr().out
+            weights, bn_state = read_model(target, dst)
+            got = read_state(target, dst, optim.Optimizer(name), weights)
+            assert sorted(got) == sorted(want), (source, target)
+            assert all(np.array_equal(got[k], want[k]) for k in want), (source, target)
+            assert all(np.array_equal(bn_state[k], v) for k, v in trained[1].items()), (source, target)
+
+
+def test_a_lenet_s_state_beside_a_resnet_is_one_line(trained, tmp_path, available):
+    """A state whose buffers are another network's: named, nothing read into the run."""
+    source = available[0]
+    path = saved(source, tmp_path, trained)
+    lenet_state = optim.init_state(optim.Optimizer("momentum"), lenet_weights())
+    write_state(source, lenet_state, optim.Optimizer("momentum"), path)
+    with pytest.raises(RosettaError, match=r"momentum_buffer\.stem\.conv\.weight is missing; this ResNet-18 \(width "
+                                           r"8\) needs"):
+        read_state(source, path, optim.Optimizer("momentum"))

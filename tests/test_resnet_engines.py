@@ -9,9 +9,9 @@ import pytest
 from common import FRAMEWORKS
 from common import models
 from common.batches import epoch_batches
-from conftest import framework_or_skip
+from common.optim import Optimizer
+from conftest import framework_or_skip, scratch, train_steps
 from harness.launch import run_workers
-from harness.loader import load_module
 
 pytestmark = pytest.mark.slow   # every test here starts real worker processes
 
@@ -22,37 +22,45 @@ WIDTH, BATCH, SEED, STEPS, LR = 8, 97, 5, 1, 0.1
 TOL = 1e-3
 
 
-def in_process(framework, digits, devices, sync):
+# The built-in engines' local step with the framework's own optimizer over the ResNet's parameters: momentum with a
+# decay large enough to show on BatchNorm's scale and shift after one step (0.1 x 0.05 x 1 = 5e-3 > TOL).
+MOMENTUM = {"optimizer": "momentum", "weight_decay": 0.05}
+
+
+def in_process(framework, digits, devices, sync, optimizer=None):
     """The recipe's first STEPS steps in this process: the reference weights. One device with local BatchNorm is
-    the whole batch's statistics without the all-reduce path that the synchronised rows test."""
-    fw, resnet = framework_or_skip(framework), load_module(framework, "resnet")
+    the whole batch's statistics without the all-reduce path that the synchronised rows test. With an optimizer
+    (common.optim.Optimizer), its update and state in the one scratch step."""
+    fw, (model, _) = framework_or_skip(framework), scratch(framework, "resnet", sync=sync)
     found = fw.get_devices(devices)
     weights, state = models.init_weights("resnet18", SEED, width=WIDTH), models.init_bn_state("resnet18", WIDTH)
-    replicas = [resnet.get_params(weights, d) for d in found]
-    bn_states = [resnet.get_bn_state(state, d) for d in found]
+    replicas = [model.get_params(weights, d) for d in found]
+    bn_states = [model.get_bn_state(state, d) for d in found]
+    states = None if optimizer is None else [fw.init_state(r, optimizer) for r in replicas]
     for rows in epoch_batches(len(digits.y_train), BATCH, SEED, 0)[:STEPS]:
-        resnet.train_step(replicas, bn_states, digits.X_train[rows], digits.y_train[rows], found, LR, sync=sync)
-    return resnet.to_numpy(replicas[0])
+        train_steps(fw, replicas, digits.X_train[rows], digits.y_train[rows], found, LR, bn_states=bn_states,
+                    states=states, network="resnet", sync=sync)
+    return model.to_numpy(replicas[0])
 
 
 @pytest.fixture(scope="module")
 def reference(digits):
     cache = {}
 
-    def get(framework, devices, sync):
-        key = framework, devices, sync
+    def get(framework, devices, sync, optimizer=None):
+        key = framework, devices, sync, optimizer
         if key not in cache:
-            cache[key] = in_process(framework, digits, devices, sync)
+            cache[key] = in_process(framework, digits, devices, sync, optimizer)
         return cache[key]
     return get
 
 
-def workers(framework, mode, devices, processes, bn, tmp_path):
+def workers(framework, mode, devices, processes, bn, tmp_path, **options):
     """A row's processes: (their records, rank 0's final weights), or the skip reason of a row that cannot run."""
     out = tmp_path / f"{framework}-{mode}-{devices}-{processes}-{bn}.npz"
     spec = {"framework": framework, "model": "resnet18", "width": WIDTH, "bn": bn, "mode": mode, "devices": devices,
             "processes": processes, "dataset": "digits", "epochs": 1, "batch_size": BATCH, "lr": LR, "seed": SEED,
-            "threads": 1, "max_steps": STEPS, "weights_out": str(out)}
+            "threads": 1, "max_steps": STEPS, "weights_out": str(out), **options}
     results = run_workers(spec, timeout=300)
     if results[0]["status"] == "skipped":
         return results[0]["error"], None
@@ -99,10 +107,13 @@ def test_sync_batchnorm_across_processes_is_one_device(framework, reference, tmp
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_the_built_in_engine_computes_the_local_step(framework, reference, tmp_path):
-    """Across 2 processes of a device each (one process of 2 devices: tests/test_resnet_modes.py)."""
-    results, weights = workers(framework, "builtin", 2, 2, "local", tmp_path)
+    """Across 2 processes of a device each (one process of 2 devices: tests/test_resnet_modes.py), with the
+    framework's own momentum and weight decay over the ResNet's parameters (DDP's torch.optim.SGD, Gluon's Trainer,
+    Keras's SGD, Optax)."""
+    results, weights = workers(framework, "builtin", 2, 2, "local", tmp_path, **MOMENTUM)
     assert weights is not None, results
-    assert_weights(weights, reference(framework, 2, False), f"{framework} builtin local")
+    optimizer = Optimizer(MOMENTUM["optimizer"], LR, weight_decay=MOMENTUM["weight_decay"], total_steps=STEPS)
+    assert_weights(weights, reference(framework, 2, False, optimizer), f"{framework} builtin local momentum")
     assert states(results) == LOCAL_BUILTIN_STATES[framework]
 
 
@@ -122,13 +133,16 @@ def test_the_built_in_engine_synchronises_or_says_why_not(framework, reference, 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_resumed_run_ends_with_the_uninterrupted_run_s_weights_and_statistics(framework, tmp_path):
     """Two epochs in one go, checkpointing after each, and the second epoch again from the first's checkpoint
-    (weights and running statistics in the framework's own format): the same weights bit for bit, and the same
-    running statistics in the final file. Two full batches an epoch of synthetic images: no retrace for a last batch."""
+    (weights, running statistics and the optimizer's state, in the framework's own format): the same weights bit
+    for bit, and the same running statistics in the final file. Momentum, weight decay, clipping, a warm-up over the
+    first epoch then cosine: the state's buffers and step count decide the second epoch's every update. Two full
+    batches an epoch of synthetic images: no retrace for a last batch."""
     from harness.checkpoints import checkpoint_name, read_model
     from harness.spec import RunSpec
     spec = RunSpec(framework=framework, model="resnet18", width=WIDTH, bn="local", mode="scratch", devices=2,
                    dataset="synthetic", n_synthetic=512, epochs=2, batch_size=256, lr=LR, seed=SEED, threads=1,
-                   checkpoint_dir=str(tmp_path / "whole"), checkpoint_every=1)
+                   checkpoint_dir=str(tmp_path / "whole"), checkpoint_every=1, optimizer="momentum",
+                   weight_decay=5e-4, clip_norm=5.0, lr_schedule="cosine", warmup_epochs=1)
     (whole,) = run_workers(spec, timeout=300)
     assert whole["status"] == "ok", whole.get("error")
     resumed = spec.replace(checkpoint_dir=str(tmp_path / "resumed"), checkpoint_every=None,

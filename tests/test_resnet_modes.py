@@ -24,9 +24,9 @@ def one_step(framework, mode, devices, bn, digits, optimizer=None):
     """(weights, the replicas' BatchNorm states, the record) after one step of `mode` on `devices` devices."""
     fw = framework_or_skip(framework)
     spec = RunSpec(framework=framework, model="resnet18", width=WIDTH, bn=bn, mode=mode, devices=devices,
-                   dataset="digits", epochs=1, batch_size=BATCH, lr=LR, seed=SEED, threads=1)
+                   dataset="digits", epochs=1, batch_size=BATCH, lr=LR, seed=SEED, threads=1, max_steps=1)
     run = runner(spec, fw, fw.get_devices(devices))
-    record = train(run, digits, 1, BATCH, LR, seed=SEED, max_steps=1, optimizer=optimizer)
+    record = train(run, digits, spec, optimizer or Optimizer(lr=LR))
     return run.weights(), run.replica_bn_states(), record
 
 
@@ -117,15 +117,3 @@ def test_gluon_batchnorm_gradients_are_pytorch_s_in_float64(digits):
     F.cross_entropy(module(torch.tensor(X, dtype=torch.float64)), torch.tensor(y), reduction="sum").backward()
     for name, p in zip(PARAM_NAMES, module.parameters()):
         np.testing.assert_allclose(got[name], p.grad.numpy(), rtol=1e-9, atol=1e-9, err_msg=name)
-
-
-@pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_a_schedule_sets_each_step_s_rate(framework, digits, reference):
-    """The ResNet's SGD takes each step's rate from the schedule (here the first of a 4-step warm-up from 4 x LR:
-    LR) in the engines, whose trainer is the recipe's SGD then, not a scheduler of theirs (the idiomatic loop: the
-    built-in engines' path, on one device; the recipe's step takes the rate train() hands it, as the LeNet's)."""
-    warmup = Optimizer(lr=4 * LR, schedule="cosine", warmup_steps=4, total_steps=8)
-    weights, _, record = one_step(framework, "idiomatic", 1, "local", digits, optimizer=warmup)
-    want_weights, _, want_record = reference(framework, 1, "local")
-    assert_weights(weights, want_weights, f"{framework} idiomatic warm-up", ENGINE_TOL.get(framework, TOL))
-    assert record["step_loss_sums"] == pytest.approx(want_record["step_loss_sums"], rel=1e-4)

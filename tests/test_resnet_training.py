@@ -1,4 +1,4 @@
-"""The recipe with BatchNorm (each framework's resnet.train_step), in one process: with local BatchNorm each replica
+"""The recipe with BatchNorm (each framework's one train_step, handed the ResNet), in one process: with local BatchNorm each replica
 normalises by its own shard and its running statistics follow that shard (the spec's forward on the shard), and the
 update is the sum of the shards' own gradients; with synchronised BatchNorm, N devices are one device holding the
 whole batch, uneven shards included. A tiny width and batch keep it small; the several-device steps (JAX's
@@ -8,8 +8,7 @@ import pytest
 
 from common import resnet as spec
 from common.sharding import shard_bounds
-from conftest import framework_or_skip
-from harness.loader import load_module
+from conftest import framework_or_skip, scratch, train_steps
 
 WIDTH, BATCH, LR = 8, 7, 0.5   # 7 rows: 4 + 3 on 2 devices, 3 + 2 + 2 on 3, 2 + 2 + 2 + 1 on 4
 TOL = 2e-4
@@ -30,14 +29,15 @@ def step(name, case, devices, sync, rows=None, batch_size=None):
     """One train_step on `devices` devices (of the rows `rows`, default all): (mean loss, every replica's weights,
     every replica's BatchNorm state), canonical numpy."""
     fw = framework_or_skip(name)
-    resnet = load_module(name, "resnet")
+    model, _ = scratch(name, "resnet", sync=sync)
     weights, state, X, y = case
     X, y = (X, y) if rows is None else (X[rows], y[rows])
     found = fw.get_devices(devices)
-    replicas = [resnet.get_params(weights, d) for d in found]
-    bn_states = [resnet.get_bn_state(state, d) for d in found]
-    loss = resnet.train_step(replicas, bn_states, X, y, found, LR, batch_size or len(X), sync=sync)
-    return (loss, [resnet.to_numpy(r) for r in replicas], [resnet.bn_state_to_numpy(s) for s in bn_states])
+    replicas = [model.get_params(weights, d) for d in found]
+    bn_states = [model.get_bn_state(state, d) for d in found]
+    loss = train_steps(fw, replicas, X, y, found, LR, batch_size or len(X), bn_states=bn_states, network="resnet",
+                       sync=sync)
+    return (loss, [model.to_numpy(r) for r in replicas], [model.bn_state_to_numpy(s) for s in bn_states])
 
 
 def assert_close(got, want, tol=TOL, what=""):
@@ -112,11 +112,10 @@ def test_sync_batchnorm_on_n_devices_is_one_device(name, case, devices):
 @pytest.mark.parametrize("name", ("pytorch", "mxnet", "tensorflow", "jax"))
 def test_evaluate_uses_the_running_statistics(name, case):
     fw = framework_or_skip(name)
-    resnet = load_module(name, "resnet")
+    model, _ = scratch(name, "resnet")
     weights, state, X, y = case
     (device,) = fw.get_devices(1)
     want = spec.forward(weights, state, X, training=False).argmax(1)
-    got = resnet.evaluate(resnet.get_params(weights, device), resnet.get_bn_state(state, device), X, want)
-    assert got == 1.0
-    assert resnet.evaluate(resnet.get_params(weights, device), resnet.get_bn_state(state, device), X,
-                           (want + 1) % spec.NUM_CLASSES) == 0.0
+    replica, bn_state = model.get_params(weights, device), model.get_bn_state(state, device)
+    assert fw.evaluate(model, replica, bn_state, X, want) == 1.0
+    assert fw.evaluate(model, replica, bn_state, X, (want + 1) % spec.NUM_CLASSES) == 0.0
