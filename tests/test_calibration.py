@@ -65,9 +65,10 @@ def test_the_benchmark_records_its_calibration_and_each_row_s_share_of_peak(tmp_
     import json
 
     import compare
+    from harness import options
     from conftest import framework_or_skip
     framework_or_skip("pytorch")
-    monkeypatch.setattr(compare, "BENCHMARK", {**compare.BENCHMARK, "n_synthetic": 600, "repeats": 1,
+    monkeypatch.setattr(options, "BENCHMARK", {**options.BENCHMARK, "n_synthetic": 600, "repeats": 1,
                                                "plan": [("scratch", ("default",), ((1, 1),), "shared", ("default",))]})
     monkeypatch.setattr(compare, "raise_on_signals", lambda: None)   # pytest keeps its own handlers
     monkeypatch.chdir(tmp_path)   # results/ is written here
@@ -89,6 +90,7 @@ def test_repeated_trials_are_timed_against_the_peak_too(tmp_path, monkeypatch):
     import json
 
     import compare
+    from harness import options
     from conftest import framework_or_skip
     framework_or_skip("pytorch")
     peaks = iter([100.0, 300.0])

@@ -188,9 +188,10 @@ def test_the_benchmark_reports_both_core_settings_in_every_file(tmp_path, monkey
     """A real --benchmark shrunk to PyTorch on a few steps: shared and per-device rows, the per-device rows'
     thread counts, the scaling section in the markdown, and a CSV with every printed column."""
     import compare
+    from harness import options
     framework_or_skip("pytorch")
-    monkeypatch.setattr(compare, "BENCHMARK", {
-        **compare.BENCHMARK, "n_synthetic": 1200, "repeats": 1,
+    monkeypatch.setattr(options, "BENCHMARK", {
+        **options.BENCHMARK, "n_synthetic": 1200, "repeats": 1,
         "plan": [("scratch", ("default",), ((1, 1),), "shared", ("default",)),
                  ("scratch", ("default",), ((1, 1), (2, 1), (2, 2)), "per-device", ("default",)),
                  ("builtin", ("default",), ((2, 1), (2, 2)), "per-device", ("default",))]})
