@@ -10,7 +10,7 @@ import tensorflow as tf
 from common.interface import Model, Network, RosettaError
 
 from . import distributed as dist, resnet
-from .idiomatic import build, evaluate as evaluate_keras, loss_fn, to_numpy as keras_to_numpy
+from .idiomatic import build, evaluate as evaluate_keras, loss_fn, parameters, to_numpy as keras_to_numpy
 from .optimizer import follows_its_schedule, get_trainer, canonical_state, load_state
 
 EXEC = "tf.function"
@@ -47,7 +47,7 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
             trainer = get_trainer(optimizer)
         trainer.build(net.trainable_variables)
         if state is not None:
-            load_state(trainer, state)
+            load_state(trainer, state, parameters(net))
     return Model(net, trainer, strategy)
 
 
@@ -99,7 +99,7 @@ def replica_bn_states(model):
 
 
 def optimizer_state(model):
-    return canonical_state(model.trainer)   # the first replica's copy: the replicas' are equal
+    return canonical_state(model.trainer, parameters(model.net))   # the first replica's copy: the replicas' are equal
 
 
 def evaluate(model, X, y):

@@ -16,7 +16,7 @@ from tensorflow.core.protobuf.trackable_object_graph_pb2 import TrackableObjectG
 
 from common.layouts import to_channels_last
 from common import resnet
-from common.lenet import PARAM_NAMES, PARAM_SHAPES, init_weights
+from common.lenet import init_weights
 
 from . import resnet as resnet_model
 from .lenet import build_model
@@ -65,19 +65,21 @@ def read(path):
 def save_state(state, optimizer, path):
     """Keras's optimizer for `optimizer`, as the built-in and idiomatic modes make it (get_trainer), started from
     the canonical `state` and written as TensorFlow writes it. Keras builds it over the model's variables, making
-    each buffer in the shape of its variable and in their order (PARAM_NAMES): here over stand-ins named after the
-    parameters, zeros in the buffers' shapes as given (a wrong one included: the harness's read_state names it; but
-    a parameter's buffers are alike in Keras, so Adam's two moments of different shapes raise ValueError).
-    Keras 3's TensorFlow optimizer tracks the variables it is built over, so the stand-ins are in the file too, and
-    a native restore of it into a model's optimizer, tf.train.Checkpoint(optimizer=model.optimizer).read, restores
-    the buffers and the step count (on every replica, under a strategy) and zeroes the model's weights: load_weights
-    after it."""
+    each buffer in the shape of its variable, named after it: here over stand-ins named after the state's parameters
+    (the LeNet's or a ResNet's of any width: its keys say, `<slot>.<name>`), zeros in the buffers' shapes as given (a
+    wrong one included: the harness's read_state names it; but a parameter's buffers are alike in Keras, so Adam's two
+    moments of different shapes raise ValueError). A state without buffers is its step count alone, over no
+    stand-in. Keras 3's TensorFlow optimizer tracks the variables it is built over, so the stand-ins are in the file
+    too, and a native restore of it into a model's optimizer, tf.train.Checkpoint(optimizer=model.optimizer).read,
+    restores the buffers and the step count (on every replica, under a strategy) and zeroes the model's weights:
+    load_weights after it."""
     trainer = get_trainer(optimizer)
-    shapes = {name: np.shape(state[f"{optimizer.slots[0]}.{name}"]) if optimizer.slots else PARAM_SHAPES[name]
-              for name in PARAM_NAMES}
-    trainer.build([tf.keras.Variable(to_channels_last(name, np.zeros(shape, np.float32)), name=name)
-                   for name, shape in shapes.items()])
-    load_state(trainer, state)
+    first = f"{optimizer.slots[0]}." if optimizer.slots else None
+    shapes = {key[len(first):]: np.shape(a) for key, a in state.items() if first and key.startswith(first)}
+    stand_ins = {name: tf.keras.Variable(to_channels_last(name, np.zeros(shape, np.float32)), name=name)
+                 for name, shape in shapes.items()}
+    trainer.build(list(stand_ins.values()))
+    load_state(trainer, state, stand_ins)
     os.makedirs(path)
     tf.train.Checkpoint(optimizer=trainer).write(os.path.join(path, PREFIX))
 
@@ -86,17 +88,16 @@ def read_state(path):
     """The step count and the buffers (canonical names, Keras's layout) as stored, read with TensorFlow's
     CheckpointReader: no model, no optimizer. Keras names its variables, not the checkpoint's keys (which say only
     where a variable hangs: optimizer/_variables/3/...): the checkpoint's object graph has both. Keras names a buffer
-    after its parameter and slot: ..._momentum (SGD's buffer, or Adam's first moment) and ..._velocity (Adam's
-    second), made parameter by parameter in the model's order, PARAM_NAMES."""
+    after its parameter and slot: <parameter>_momentum (SGD's buffer, or Adam's first moment) and
+    <parameter>_velocity (Adam's second), so the parameters' names, the LeNet's or the ResNet's, come from the file."""
     reader = tf.train.load_checkpoint(os.path.join(path, PREFIX))
     variables = optimizer_variables(reader)
     state = {"step": int(reader.get_tensor(key)) for name, key in variables if name.endswith("/iteration")}
-    kinds = {kind: [key for name, key in variables if name.endswith(f"_{kind}")] for kind in ("momentum", "velocity")}
+    kinds = {kind: {name.split("/")[-1][:-len(f"_{kind}")]: key for name, key in variables
+                    if name.endswith(f"_{kind}")} for kind in ("momentum", "velocity")}
     slots = ("exp_avg", "exp_avg_sq") if kinds["velocity"] else ("momentum_buffer",)
-    for slot, keys in zip(slots, kinds.values()):
-        if keys:   # plain SGD keeps none
-            state.update({f"{slot}.{name}": reader.get_tensor(key)
-                          for name, key in zip(PARAM_NAMES, keys, strict=True)})
+    for slot, keys in zip(slots, kinds.values()):   # plain SGD keeps none
+        state.update({f"{slot}.{name}": reader.get_tensor(key) for name, key in keys.items()})
     return state
 
 

@@ -1,18 +1,20 @@
 """Data parallelism from scratch in TensorFlow: split the batch, forward and backward on every device,
 sum the gradients across devices, apply the same SGD update to every replica (or, with optimizer states,
-optimizer.py's update: common/optim.py's)."""
+optimizer.py's update: common/optim.py's). One step for every network: the model (lenet.Functional or
+resnet.Functional) says how each device's loss and gradients are computed; the run's settings (the all-reduce's
+buckets, the compiled units) come in as arguments."""
 import tensorflow as tf
 
 from common.buckets import plan
+from common.interface import StepSettings
 from common.sharding import shard_bounds
 
 from . import distributed as dist, optimizer
-from .lenet import forward, loss_sum
 
 
 def split_and_load(array, devices):
     """Copies (a shard never aliases the caller's numpy array) in the array's layout: images stay NCHW
-    here, forward makes them NHWC."""
+    here, the model's forward makes them its layout."""
     shards = []
     for (a, b), d in zip(shard_bounds(len(array), len(devices)), devices):
         with tf.device(d):
@@ -35,9 +37,6 @@ def allreduce(tensors):
             else:
                 tensors[i] = tf.identity(total)
     return tensors
-
-
-BUCKET_BYTES = None   # the run's --allreduce (common.buckets.bucket_bytes): None, one allreduce per parameter
 
 
 def allreduce_gradients(grads, bucket_bytes=None):
@@ -67,9 +66,9 @@ def sgd(params, grads, lr, batch_size):
     update(params, grads, lr / batch_size)
 
 
-# The units of the step: execution.use replaces each name of UNITS (lenet.py's forward, imported above, too)
-# with its compiled form at the chosen level, or with the function as written here. TensorFlow compiles the
-# whole step (tf.function), and XLA each device's part of it (jit_compile=True).
+# The units of the step (UNITS): execution.compile(level, model) hands train_step each one as the level makes it.
+# TensorFlow compiles the whole step (tf.function), and XLA each device's loss and gradients (jit_compile=True);
+# no level compiles `update` alone (it runs inside the step's graph).
 def update(params, grads, scale):
     """The SGD update of one replica, in place: each tf.Variable is assigned on its own device."""
     for p, g in zip(params, grads):
@@ -77,54 +76,47 @@ def update(params, grads, scale):
             p.assign_sub(g * scale)
 
 
-def loss_and_grads(params, X, y):
-    """One device's part of the step: its shard's summed loss and the gradients. The unit XLA compiles: an XLA
-    cluster runs on one device, so it cannot hold the whole multi-device step."""
-    with tf.GradientTape() as tape:
-        loss = loss_sum(forward(params, X), y)
-    return loss, tape.gradient(loss, params)
+def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices):
+    """Each device's summed loss on its shard, each replica's gradients and new BatchNorm state: the network's own
+    (model.loss_and_grads). The unit XLA compiles device by device: an XLA cluster runs on one device, so it cannot
+    hold the whole multi-device step."""
+    return model.loss_and_grads(replicas, bn_states, X_shards, y_shards, devices)
 
 
-def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size, states=None, bucket_bytes=None):
-    """The step on shards already on their devices: each device's loss and gradients, the gradients summed across
-    devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same update on every replica: the
-    recipe's sgd, or with `states` (one per replica) optimizer.apply. Returns each device's summed loss. As one graph
-    (the default level), it is traced per device list, number of replicas and optimizer; reduce_retracing turns the
-    shard shapes into None after the first new shape."""
-    losses, grads = [], []
-    for params, d, X_shard, y_shard in zip(replicas, devices, X_shards, y_shards):
-        with tf.device(d):
-            loss, device_grads = loss_and_grads(params, X_shard, y_shard)
-        losses.append(loss)
-        grads.append(device_grads)
+def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
+                   bucket_bytes=None, units=None):
+    """The step on shards already on their devices: each device's loss and gradients (units' loss_and_grads), the
+    gradients summed across devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same
+    update on every replica: the recipe's sgd, or with `states` (one per replica) optimizer.apply. Returns each
+    device's summed loss and the replicas' new BatchNorm states. As one graph (the default level), it is traced per
+    model, device list, optimizer, bucket size and units (Python values); lr and batch_size are tensors, and
+    reduce_retracing turns the shard shapes into None after the first new shape."""
+    units = units or UNITS
+    losses, grads, bn_states = units["loss_and_grads"](model, replicas, bn_states, X_shards, y_shards, devices)
     grads = allreduce_gradients(grads, bucket_bytes)
     for i, (params, device_grads) in enumerate(zip(replicas, grads)):
         if states is None:
             sgd(params, device_grads, lr, batch_size)
         else:
             optimizer.apply(params, device_grads, states[i], lr, batch_size)
-    return losses
+    return losses, bn_states
 
 
-UNITS = {"forward": forward, "update": update, "loss_and_grads": loss_and_grads, "step_on_shards": step_on_shards}
-# At import the units are what the default level makes them: one graph for the whole step (faster than eager
-# here: docs/results.md).
-step_on_shards = tf.function(step_on_shards, reduce_retracing=True)
+UNITS = {"update": update, "loss_and_grads": loss_and_grads, "step_on_shards": step_on_shards}
 
 
-def train_step(replicas, X, y, devices, lr, batch_size=None, states=None):
+def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, settings=StepSettings()):
+    """One synchronous step of `model` on a numpy batch (common.interface.CONTRACT): split_and_load, step_on_shards
+    (settings.units' or, without them, as written), the mean loss; bn_states get the new running statistics."""
+    units = settings.units or UNITS
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
-    losses = step_on_shards(replicas, tuple(devices), X_shards, y_shards,   # tensors: no retrace per value
-                            tf.constant(lr, tf.float32), tf.constant(batch_size or len(X), tf.float32), states,
-                            BUCKET_BYTES)   # a Python value: a step traced per all-reduce
+    losses, bn_states[:] = units["step_on_shards"](
+        model, replicas, list(bn_states), X_shards, y_shards, tuple(devices),
+        tf.constant(lr, tf.float32), tf.constant(batch_size or len(X), tf.float32),   # tensors: no retrace per value
+        states, settings.bucket_bytes, units)
     return sum(float(loss) for loss in losses) / len(X)
 
 
-def evaluate(params, X, y, batch_size=1000):
-    device = params[0].device
-    correct = 0
-    for i in range(0, len(X), batch_size):
-        with tf.device(device):
-            X_batch = tf.convert_to_tensor(X[i:i + batch_size])
-            correct += (tf.argmax(forward(params, X_batch), 1).numpy() == y[i:i + batch_size]).sum()
-    return float(correct) / len(X)
+def evaluate(model, replica, bn_state, X, y):
+    """Accuracy of one replica in inference mode: the network's own (its running statistics, if any)."""
+    return model.evaluate(replica, bn_state, X, y)

@@ -5,6 +5,7 @@ benchmark times it beside the scratch step to show what the from-scratch recipe 
 import tensorflow as tf
 
 from common.interface import Model, Network, Unavailable
+from common.lenet import PARAM_NAMES
 
 from . import resnet
 from .lenet import build_model, to_numpy as params_to_numpy
@@ -22,7 +23,8 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
     """The recipe's SGD (optimizer None or the recipe's), or Keras's optimizer and schedule for a
     common.optim.Optimizer: computing its update ("canonical"), or as a straightforward port has it ("stock":
     optimizer.get_trainer says what differs); from a checkpoint's canonical `state` if given. The network is the
-    LeNet, or the ResNet with BatchNormalization (network.sync changes nothing on one device)."""
+    LeNet, or the ResNet with BatchNormalization (network.sync changes nothing on one device); Keras's optimizer trains
+    every trainable variable, the ResNet's BatchNorm gamma and beta and every bias included (weight decay too)."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     with tf.device(devices[0]):
@@ -33,7 +35,7 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
             trainer = get_trainer(optimizer, port)
         trainer.build(net.trainable_variables)
         if state is not None:
-            load_state(trainer, state)
+            load_state(trainer, state, parameters(net))
     return Model(net, trainer)
 
 
@@ -47,6 +49,16 @@ def build(weights, network, synchronized=False):
 
 def is_resnet(net):
     return any(layer.name == "stem.conv" for layer in net.layers)
+
+
+def parameters(net):
+    """canonical parameter name -> the Keras model's trainable variable, in the canonical order: the LeNet's in its
+    Sequential order (PARAM_NAMES), the ResNet's by layer name (its BatchNorm's gamma and beta; the moving statistics
+    are not trained and have no optimizer state)."""
+    if is_resnet(net):
+        variables = resnet.keras_variables(net)
+        return {name: variables[name] for name in resnet.PARAM_NAMES}
+    return dict(zip(PARAM_NAMES, net.trainable_variables, strict=True))
 
 
 # One graph for the step; reduce_retracing: the last, smaller batch of an epoch does not retrace again.
@@ -90,7 +102,7 @@ def replica_bn_states(model):
 
 
 def optimizer_state(model):
-    return canonical_state(model.trainer)
+    return canonical_state(model.trainer, parameters(model.net))
 
 
 def evaluate(model, X, y, batch_size=1000):

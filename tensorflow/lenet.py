@@ -1,41 +1,43 @@
 """LeNet in TensorFlow ops. A replica is the list of tf.Variables on one device, in
 common.lenet.PARAM_NAMES order, holding the weights in TensorFlow's channels-last layout; common/layouts.py
-converts them (the one place where a channels-last layout and the canonical, PyTorch, one meet)."""
+converts them (the one place where a channels-last layout and the canonical, PyTorch, one meet). The memory
+layout of the convolutions is an argument (Functional's field), never a module's setting."""
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
 from common.layouts import to_canonical, to_channels_last
 from common.lenet import IMAGE_SHAPE, LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
 
+# The scratch step's usual layout (execution.py names and chooses the layouts: LAYOUTS, and exports this one): here,
+# where resnet.py and the functions below read it without importing execution.py.
+DEFAULT_LAYOUT = "nhwc"
 
-# execution.py names and chooses the layouts (LAYOUTS, DEFAULT_LAYOUT).
-layout = "nhwc"   # the scratch step's: execution.DEFAULT_LAYOUT at import; execution.use_layout replaces it
 
-
-def to_layout(X):
+def to_layout(X, layout=DEFAULT_LAYOUT):
     """A canonical NCHW batch in the convolutions' layout: NHWC, TensorFlow's usual one on the CPU, is a
     transpose; NCHW runs as it is (data_format="NCHW")."""
     return tf.transpose(X, (0, 2, 3, 1)) if layout == "nhwc" else X
 
 
 def get_params(weights, device):
+    """HWIO kernels in both layouts: a replica does not depend on the layout."""
     with tf.device(device):
         return [tf.Variable(to_channels_last(name, weights[name]), name=name) for name in PARAM_NAMES]
 
 
-def conv_relu_pool(h, w, b):
+def conv_relu_pool(h, w, b, layout=DEFAULT_LAYOUT):
     """One convolution, its ReLU and its pooling in `layout`; the kernel is HWIO in both data formats."""
     data_format = layout.upper()
     h = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, w, 1, "VALID", data_format=data_format), b, data_format))
     return tf.nn.avg_pool2d(h, POOL, POOL, "VALID", data_format)
 
 
-def forward(params, X):
-    """X is a canonical NCHW batch, like every framework's; to_layout makes it the convolutions' layout. A unit
-    of data_parallel.py's step, which execution.use puts back as written at every level (tf.function compiles
-    the step around it)."""
+def forward(params, X, layout=DEFAULT_LAYOUT):
+    """X is a canonical NCHW batch, like every framework's; to_layout makes it the convolutions' layout."""
     w1, b1, w2, b2, w3, b3, w4, b4 = params
-    h = conv_relu_pool(conv_relu_pool(to_layout(X), w1, b1), w2, b2)
+    h = conv_relu_pool(conv_relu_pool(to_layout(X, layout), w1, b1, layout), w2, b2, layout)
     if layout == "nchw":
         h = tf.transpose(h, (0, 2, 3, 1))   # 800 values per image, and the weights are those of NHWC
     h = tf.reshape(h, (-1, w3.shape[0]))   # H, W, C order: fc1's rows were reordered to match
@@ -48,9 +50,61 @@ def loss_sum(logits, y):
     return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
 
 
+def device_loss_and_grads(params, X, y, layout=DEFAULT_LAYOUT):
+    """One device's part of the step: its shard's summed loss and the gradients."""
+    with tf.GradientTape() as tape:
+        loss = loss_sum(forward(params, X, layout), y)
+    return loss, tape.gradient(loss, params)
+
+
 def to_numpy(params):
     return {name: np.ascontiguousarray(to_canonical(name, p.numpy()), dtype=np.float32)
             for name, p in zip(PARAM_NAMES, params)}
+
+
+def accuracy(predict, X, y, device, batch_size=1000):
+    """The share of X whose predicted class (predict: a batch on `device` -> class indices) is y, batch by batch."""
+    correct = 0
+    for i in range(0, len(X), batch_size):
+        with tf.device(device):
+            correct += (np.asarray(predict(tf.convert_to_tensor(X[i:i + batch_size]))) == y[i:i + batch_size]).sum()
+    return float(correct) / len(X)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Functional:
+    """The LeNet as the recipe's step trains it (common.interface.FUNCTIONAL), in `layout` ('nhwc' or 'nchw').
+    Frozen and hashable, and with slots (no weak reference): tf.function then keys its traces by the Functional's
+    value, so an equal Functional made anew reuses them (a weakly referenced object is keyed by its identity)."""
+    layout: str = DEFAULT_LAYOUT
+    name = "lenet"
+    param_names = PARAM_NAMES
+
+    def get_params(self, weights, device):
+        return get_params(weights, device)
+
+    def get_bn_state(self, state, device):
+        return None   # no BatchNorm
+
+    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices):
+        """Each device's own loss and gradients, each under its tf.device: in a graph the devices' parts depend on
+        nothing of each other's and run in parallel."""
+        losses, grads = [], []
+        for params, X, y, device in zip(replicas, X_shards, y_shards, devices):
+            with tf.device(device):
+                loss, device_grads = device_loss_and_grads(params, X, y, self.layout)
+            losses.append(loss)
+            grads.append(device_grads)
+        return losses, grads, bn_states
+
+    def to_numpy(self, replica):
+        return to_numpy(replica)
+
+    def bn_state_to_numpy(self, bn_state):
+        return {}
+
+    def evaluate(self, replica, bn_state, X, y):
+        return accuracy(lambda X: tf.argmax(forward(replica, X, self.layout), 1), X, y, replica[0].device)
 
 
 def build_model(weights):

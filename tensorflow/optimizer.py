@@ -1,14 +1,13 @@
 """The optimizer in TensorFlow, two ways: common/optim.py's canonical update written by hand for the scratch step
 (apply: a replica's state is tf.Variables beside its weights, assigned in place), and Keras's own optimizers and
 schedules for the built-in and idiomatic modes (get_trainer), subclassed only where Keras computes another
-update; a Keras trainer's state goes in and out in the canonical form (load_state, canonical_state)."""
+update; a Keras trainer's state goes in and out in the canonical form (load_state, canonical_state). Either way the
+state is the network's: one buffer per slot and parameter, named after the parameter (the LeNet's or the ResNet's)."""
+import numpy as np
 import tensorflow as tf
 
-from common.layouts import to_channels_last
-from common.lenet import PARAM_NAMES
+from common.layouts import to_canonical, to_channels_last
 from common.optim import CLIP_EPS, STEP_FACTOR
-
-from .lenet import get_params, to_numpy
 
 keras = tf.keras
 
@@ -20,27 +19,29 @@ def init_state(replica, optimizer):
         state = {"optimizer": optimizer, "step": tf.Variable(0, dtype=tf.int64, name="step")}
     for slot in optimizer.slots:
         state[slot] = []
-        for name, p in zip(PARAM_NAMES, replica):
+        for p in replica:
             with tf.device(p.device):
-                state[slot].append(tf.Variable(tf.zeros_like(p), name=f"{slot}.{name}"))
+                state[slot].append(tf.Variable(tf.zeros_like(p), name=f"{slot}.{p.name.split(':')[0]}"))
     return state
 
 
-def state_to_numpy(state):
-    """The buffers have their parameters' shapes and layout: lenet.to_numpy converts them as it converts weights."""
+def state_to_numpy(state, model):
+    """The buffers have their parameters' shapes and layout: the model's to_numpy converts them as it converts
+    weights, and names them after its parameters."""
     arrays = {"step": int(state["step"].numpy())}
     for slot in state["optimizer"].slots:
-        arrays.update({f"{slot}.{name}": a for name, a in to_numpy(state[slot]).items()})
+        arrays.update({f"{slot}.{name}": a for name, a in model.to_numpy(state[slot]).items()})
     return arrays
 
 
-def state_from_numpy(arrays, replica, optimizer):
-    """Each buffer made as get_params makes the weight of its name: channels-last, on the replica's device."""
+def state_from_numpy(arrays, replica, optimizer, model):
+    """Each buffer made as the model's get_params makes the weight of its name: channels-last, on the replica's
+    device."""
     device = replica[0].device
     with tf.device(device):
         state = {"optimizer": optimizer, "step": tf.Variable(arrays["step"], dtype=tf.int64, name="step")}
     for slot in optimizer.slots:
-        state[slot] = get_params({name: arrays[f"{slot}.{name}"] for name in PARAM_NAMES}, device)
+        state[slot] = model.get_params({name: arrays[f"{slot}.{name}"] for name in model.param_names}, device)
     return state
 
 
@@ -223,25 +224,35 @@ def follows_its_schedule(trainer):
     return hasattr(trainer, "spec")
 
 
-# The Keras optimizer's attribute holding each canonical slot's variables, one per trainable variable, in the model's
-# order (PARAM_NAMES): SGD's "momentum" buffers, Adam's (and AdamW's) first and second moments.
+# The Keras optimizer's attribute holding each canonical slot's variables, one per trainable variable it was built
+# over: SGD's "momentum" buffers, Adam's (and AdamW's) first and second moments.
 SLOTS = {"momentum_buffer": "momentums", "exp_avg": "_momentums", "exp_avg_sq": "_velocities"}
 
 
-def load_state(trainer, state):
+def buffers(trainer, slot, parameters):
+    """canonical parameter name -> the trainer's buffer of `slot` for it; `parameters`: canonical name -> the Keras
+    variable the trainer was built over (idiomatic.parameters). Found by the variable, not by position: a Keras
+    model's order of variables is its own."""
+    found = getattr(trainer, SLOTS[slot])
+    return {name: found[trainer._get_variable_index(variable)] for name, variable in parameters.items()}
+
+
+def load_state(trainer, state, parameters):
     """Starts a built get_trainer trainer from a canonical state: its iterations at the state's step count, so
     that its schedule gives the rate of step state["step"] next and Adam's bias corrections use t = step + 1, and
-    its buffers in Keras's layout, as the weights are. Under a strategy each assign sets every replica's copy."""
+    its buffers in Keras's layout, as the weights are. `parameters`: canonical name -> the Keras variable it was built
+    over. Under a strategy each assign sets every replica's copy."""
     trainer.iterations.assign(state["step"])
     for slot in trainer.spec.slots:
-        for name, variable in zip(PARAM_NAMES, getattr(trainer, SLOTS[slot])):
+        for name, variable in buffers(trainer, slot, parameters).items():
             variable.assign(to_channels_last(name, state[f"{slot}.{name}"]))
 
 
-def canonical_state(trainer):
+def canonical_state(trainer, parameters):
     """A get_trainer trainer's state, canonical (common.optim.init_state's form): the step count is its
-    iterations; lenet.to_numpy converts the buffers as it converts the weights."""
+    iterations; the buffers of `parameters` (canonical name -> Keras variable) converted as the weights are."""
     state = {"step": int(trainer.iterations.numpy())}
     for slot in trainer.spec.slots:
-        state.update({f"{slot}.{name}": a for name, a in to_numpy(getattr(trainer, SLOTS[slot])).items()})
+        state.update({f"{slot}.{name}": np.ascontiguousarray(to_canonical(name, variable.numpy()), dtype=np.float32)
+                      for name, variable in buffers(trainer, slot, parameters).items()})
     return state

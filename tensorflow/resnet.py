@@ -1,7 +1,10 @@
 """d2l's ResNet-18 (common/resnet.py) in TensorFlow ops. A replica is the list of tf.Variables on one device, in
 common.resnet.PARAM_NAMES order, holding the weights in TensorFlow's layout (HWIO kernels, dense (in, out):
 common/layouts.py converts them; global average pooling leaves no flatten order to fix), and its BatchNorm state
-the list of running statistics in BN_STATE_NAMES order."""
+the list of running statistics in BN_STATE_NAMES order. The memory layout and the BatchNorm mode are arguments
+(Functional's fields), never a module's settings."""
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
@@ -9,16 +12,8 @@ from common.layouts import to_canonical, to_channels_last
 from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, IMAGE_SHAPE, PARAM_NAMES, has_projection,
                            layer_arguments, layers)
 
-from . import data_parallel, distributed as dist
-from .data_parallel import allreduce_gradients, sgd, split_and_load
-from .lenet import loss_sum
-
-layout = "nhwc"   # as lenet.layout: execution.DEFAULT_LAYOUT
-
-
-def to_layout(X):
-    """A canonical NCHW batch in the convolutions' layout: NHWC is a transpose; NCHW runs as it is."""
-    return tf.transpose(X, (0, 2, 3, 1)) if layout == "nhwc" else X
+from . import distributed as dist
+from .lenet import DEFAULT_LAYOUT, accuracy, loss_sum, to_layout
 
 
 def get_params(weights, device):
@@ -32,7 +27,7 @@ def get_bn_state(state, device):
         return [tf.constant(state[name]) for name in BN_STATE_NAMES]
 
 
-def conv(p, name, h):
+def conv(p, name, h, layout=DEFAULT_LAYOUT):
     """Explicit symmetric padding: padding="SAME" with stride 2 on an even input pads bottom/right only."""
     _, stride, pad = CONVS[name]
     padding = [[0, 0], [pad, pad], [pad, pad], [0, 0]] if layout == "nhwc" else [[0, 0], [0, 0], [pad, pad], [pad, pad]]
@@ -40,7 +35,7 @@ def conv(p, name, h):
     return tf.nn.bias_add(h, p[f"{name}.bias"], data_format=layout.upper())
 
 
-def axes_and_shape():
+def axes_and_shape(layout=DEFAULT_LAYOUT):
     """The axes a BatchNorm reduces over and the shape its per-channel vectors broadcast in, in `layout`."""
     return ([0, 1, 2], (1, 1, 1, -1)) if layout == "nhwc" else ([0, 2, 3], (1, -1, 1, 1))
 
@@ -55,13 +50,13 @@ def on_devices(devices, fn, *per_shard):
     return out
 
 
-def batch_statistics(hs, devices, sync):
+def batch_statistics(hs, devices, sync, layout=DEFAULT_LAYOUT):
     """Each shard's per-channel (mean, biased variance, count) for training: its own (local BatchNorm), or the global
     batch's (sync), in two all-reduces as a one-device variance is taken in two passes: the shards' sums and counts
     give the mean, their squared deviations from it the variance. Summed across this process's devices by add_n and
     across processes by process_sum, both differentiated by the tape: every shard's gradient includes what flows
     through the statistics, as if one device held the whole batch."""
-    axes, shape = axes_and_shape()
+    axes, shape = axes_and_shape(layout)
     channel = -1 if layout == "nhwc" else 1
     count = lambda h: tf.cast(tf.size(h) // tf.shape(h)[channel], h.dtype)   # noqa: E731
     if not sync:
@@ -92,14 +87,14 @@ def process_sum(x):
     return dist.all_reduce(x), grad
 
 
-def batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states):
+def batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states, layout=DEFAULT_LAYOUT):
     """common.resnet.batch_norm written out on every shard at once, with tf.nn.batch_normalization (Keras's
     BatchNormalization would keep its own moving statistics by its own convention)."""
-    _, shape = axes_and_shape()
+    _, shape = axes_and_shape(layout)
     reshape = lambda v: tf.reshape(v, shape)   # noqa: E731
     running = [(s[f"{name}.running_mean"], s[f"{name}.running_var"]) for s in ss]
     if training:
-        statistics = batch_statistics(hs, devices, sync)
+        statistics = batch_statistics(hs, devices, sync, layout)
         for new, (mean, var), (batch_mean, batch_var, count), device in zip(new_states, running, statistics, devices):
             with tf.device(device):
                 unbiased = batch_var * count / (count - 1) if bn.unbiased else batch_var
@@ -111,16 +106,18 @@ def batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states):
         ps, hs, running)
 
 
-def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICAL_BN, sync=False):
+def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICAL_BN, sync=False,
+                   layout=DEFAULT_LAYOUT):
     """Every replica on its own shard, in lock-step, layer by layer: a synchronised BatchNorm needs every shard's
     moments before any shard is normalised. Logits per shard; in training mode also each replica's new BatchNorm
     state (a list in BN_STATE_NAMES order). Nothing is updated in place."""
     ps, ss = [dict(zip(PARAM_NAMES, r)) for r in replicas], [dict(zip(BN_STATE_NAMES, s)) for s in bn_states]
     new_states = [{} for _ in replicas]
-    convs = lambda name, hs: on_devices(devices, lambda p, h: conv(p, name, h), ps, hs)   # noqa: E731
-    norms = lambda name, hs: batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states)   # noqa: E731
+    convs = lambda name, hs: on_devices(devices, lambda p, h: conv(p, name, h, layout), ps, hs)   # noqa: E731
+    norms = lambda name, hs: batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states,   # noqa: E731
+                                        layout)
     relus = lambda hs: on_devices(devices, tf.nn.relu, hs)   # noqa: E731
-    hs = relus(norms("stem.bn", convs("stem.conv", on_devices(devices, to_layout, X_shards))))
+    hs = relus(norms("stem.bn", convs("stem.conv", on_devices(devices, lambda X: to_layout(X, layout), X_shards))))
     for block, stride in BLOCKS:
         ys = relus(norms(f"{block}.bn1", convs(f"{block}.conv1", hs)))
         ys = norms(f"{block}.bn2", convs(f"{block}.conv2", ys))
@@ -134,9 +131,9 @@ def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICA
     return logits, [[new[name] for name in BN_STATE_NAMES] for new in new_states]
 
 
-def forward(params, bn_state, X, training, bn=CANONICAL_BN):
+def forward(params, bn_state, X, training, bn=CANONICAL_BN, layout=DEFAULT_LAYOUT):
     """Logits of the NCHW batch X on one replica; in training mode (batch statistics) also its new BatchNorm state."""
-    out = forward_shards([params], [bn_state], [X], [params[0].device], training, bn)
+    out = forward_shards([params], [bn_state], [X], [params[0].device], training, bn, layout=layout)
     return (out[0][0], out[1][0]) if training else out[0]
 
 
@@ -149,12 +146,12 @@ def bn_state_to_numpy(bn_state):
     return {name: t.numpy().astype(np.float32) for name, t in zip(BN_STATE_NAMES, bn_state)}
 
 
-def loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync):
+def loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync=False, layout=DEFAULT_LAYOUT):
     """The devices' summed losses and each replica's gradients, on its device, from one tape over the whole lock-step
     forward: with sync, a replica's gradient includes what reaches it through the other shards' statistics. Also the
     replicas' new BatchNorm states."""
     with tf.GradientTape() as tape:
-        logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync)
+        logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync, layout)
         losses = on_devices(devices, loss_sum, logits, y_shards)
     grads = tape.gradient(losses, [p for params in replicas for p in params])   # of the losses' sum
     n = len(PARAM_NAMES)
@@ -163,42 +160,41 @@ def loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync):
         new_states
 
 
-def step_on_shards(replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, sync, bucket_bytes=None):
-    """data_parallel.step_on_shards with BatchNorm: loss_and_grads, the recipe's all-reduce of each parameter's
-    gradients, its update. Returns each device's summed loss and the replicas' new BatchNorm states. One graph for
-    the step (tf.function below), traced per device list and BatchNorm mode."""
-    losses, grads, new_states = loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync)
-    grads = allreduce_gradients(grads, bucket_bytes)
-    for params, device_grads in zip(replicas, grads):
-        sgd(params, device_grads, lr, batch_size)
-    return losses, new_states
-
-
-step_on_shards = tf.function(step_on_shards, reduce_retracing=True)
-
-
-def train_step(replicas, bn_states, X, y, devices, lr, batch_size=None, sync=False):
-    """data_parallel.train_step with BatchNorm; the replicas' new running statistics go into bn_states."""
-    X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
-    losses, bn_states[:] = step_on_shards(replicas, bn_states, X_shards, y_shards, tuple(devices),
-                                          tf.constant(lr, tf.float32), tf.constant(batch_size or len(X), tf.float32),
-                                          sync, data_parallel.BUCKET_BYTES)
-    return sum(float(loss) for loss in losses) / len(X)
-
-
 @tf.function(reduce_retracing=True)
-def predict(params, bn_state, X):
-    return tf.argmax(forward(params, bn_state, X, training=False), 1)
+def predict(params, bn_state, X, layout=DEFAULT_LAYOUT):
+    """Class indices in inference mode (the running statistics); traced per layout."""
+    return tf.argmax(forward(params, bn_state, X, training=False, layout=layout), 1)
 
 
-def evaluate(params, bn_state, X, y, batch_size=1000):
-    """Inference mode: every image normalised by the running statistics."""
-    correct = 0
-    for i in range(0, len(X), batch_size):
-        with tf.device(params[0].device):
-            correct += (predict(params, bn_state, tf.convert_to_tensor(X[i:i + batch_size])).numpy()
-                        == y[i:i + batch_size]).sum()
-    return float(correct) / len(X)
+@dataclasses.dataclass(frozen=True, slots=True)
+class Functional:
+    """The ResNet-18 as the recipe's step trains it (common.interface.FUNCTIONAL), in `layout` ('nhwc' or 'nchw'),
+    with local BatchNorm or, `sync` (--bn sync), BatchNorm synchronised across devices and processes. Frozen,
+    hashable, with slots: a tf.function trace key by value, as lenet.Functional."""
+    layout: str = DEFAULT_LAYOUT
+    sync: bool = False
+    name = "resnet18"
+    param_names = PARAM_NAMES
+
+    def get_params(self, weights, device):
+        return get_params(weights, device)
+
+    def get_bn_state(self, state, device):
+        return get_bn_state(state, device)
+
+    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices):
+        """The lock-step forward of every replica on its shard, local or synchronised BatchNorm, one tape."""
+        return loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, self.sync, self.layout)
+
+    def to_numpy(self, replica):
+        return to_numpy(replica)
+
+    def bn_state_to_numpy(self, bn_state):
+        return bn_state_to_numpy(bn_state)
+
+    def evaluate(self, replica, bn_state, X, y):
+        """Inference mode: every image normalised by the running statistics."""
+        return accuracy(lambda X: predict(replica, bn_state, X, self.layout), X, y, replica[0].device)
 
 
 # canonical suffix -> the Keras variable's name in each kind of layer
