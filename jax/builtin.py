@@ -16,8 +16,10 @@ masked out of both (nnx.BatchNorm's mask). Flax's own synchronisation, BatchNorm
 pmeans each device's masked mean: with unequal real rows per device (97 = 49 + 48) that is not the global mean.
 The all-reduce: XLA's CPU compiler has no pass that combines collectives, so both forms all-reduce one gradient at a
 time (a psum of the gradients' pytree lowers to an all-reduce per tensor), each a gloo call across processes (43% of
-the ResNet's step on 2 processes). With `--allreduce bucketed` (BUCKET_BYTES) the step is shard_map's with the psum
-written as an expert does on CPU: the gradients flattened into buckets (common/buckets.py), one psum each."""
+the ResNet's step on 2 processes). With `--allreduce bucketed` (get_model's bucket_bytes) the step is shard_map's with
+the psum written as an expert does on CPU: the gradients flattened into buckets (common/buckets.py), one psum each.
+The ResNet trains with every optimizer as the LeNet does: Optax's transformation over its parameters' pytree (the
+running statistics are no parameters: no optimizer state, no decay), after the all-reduce in both forms."""
 import functools
 
 import jax
@@ -32,26 +34,25 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from common.buckets import plan
 from common.interface import Model, Network, RosettaError
 from common.lenet import PARAM_NAMES
+from common.resnet import PARAM_NAMES as RESNET_PARAMS
 
 from . import resnet
-from .data_parallel import evaluate as evaluate_params, flatten, unflatten
+from .data_parallel import flatten, unflatten
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .idiomatic import evaluate as evaluate_flax
-from .lenet import forward, held, to_numpy as params_to_numpy
+from .lenet import evaluate as evaluate_params, forward, held, to_numpy as params_to_numpy
 from .optimizer import optax_canonical, optax_state, get_trainer
 
 
 def EXEC(model):
     """The form get_model chose: shard_map's for a bucketed psum or the local BatchNorm, else jit's."""
-    local_batchnorm = isinstance(model.trainer, BatchNormTrainer) and not model.trainer.sync
-    return "jax.jit+shard_map" if BUCKET_BYTES or local_batchnorm else "jax.jit+NamedSharding"
+    return "jax.jit+shard_map" if model.trainer.form == "shard_map" else "jax.jit+NamedSharding"
 
 
 COMPILES = "whole step"
 # Its gradients' reduction (harness/split.py): XLA's CPU compiler leaves one all-reduce per parameter in the compiled
 # step (its HLO, read here: 8 for the LeNet, none combined), each a gloo collective across processes.
 ALLREDUCE = "per-tensor"
-BUCKET_BYTES = None   # the run's --allreduce (common.buckets.bucket_bytes); a cap makes the step shard_map's, bucketed
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # the scratch forward's, whose weights lenet.held lays out
 FORMS = ("jit", "shard_map")
 
@@ -106,7 +107,7 @@ def shard_map_step(bucket_bytes, params, X, y, mask, scale):
 
 def optax_update(tx, params, opt_state, grads, scale):
     """Optax's update of the global batch's mean gradient (the loss is summed: scale is 1 / global batch)."""
-    updates, opt_state = tx.update([g * scale for g in grads], opt_state, params)
+    updates, opt_state = tx.update(jax.tree.map(lambda g: g * scale, grads), opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
 
@@ -148,89 +149,119 @@ def batchnorm_loss(graphdef, params, stats, X, y, mask):
     return rows.sum(), (rows, nnx.state(model, nnx.BatchStat))
 
 
-def jit_batchnorm_step(graphdef, params, stats, X, y, mask, scale):
+def descend(tx, params, opt_state, grads, scale):
+    """The ResNet's update: the recipe's, scale (lr / global batch) times the summed gradient (tx None), or Optax's
+    of the mean gradient (scale 1 / global batch), every parameter (BatchNorm's scale and bias too) in both."""
+    if tx is None:
+        return jax.tree.map(lambda p, g: p - scale * g, params, grads), opt_state
+    return optax_update(tx, params, opt_state, grads, scale)
+
+
+def jit_batchnorm_step(graphdef, tx, params, stats, opt_state, X, y, mask, scale):
     """Written for one device: the global batch's statistics, whatever the shardings."""
     (_, (rows, stats)), grads = jax.value_and_grad(batchnorm_loss, argnums=1, has_aux=True)(
         graphdef, params, stats, X, y, mask)
-    return jax.tree.map(lambda p, g: p - scale * g, params, grads), stats, rows
+    return *descend(tx, params, opt_state, grads, scale), stats, rows
 
 
-def shard_map_batchnorm_step(graphdef, bucket_bytes, params, stats, X, y, mask, scale):
-    """Each device's shard, statistics and running statistics (its block of the stacked `stats`), then the psum."""
+def shard_map_batchnorm_step(graphdef, tx, bucket_bytes, params, stats, opt_state, X, y, mask, scale):
+    """Each device's shard, statistics and running statistics (its block of the stacked `stats`), then the psum and
+    the update of the all-reduced gradient."""
     own = jax.tree.map(lambda s: s[0], stats)
     (_, (rows, own)), grads = jax.value_and_grad(batchnorm_loss, argnums=1, has_aux=True)(
         graphdef, lax.pvary(params, "devices"), own, X, y, mask)
     grads = psum_gradients(grads, bucket_bytes)
-    return jax.tree.map(lambda p, g: p - scale * g, params, grads), jax.tree.map(lambda s: s[None], own), rows
+    return *descend(tx, params, opt_state, grads, scale), jax.tree.map(lambda s: s[None], own), rows
 
 
-def compile_batchnorm_step(mesh, graphdef, sync, bucket_bytes=None):
+def compile_batchnorm_step(mesh, graphdef, sync, tx=None, bucket_bytes=None):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     if sync:
-        return jax.jit(functools.partial(jit_batchnorm_step, graphdef), out_shardings=(replicated, replicated, rows))
-    return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef, bucket_bytes), mesh=mesh,
-                                 in_specs=(P(), P("devices"), P("devices"), P("devices"), P("devices"), P()),
-                                 out_specs=(P(), P("devices"), P("devices"))))
+        return jax.jit(functools.partial(jit_batchnorm_step, graphdef, tx),
+                       out_shardings=(replicated, replicated, replicated, rows))
+    return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef, tx, bucket_bytes), mesh=mesh,
+                                 in_specs=(P(), P("devices"), P(), P("devices"), P("devices"), P("devices"), P()),
+                                 out_specs=(P(), P(), P("devices"), P("devices"))))
+
+
+class Step:
+    """The recipe's SGD step, compiled (lower() gives its program), and the form it was compiled in."""
+
+    def __init__(self, step, form):
+        self.step, self.form, self.opt_state = step, form, None
+        self.lower = step.lower
+
+    def __call__(self, net, X, y, mask, scale):
+        return self.step(net, X, y, mask, scale)
 
 
 class BatchNormTrainer:
-    """The ResNet's step: the model is [parameters, BatchNorm statistics], two pytrees of global arrays."""
+    """The ResNet's step: the model is [parameters, BatchNorm statistics], two pytrees of global arrays; with an Optax
+    transformation its state (opt_state) goes through the step and comes back new, as OptaxTrainer's."""
 
-    def __init__(self, step, graphdef, sync):
-        self.step, self.graphdef, self.sync = step, graphdef, sync
+    def __init__(self, step, graphdef, sync, form, opt_state=None):
+        self.step, self.graphdef, self.sync, self.form, self.opt_state = step, graphdef, sync, form, opt_state
 
     def __call__(self, net, X, y, mask, scale):
-        params, stats, rows = self.step(*net, X, y, mask, scale)
+        params, self.opt_state, stats, rows = self.step(*net, self.opt_state, X, y, mask, scale)
         return [params, stats], rows
 
 
 class OptaxTrainer:
     """Optax's transformation is pure: this holds its state between steps and threads it through the step."""
 
-    def __init__(self, step, opt_state):
-        self.step, self.opt_state = step, opt_state
+    def __init__(self, step, opt_state, form):
+        self.step, self.opt_state, self.form = step, opt_state, form
 
     def __call__(self, net, X, y, mask, scale):
         net, self.opt_state, rows = self.step(net, self.opt_state, X, y, mask, scale)
         return net, rows
 
 
-def get_model(weights, devices, optimizer=None, state=None, form=None, network=Network()):
+def get_model(weights, devices, optimizer=None, state=None, form=None, network=Network(), bucket_bytes=None):
     """The recipe's plain SGD (optimizer None or its is_recipe) is today's step; any other optimizer is Optax's
     transformation (optimizer.py), its state made by a compiled tx.init, or holding the canonical `state` of a
     checkpoint (buffers laid out as the parameters, every count at its step): global arrays replicated over the
-    mesh, across processes too. The form: jit's, or shard_map's where the all-reduce is bucketed (BUCKET_BYTES)."""
-    mesh, form = mesh_of(devices), form or ("shard_map" if BUCKET_BYTES else "jit")
-    bucket_bytes = BUCKET_BYTES if form == "shard_map" else None
+    mesh, across processes too. The form: jit's, or shard_map's where the all-reduce is bucketed (bucket_bytes, the
+    run's --allreduce: common.buckets.bucket_bytes)."""
+    mesh, form = mesh_of(devices), form or ("shard_map" if bucket_bytes else "jit")
+    bucket_bytes = bucket_bytes if form == "shard_map" else None
     replicated = NamedSharding(mesh, P())   # every device holds the whole parameter
+    tx = None if optimizer is None or optimizer.is_recipe else get_trainer(optimizer)
 
     def replicate(a):
         a = np.asarray(a)
         return jax.make_array_from_callback(a.shape, replicated, lambda index: a[index])
 
+    def optax_start(params, host, laid_out, names):
+        """tx's state for the replicated `params`: zero (a compiled tx.init), or the checkpoint's `state`."""
+        if state is None:
+            return jax.jit(tx.init, out_shardings=replicated)(params)
+        return jax.tree.map(replicate, optax_state(state, tx.init(host), laid_out, names))
+
     if network.bn_state is not None:   # the ResNet: the form follows the BatchNorm (module docstring)
-        graphdef, params, stats = nnx.split(resnet.build_model(weights, network.bn_state), nnx.Param, nnx.BatchStat)
+        graphdef, host, stats = nnx.split(resnet.build_model(weights, network.bn_state), nnx.Param, nnx.BatchStat)
         if not network.sync:   # one copy per device, stacked along the mesh axis
             stats = jax.tree.map(lambda s: np.stack([np.asarray(s)] * mesh.size), stats)
         put = replicate if network.sync else lambda a: jax.make_array_from_callback(
             a.shape, NamedSharding(mesh, P("devices")), lambda index: a[index])
-        params, stats = jax.tree.map(lambda a: replicate(np.asarray(a)), params), jax.tree.map(put, stats)
+        params, stats = jax.tree.map(lambda a: replicate(np.asarray(a)), host), jax.tree.map(put, stats)
         if network.sync and bucket_bytes:
             raise RosettaError("JAX's synchronised BatchNorm step is jit's, whose all-reduces XLA places: "
                                "--allreduce bucketed needs --bn local")
-        step = compile_batchnorm_step(mesh, graphdef, network.sync, bucket_bytes)
-        return Model([params, stats], BatchNormTrainer(step, graphdef, network.sync), mesh)
+        laid_out = lambda arrays: nnx.split(   # noqa: E731
+            resnet.build_model(arrays, network.bn_state), nnx.Param, nnx.BatchStat)[1]
+        opt_state = None if tx is None else optax_start(params, host, laid_out, RESNET_PARAMS)
+        step = compile_batchnorm_step(mesh, graphdef, network.sync, tx, None if network.sync else bucket_bytes)
+        trainer = BatchNormTrainer(step, graphdef, network.sync, "jit" if network.sync else "shard_map", opt_state)
+        return Model([params, stats], trainer, mesh)
     host = [held(name, weights[name]) for name in PARAM_NAMES]
     params = [replicate(w) for w in host]
-    if optimizer is None or optimizer.is_recipe:
-        return Model(params, compile_step(mesh, form, bucket_bytes), mesh)
-    tx = get_trainer(optimizer)
-    if state is None:
-        opt_state = jax.jit(tx.init, out_shardings=replicated)(params)
-    else:
-        laid_out = lambda arrays: [held(name, arrays[name]) for name in PARAM_NAMES]   # noqa: E731
-        opt_state = jax.tree.map(replicate, optax_state(state, tx.init(host), laid_out))
-    return Model(params, OptaxTrainer(compile_optax_step(mesh, form, tx, bucket_bytes), opt_state), mesh)
+    if tx is None:
+        return Model(params, Step(compile_step(mesh, form, bucket_bytes), form), mesh)
+    laid_out = lambda arrays: [held(name, arrays[name]) for name in PARAM_NAMES]   # noqa: E731
+    opt_state = optax_start(params, host, laid_out, PARAM_NAMES)
+    return Model(params, OptaxTrainer(compile_optax_step(mesh, form, tx, bucket_bytes), opt_state, form), mesh)
 
 
 def train_step(model, batch, lr, batch_size):
@@ -240,7 +271,7 @@ def train_step(model, batch, lr, batch_size):
     the mesh, padding masked."""
     net, trainer, _ = model                # the replicated parameters and the compiled step
     X, y, mask, rows = batch
-    rate = 1.0 if isinstance(trainer, OptaxTrainer) else lr
+    rate = lr if trainer.opt_state is None else 1.0
     net[:], losses = trainer(net, X, y, mask, jnp.float32(rate / batch_size))
     return sum(float(shard.data.sum()) for shard in losses.addressable_shards) / rows
 
@@ -282,9 +313,17 @@ def replica_bn_states(model):
 
 
 def optimizer_state(model):
-    """The canonical state of the model's Optax state: this process's copy, converted as the weights are."""
+    """The canonical state of the model's Optax state: this process's copy, converted as the weights are (the
+    ResNet's buffers, a pytree like its parameters, through its Flax module: resnet.model_to_numpy)."""
     local = jax.tree.map(lambda a: a.addressable_data(0), model.trainer.opt_state)
-    return optax_canonical(local, params_to_numpy)
+    if not is_resnet(model):
+        return optax_canonical(local, params_to_numpy)
+
+    def to_canonical(buffers):
+        module = local_model(model)
+        nnx.update(module, buffers)
+        return resnet.model_to_numpy(module)[0]
+    return optax_canonical(local, to_canonical)
 
 
 def evaluate(model, X, y):

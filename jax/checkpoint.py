@@ -18,7 +18,7 @@ from common.lenet import LAYERS, init_weights
 
 from . import resnet as resnet_model
 from .lenet import build_model
-from .optimizer import load_state, canonical_state, get_trainer
+from .optimizer import canonical_state, find, flax_paths, get_trainer, load_state
 
 KEYS = {f"{layer}.{part}": f"{layer}/{name}" for layer in LAYERS for part, name in (("weight", "kernel"),
                                                                                     ("bias", "bias"))}
@@ -86,17 +86,26 @@ def flatten(tree, prefix=""):
 
 def save_state(state, optimizer, path):
     """The idiomatic mode's nnx.Optimizer for `optimizer` (over a Flax model: its buffers in the module's tree),
-    started from the canonical `state` and saved as save() saves the model."""
-    trainer = nnx.Optimizer(build_model(init_weights()), get_trainer(optimizer), wrt=nnx.Param)
-    load_state(trainer, state)
+    started from the canonical `state` and saved as save() saves the model. The network is the state's: its buffers'
+    names (`<slot>.<name>`) are the LeNet's or the ResNet's, whose width their stem's shape gives (a state without
+    buffers, plain SGD's, is the same for both: the LeNet's)."""
+    names = {key.split(".", 1)[1]: a for key, a in state.items() if key != "step"}
+    width = resnet.width_of(names) if "stem.conv.weight" in names else None
+    module = idiomatic(*any_weights(width))
+    trainer = nnx.Optimizer(module, get_trainer(optimizer), wrt=nnx.Param)
+    load_state(trainer, state, flax_paths(module))
     with checkpointer() as saver:
         saver.save(os.path.abspath(path), jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(trainer))))
 
 
 def read_state(path):
-    """The canonical state's entries as stored: the step count, the buffers by canonical name in Flax's layout."""
+    """The canonical state's entries as stored: the step count, the buffers by canonical name in Flax's layout. The
+    network is the file's: the ResNet's tree has its residual blocks (the paths do not depend on the width)."""
     with checkpointer() as restorer:
-        return canonical_state(restorer.restore(os.path.abspath(path)))
+        tree = restorer.restore(os.path.abspath(path))
+    opt_state = tree.get("opt_state", {}) if isinstance(tree, dict) else {}
+    buffers = next((b for field in ("trace", "mu") for b in find(opt_state, field)), {})
+    return canonical_state(tree, flax_paths(idiomatic(*any_weights(1 if "blocks" in buffers else None))))
 
 
 def logits(model, X):

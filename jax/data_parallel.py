@@ -1,5 +1,7 @@
 """Data parallelism from scratch in JAX: split the batch, forward and backward on every device, sum the
-gradients across devices, apply the same SGD update to every replica. JAX functions are pure and its
+gradients across devices, apply the same update to every replica. One step for every network: the network is
+a Functional (lenet.py's, resnet.py's) handed in, and the run's settings (the all-reduce's buckets, the compiled
+units of execution.compile) come in with it, never through this module. JAX functions are pure and its
 arrays immutable: every step makes new arrays, and the lists that hold them are re-pointed at them."""
 import functools
 
@@ -8,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from common.buckets import plan
+from common.interface import StepSettings
 from common.sharding import shard_bounds
 
 from . import distributed as dist
 from . import optimizer
-from .lenet import forward, loss_sum
 
 
 def device_of(array):
@@ -29,6 +31,8 @@ def allreduce(tensors):
     """Sum on the first tensor's device, then copy the sum to every device. JAX arrays are immutable: each
     slot of the list gets a new array (device_put copies the sum across).
     In a multi-process run the local sum is also summed across processes by JAX's collectives."""
+    if len(tensors) == 1 and not dist.is_initialized():   # one device in one process: already the sum
+        return tensors
     first = device_of(tensors[0])
     total = tensors[0]
     for t in tensors[1:]:
@@ -37,9 +41,6 @@ def allreduce(tensors):
         total = dist.all_reduce(total)
     tensors[:] = [jax.device_put(total, device_of(t)) for t in tensors]
     return tensors
-
-
-BUCKET_BYTES = None   # the run's --allreduce (common.buckets.bucket_bytes): None, one allreduce per parameter
 
 
 def allreduce_gradients(grads, bucket_bytes=None):
@@ -74,63 +75,57 @@ def unflatten(buffer, shapes):
     return pieces
 
 
-def sgd(params, grads, lr, batch_size):
-    """A functional update: new arrays, written back into the replica's list slots."""
-    params[:] = update(params, grads, lr / batch_size)
+def sgd(params, grads, lr, batch_size, unit=None):
+    """A functional update: new arrays, written back into the replica's list slots. `unit`: the step's update as the
+    exec level makes it (execution.compile's; None: update as written)."""
+    params[:] = (unit or update)(params, grads, lr / batch_size)
 
 
-# The units of the step: execution.use replaces each name of UNITS (lenet.py's forward, imported above, too)
-# with its compiled form at the chosen level, or with the function as written here. JAX compiles loss_and_grads
-# and update (jax.jit: XLA, once per shard shape, on the device that holds the inputs).
 def update(params, grads, scale):
-    """The SGD update of one replica: new arrays."""
+    """The SGD update of one replica: new arrays (a unit: jax.jit compiles it at the graph level)."""
     return [p - scale * g for p, g in zip(params, grads)]
 
 
-def loss_and_grads(params, X, y):
-    """One device's part of the step: its shard's summed loss and the gradients."""
-    return jax.value_and_grad(lambda p: loss_sum(forward(p, X), y))(params)
+def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices):
+    """Each device's summed loss on its shard, its gradients and its new BatchNorm state: the network's own
+    (model.loss_and_grads: the LeNet's loop over the devices, the ResNet's lock-step forward)."""
+    return model.loss_and_grads(replicas, bn_states, X_shards, y_shards, devices)
 
 
-def step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size, states=None, bucket_bytes=None):
+def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
+                   bucket_bytes=None, units=None):
     """The step on shards already on their devices: each device's loss and gradients, the gradients summed across
     devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same update on every replica (with
-    states, optimizer.py's, each replica's state advancing). Returns each device's summed loss."""
-    losses, grads = [], []
-    for params, X_shard, y_shard in zip(replicas, X_shards, y_shards):   # dispatched asynchronously:
-        loss, device_grads = loss_and_grads(params, X_shard, y_shard)   # the devices work in parallel
-        losses.append(loss)
-        grads.append(device_grads)
+    states, optimizer.py's, each replica's state advancing); bn_states[:] gets the new running statistics. `units`:
+    execution.compile's (None: UNITS, as written). Returns each device's summed loss."""
+    units = units or UNITS
+    losses, grads, bn_states[:] = units["loss_and_grads"](model, replicas, bn_states, X_shards, y_shards, devices)
     grads = allreduce_gradients(grads, bucket_bytes)
     for i, (params, device_grads) in enumerate(zip(replicas, grads)):
         if states is None:
-            sgd(params, device_grads, lr, batch_size)
+            sgd(params, device_grads, lr, batch_size, units["update"])
         else:
-            optimizer.apply(params, device_grads, states[i], lr, batch_size)
+            optimizer.apply(params, device_grads, states[i], lr, batch_size, units["optimizer.update"])
     return losses
 
 
-UNITS = {"forward": forward, "update": update, "loss_and_grads": loss_and_grads, "step_on_shards": step_on_shards}
-# At import the units are what the default level makes them: jax.jit compiles loss_and_grads and update.
-loss_and_grads, update = jax.jit(loss_and_grads), jax.jit(update)
+# The units of the step, as written: execution.compile(level, model) returns this dict with each name as the level
+# makes it (jax.jit: loss_and_grads one device's part at a time, the updates whole; the all-reduce between them runs
+# op by op), and train_step takes it through its settings.
+UNITS = {"update": update, "optimizer.update": optimizer.update, "loss_and_grads": loss_and_grads,
+         "step_on_shards": step_on_shards}
 
 
-def train_step(replicas, X, y, devices, lr, batch_size=None, states=None):
+def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, settings=StepSettings()):
+    """One step of the network `model` (lenet.Functional or resnet.Functional) with the run's settings (bucket_bytes,
+    units): split_and_load, the step on the shards, the mean loss over X."""
+    units = settings.units or UNITS
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
-    losses = step_on_shards(replicas, devices, X_shards, y_shards, lr, batch_size or len(X), states,
-                            BUCKET_BYTES)
-    return sum(float(loss) for loss in losses) / len(X)
+    losses = units["step_on_shards"](model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size or len(X),
+                                     states, settings.bucket_bytes, units)
+    return sum(float(loss) for loss in jax.device_get(losses)) / len(X)   # one wait for every device's loss
 
 
-@jax.jit
-def predict(params, X):
-    return forward(params, X).argmax(1)
-
-
-def evaluate(params, X, y, batch_size=1000):
-    device = device_of(params[0])
-    correct = 0
-    for i in range(0, len(X), batch_size):
-        X_batch = jax.device_put(X[i:i + batch_size], device)
-        correct += (jax.device_get(predict(params, X_batch)) == y[i:i + batch_size]).sum()
-    return float(correct) / len(X)
+def evaluate(model, replica, bn_state, X, y):
+    """One replica's accuracy in inference mode (the ResNet by its running statistics bn_state)."""
+    return model.evaluate(replica, bn_state, X, y)

@@ -12,7 +12,7 @@ from common.layouts import to_canonical
 
 from . import resnet
 from .lenet import build_model, model_to_numpy
-from .optimizer import load_state, canonical_state, get_trainer
+from .optimizer import canonical_state, flax_paths, get_trainer, load_state
 
 EXEC = "nnx.jit"
 COMPILES = "whole step"
@@ -25,7 +25,8 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
     on an epoch's last, smaller batch). Any other optimizer: optimizer.py's Optax transformation, its own
     schedule driven by its own step count, from the canonical `state` of a checkpoint if given (its buffers and
     counts: the next update is step state["step"]); port="stock", what a straightforward port builds (optimizer.py).
-    The network is the LeNet, or the ResNet with nnx.BatchNorm (network.sync changes nothing on one device)."""
+    The network is the LeNet, or the ResNet with nnx.BatchNorm (network.sync changes nothing on one device), with any
+    optimizer: Optax's over its nnx.Param (BatchNorm's scale and bias decay too; its BatchStat are no parameters)."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     recipe = optimizer is None or optimizer.is_recipe
@@ -34,7 +35,7 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
         tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0) if recipe else get_trainer(optimizer, port)
         trainer = nnx.Optimizer(net, tx, wrt=nnx.Param)
         if state is not None and not recipe:
-            load_state(trainer, state)
+            load_state(trainer, state, flax_paths(net))
     return Model(net, trainer)
 
 
@@ -97,8 +98,9 @@ def replica_bn_states(model):
 
 
 def optimizer_state(model):
-    """The canonical state of the model's nnx.Optimizer (its buffers converted as the weights are)."""
-    state = canonical_state(nnx.to_pure_dict(nnx.state(model.trainer)))
+    """The canonical state of the model's nnx.Optimizer (its buffers converted as the weights are), by the network's
+    parameter names."""
+    state = canonical_state(nnx.to_pure_dict(nnx.state(model.trainer)), flax_paths(model.net))
     return {key: value if key == "step" else np.ascontiguousarray(to_canonical(key.split(".", 1)[1], value))
             for key, value in state.items()}
 

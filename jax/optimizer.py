@@ -13,10 +13,11 @@ import optax
 from flax import nnx
 
 from common.layouts import to_channels_last
-from common.lenet import PARAM_NAMES
 from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer
+from common.resnet import PARAM_NAMES as RESNET_PARAMS
 
-from .lenet import get_params, to_numpy
+from .lenet import LeNet
+from .resnet import flax_variables
 
 # The Optimizer is frozen and hashable: JAX takes it as static (part of the compiled update's key, not an input),
 # so a state holding it is a pytree that jax.jit accepts whole. Once per process: a second import of this file (a
@@ -26,35 +27,37 @@ with contextlib.suppress(ValueError):
 
 
 def init_state(replica, optimizer):
-    """Zeros like each parameter: on its device, in its layout (lenet.held)."""
+    """Zeros like each parameter: on its device, in its layout (the model's held)."""
     return {"optimizer": optimizer, "step": 0,
             **{slot: [jnp.zeros_like(p) for p in replica] for slot in optimizer.slots}}
 
 
-def state_to_numpy(state):
-    """The buffers converted as the weights are (lenet.to_numpy): each has its parameter's shape and layout."""
-    slots = {f"{slot}.{name}": a for slot in state["optimizer"].slots for name, a in to_numpy(state[slot]).items()}
+def state_to_numpy(state, model):
+    """The buffers converted as the weights are (model.to_numpy): each has its parameter's shape and layout."""
+    slots = {f"{slot}.{name}": a
+             for slot in state["optimizer"].slots for name, a in model.to_numpy(state[slot]).items()}
     return {"step": int(state["step"]), **slots}
 
 
-def state_from_numpy(arrays, replica, optimizer):
-    """The buffers laid out and placed as get_params does the weights, on the replica's device."""
+def state_from_numpy(arrays, replica, optimizer, model):
+    """The buffers laid out and placed as model.get_params does the weights, on the replica's device."""
     (device,) = replica[0].devices()
-    slots = {slot: get_params({name: arrays[f"{slot}.{name}"] for name in PARAM_NAMES}, device)
+    slots = {slot: model.get_params({name: arrays[f"{slot}.{name}"] for name in model.param_names}, device)
              for slot in optimizer.slots}
     return {"optimizer": optimizer, "step": int(arrays["step"]), **slots}
 
 
-def apply(params, grads, state, lr, batch_size):
+def apply(params, grads, state, lr, batch_size, unit=None):
     """The scratch step's update of one replica by the all-reduced summed gradients: new arrays written back into
-    the replica's list slots, and the state re-pointed at its new buffers and step count."""
-    params[:], new_state = update(params, grads, state, lr, batch_size)
+    the replica's list slots, and the state re-pointed at its new buffers and step count. `unit`: update as the
+    exec level makes it (execution.compile's "optimizer.update"; None: as written)."""
+    params[:], new_state = (unit or update)(params, grads, state, lr, batch_size)
     state.update(new_state)
 
 
-# The unit execution.py compiles (jax.jit at the graph level, as data_parallel.py's update) or runs as written.
 def update(params, grads, state, lr, batch_size):
-    """common/optim.py's update, line for line: new weights and a new state."""
+    """common/optim.py's update, line for line: new weights and a new state (a unit of the step: jax.jit compiles
+    it at the graph level, the Optimizer static, the step count traced)."""
     o, t = state["optimizer"], state["step"]
     grads = [g / batch_size for g in grads]                       # the global batch's mean
     if o.clip_norm is not None:                                   # every replica holds the all-reduced gradient
@@ -77,10 +80,6 @@ def update(params, grads, state, lr, batch_size):
     correction1, correction2 = 1 - b1 ** (t + 1), 1 - b2 ** (t + 1)   # Adam's bias corrections, from the count
     return [p - lr / correction1 * m / (jnp.sqrt(s / correction2) + o.eps)   # eps outside the square root
             for p, m, s in zip(params, exp_avg, exp_avg_sq)], new
-
-
-UNITS = {"update": update}
-update = jax.jit(update)   # at import, what the default level makes it
 
 
 def get_schedule(optimizer, port="canonical"):
@@ -132,11 +131,12 @@ def get_trainer(optimizer, port="canonical"):
 FIELDS = {"momentum_buffer": "trace", "exp_avg": "mu", "exp_avg_sq": "nu"}
 
 
-def optax_state(state, opt_state, params):
-    """The Optax state `opt_state` (tx.init's, the built-in mode's) holding the canonical `state`: its buffers as
-    params(canonical arrays) lays them out (the parameters' own pytree), every count at the step."""
-    buffers = {FIELDS[slot]: params({name: state[f"{slot}.{name}"] for name in PARAM_NAMES})
-               for slot in FIELDS if f"{slot}.{PARAM_NAMES[0]}" in state}
+def optax_state(state, opt_state, params, names):
+    """The Optax state `opt_state` (tx.init's, the built-in mode's) holding the canonical `state` of the parameters
+    `names`: its buffers as params(canonical arrays) lays them out (the parameters' own pytree), every count at the
+    step."""
+    buffers = {FIELDS[slot]: params({name: state[f"{slot}.{name}"] for name in names})
+               for slot in FIELDS if f"{slot}.{names[0]}" in state}
     return optax.tree_utils.tree_set(opt_state, count=jnp.int32(state["step"]), **buffers)
 
 
@@ -151,16 +151,27 @@ def optax_canonical(opt_state, to_canonical):
 
 
 # The idiomatic mode's nnx.Optimizer and its file, as the plain nested dict nnx.to_pure_dict makes of its state:
-# {"step": n, "opt_state": {<chain position>: {"count": n, "mu": {"conv1": {"kernel": ..., "bias": ...}, ...}}}}.
-def flax_key(name):
-    """conv1.weight -> (conv1, kernel): where a parameter's buffer is in the Flax module's tree."""
-    layer, part = name.split(".")
-    return layer, "kernel" if part == "weight" else part
+# {"step": n, "opt_state": {<chain position>: {"count": n, "mu": <the module's tree of parameters>, ...}}}, a buffer
+# where its parameter is in the module: ("conv1", "kernel") in the LeNet, ("blocks", 0, "bn1", "scale") in the ResNet.
+def flax_paths(module):
+    """canonical parameter name -> the path of its nnx.Param in the Flax module's tree (nnx.iter_graph's), in the
+    network's parameter order: where an nnx.Optimizer's state keeps its buffers."""
+    named = dict(module.layers()) if isinstance(module, LeNet) else {
+        name: v for name, v in flax_variables(module).items() if name in RESNET_PARAMS}
+    found = {id(v): path for path, v in nnx.iter_graph(module) if isinstance(v, nnx.Param)}
+    return {name: found[id(v)] for name, v in named.items()}
 
 
-def canonical_state(tree):
-    """The canonical state's entries in a pure dict of an nnx.Optimizer's state, arrays as stored (Flax's layout).
-    Its counts (nnx.Optimizer's step and Optax's) must agree."""
+def at(tree, path):
+    """The value at a module path in a pure dict; a restored file may key a list's items by str."""
+    for key in path:
+        tree = tree[key] if key in tree else tree[str(key)]
+    return tree
+
+
+def canonical_state(tree, paths):
+    """The canonical state's entries in a pure dict of an nnx.Optimizer's state, arrays as stored (Flax's layout), the
+    buffers found at `paths` (flax_paths'). Its counts (nnx.Optimizer's step and Optax's) must agree."""
     if not isinstance(tree, dict) or not {"step", "opt_state"} <= set(tree):
         raise ValueError("not an nnx.Optimizer's state (no step and opt_state): a model's weights, perhaps")
     counts = {int(tree["step"]), *(int(c) for c in find(tree["opt_state"], "count"))}
@@ -169,24 +180,21 @@ def canonical_state(tree):
     state = {"step": counts.pop()}
     for slot, field in FIELDS.items():
         for buffers in find(tree["opt_state"], field):
-            for name in PARAM_NAMES:
-                layer, part = flax_key(name)
-                state[f"{slot}.{name}"] = np.asarray(buffers[layer][part])
+            state.update({f"{slot}.{name}": np.asarray(at(buffers, path)) for name, path in paths.items()})
     return state
 
 
-def load_state(trainer, state):
-    """Put the canonical `state` into an nnx.Optimizer: its pure dict with the buffers (channels-last, as the
-    weights are: to_channels_last) and every count replaced, then replace_by_pure_dict (Flax's own restore). Buffers
-    go in as given, a wrong shape too (for the harness's read_state to name)."""
+def load_state(trainer, state, paths):
+    """Put the canonical `state` into an nnx.Optimizer: its pure dict with the buffers at `paths` (flax_paths' of its
+    module; channels-last, as the weights are: to_channels_last) and every count replaced, then replace_by_pure_dict
+    (Flax's own restore). Buffers go in as given, a wrong shape too (for the harness's read_state to name)."""
     slots = {field: slot for slot, field in FIELDS.items()}
 
     def replace(tree):
         for key, value in tree.items():
             if key in slots:
-                for name in PARAM_NAMES:
-                    layer, part = flax_key(name)
-                    value[layer][part] = jnp.asarray(to_channels_last(name, state[f"{slots[key]}.{name}"]))
+                for name, path in paths.items():
+                    at(value, path[:-1])[path[-1]] = jnp.asarray(to_channels_last(name, state[f"{slots[key]}.{name}"]))
             elif key == "count":
                 tree[key] = jnp.asarray(state["step"], value.dtype)
             elif isinstance(value, dict):

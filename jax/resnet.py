@@ -2,7 +2,11 @@
 common.resnet.PARAM_NAMES order, and its BatchNorm state the list of running statistics in BN_STATE_NAMES order.
 lax convolutions take any layout they are told: in NCHW/OIHW the weights are canonical; in NHWC/HWIO
 common/layouts.py converts them (global average pooling leaves no flatten order to fix). JAX arrays are
-immutable: forward returns the new state, and jax.jit compiles it as a pure function."""
+immutable: forward returns the new state, and jax.jit compiles it as a pure function. Functional is the network
+data_parallel.train_step trains, local or synchronised BatchNorm (its field sync)."""
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,32 +17,19 @@ from common.layouts import to_canonical, to_channels_last
 from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NAMES, by_canonical_name, has_projection,
                            layer_arguments, layers)
 
-from . import data_parallel, distributed as dist
-from .data_parallel import allreduce_gradients, device_of, sgd, split_and_load
-from .lenet import DIMENSIONS, loss_sum
-
-layout = "nhwc"   # as lenet.layout: execution.DEFAULT_LAYOUT
+from . import distributed as dist
+from .lenet import DEFAULT_LAYOUT, DIMENSIONS, held, loss_sum, to_layout
 
 
-def to_layout(X):
-    """A canonical NCHW batch in the convolutions' layout (inside a compiled step, XLA fuses the transpose)."""
-    return X.transpose(0, 2, 3, 1) if layout == "nhwc" else X
-
-
-def held(name, a):
-    """A canonical weight as the layout holds it: channels-last kernels and dense (in, out), or unchanged."""
-    return to_channels_last(name, a) if layout == "nhwc" else a
-
-
-def get_params(weights, device):
-    return [jax.device_put(held(name, weights[name]), device) for name in PARAM_NAMES]
+def get_params(weights, device, layout=DEFAULT_LAYOUT):
+    return [jax.device_put(held(name, weights[name], layout), device) for name in PARAM_NAMES]
 
 
 def get_bn_state(state, device):
     return [jax.device_put(state[name], device) for name in BN_STATE_NAMES]
 
 
-def conv(p, name, h):
+def conv(p, name, h, layout):
     """Explicit symmetric padding: "SAME" with stride 2 on an even input pads bottom/right only."""
     _, stride, pad = CONVS[name]
     dims = DIMENSIONS[layout]
@@ -47,19 +38,19 @@ def conv(p, name, h):
     return h + lax.broadcast_in_dim(p[f"{name}.bias"], h.shape, (dims[2].index("C"),))
 
 
-def axes_and_shape():
+def axes_and_shape(layout):
     """The axes a BatchNorm reduces over and the shape its per-channel vectors broadcast in, in `layout`."""
     return ((0, 1, 2), (1, 1, 1, -1)) if layout == "nhwc" else ((0, 2, 3), (1, -1, 1, 1))
 
 
-def batch_statistics(hs, devices, sync):
+def batch_statistics(hs, devices, sync, layout):
     """Each shard's per-channel (mean, biased variance, count) for training: its own (local BatchNorm), or the global
     batch's (sync), in two all-reduces as a one-device variance is taken in two passes: the shards' sums and counts
     give the mean, their squared deviations from it the variance. Summed across this process's devices by
     device_put (which JAX differentiates: its transpose copies the gradient back) and across processes by
     process_sum, so every shard's gradient includes what flows through the statistics, as if one device held the
     whole batch. JAX places an op where its inputs are; `devices` says where each shard's are."""
-    axes, shape = axes_and_shape()
+    axes, shape = axes_and_shape(layout)
     if not sync:
         return [(h.mean(axis=axes), jnp.square(h - h.mean(axis=axes).reshape(shape)).mean(axis=axes),
                  h.size // h.shape[shape.index(-1)]) for h in hs]
@@ -84,19 +75,19 @@ def all_sum(parts, devices):
 def process_sum(x):
     """The sum over processes (distributed.all_reduce, a compiled collective over the process mesh) with its
     gradient: the gradient of a sum reaches every term, so each process's gradient is the sum of every process's.
-    Called eagerly (loss_and_grads below is not jitted), so the collective sees concrete arrays."""
+    Called eagerly (the synchronised step runs op by op: execution.py), so the collective sees concrete arrays."""
     return dist.all_reduce(x)
 
 
 process_sum.defvjp(lambda x: (dist.all_reduce(x), None), lambda _, g: (dist.all_reduce(g),))
 
 
-def batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states):
+def batch_norm(ps, ss, name, hs, devices, training, bn, sync, layout, new_states):
     """common.resnet.batch_norm written out in jnp, on every shard at once."""
-    _, shape = axes_and_shape()
+    _, shape = axes_and_shape(layout)
     running = [(s[f"{name}.running_mean"], s[f"{name}.running_var"]) for s in ss]
     if training:
-        statistics = batch_statistics(hs, devices, sync)
+        statistics = batch_statistics(hs, devices, sync, layout)
         for new, (mean, var), (batch_mean, batch_var, count) in zip(new_states, running, statistics):
             unbiased = batch_var * count / (count - 1) if bn.unbiased else batch_var
             new[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * lax.stop_gradient(batch_mean)
@@ -106,16 +97,17 @@ def batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states):
             + p[f"{name}.bias"].reshape(shape) for p, h, (mean, var) in zip(ps, hs, running)]
 
 
-def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICAL_BN, sync=False):
+def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICAL_BN, sync=False,
+                   layout=DEFAULT_LAYOUT):
     """Every replica on its own shard, in lock-step, layer by layer: a synchronised BatchNorm needs every shard's
     moments before any shard is normalised. Logits per shard; in training mode also each replica's new BatchNorm
-    state (a list in BN_STATE_NAMES order). Pure: `training`, `bn` and `sync` are static under jax.jit."""
+    state (a list in BN_STATE_NAMES order). Pure: `training`, `bn`, `sync` and `layout` are static under jax.jit."""
     ps, ss = [dict(zip(PARAM_NAMES, r)) for r in replicas], [dict(zip(BN_STATE_NAMES, s)) for s in bn_states]
     new_states = [{} for _ in replicas]
-    convs = lambda name, hs: [conv(p, name, h) for p, h in zip(ps, hs)]   # noqa: E731
-    norms = lambda name, hs: batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states)   # noqa: E731
+    convs = lambda name, hs: [conv(p, name, h, layout) for p, h in zip(ps, hs)]   # noqa: E731
+    norms = lambda name, hs: batch_norm(ps, ss, name, hs, devices, training, bn, sync, layout, new_states)  # noqa: E731
     relus = lambda hs: [jax.nn.relu(h) for h in hs]   # noqa: E731
-    hs = relus(norms("stem.bn", convs("stem.conv", [to_layout(X) for X in X_shards])))
+    hs = relus(norms("stem.bn", convs("stem.conv", [to_layout(X, layout) for X in X_shards])))
     for block, stride in BLOCKS:
         ys = relus(norms(f"{block}.bn1", convs(f"{block}.conv1", hs)))
         ys = norms(f"{block}.bn2", convs(f"{block}.conv2", ys))
@@ -130,14 +122,14 @@ def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICA
     return logits, [[new[name] for name in BN_STATE_NAMES] for new in new_states]
 
 
-def forward(params, bn_state, X, training, bn=CANONICAL_BN):
+def forward(params, bn_state, X, training, bn=CANONICAL_BN, layout=DEFAULT_LAYOUT):
     """Logits of the NCHW batch X on one replica; in training mode (batch statistics) also its new BatchNorm state.
-    `training` and `bn` are static under jax.jit."""
-    out = forward_shards([params], [bn_state], [X], [None], training, bn)
+    `training`, `bn` and `layout` are static under jax.jit."""
+    out = forward_shards([params], [bn_state], [X], [None], training, bn, layout=layout)
     return (out[0][0], out[1][0]) if training else out[0]
 
 
-def to_numpy(params):
+def to_numpy(params, layout=DEFAULT_LAYOUT):
     return {name: np.ascontiguousarray(to_canonical(name, np.asarray(p)) if layout == "nhwc" else p, dtype=np.float32)
             for name, p in zip(PARAM_NAMES, params)}
 
@@ -146,58 +138,62 @@ def bn_state_to_numpy(bn_state):
     return {name: np.asarray(t, dtype=np.float32) for name, t in zip(BN_STATE_NAMES, bn_state)}
 
 
-def shard_loss(replicas, bn_states, X_shards, y_shards, devices, sync):
+def shard_loss(replicas, bn_states, X_shards, y_shards, devices, sync, layout):
     """The shards' summed loss through the lock-step forward, and the new BatchNorm states (value_and_grad's aux)."""
-    logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync)
+    logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync, layout)
     losses = [loss_sum(out, y) for out, y in zip(logits, y_shards)]
     return sum(jax.device_put(loss, devices[0]) for loss in losses), (losses, new_states)
 
 
-@jax.jit
-def one_shard_loss_and_grads(params, bn_state, X, y):
-    """One device's part of a local-BatchNorm step, compiled: its own statistics need nothing from the others."""
-    (_, (losses, (new_state,))), (grads,) = jax.value_and_grad(shard_loss, has_aux=True)(
-        [params], [bn_state], [X], [y], [None], False)
-    return losses[0], grads, new_state
+@functools.partial(jax.jit, static_argnames="layout")
+def predict(params, bn_state, X, layout=DEFAULT_LAYOUT):
+    return forward(params, bn_state, X, False, layout=layout).argmax(1)
 
 
-def loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync):
-    """Each device's summed loss, each replica's gradients and new BatchNorm state. Local BatchNorm: every device's
-    part compiled on its own, dispatched asynchronously (the devices work in parallel), as lenet.py's. Sync: one
-    jax.value_and_grad through the whole lock-step forward, with sync a replica's gradient including what reaches it
-    through the other shards' statistics; eager, op by op (a jitted function runs on one device or one mesh, and the
-    recipe's devices are separate: the idiomatic form of this is the built-in engine's, a jit over a sharded batch)."""
-    if not sync:
-        return [list(out) for out in zip(*map(one_shard_loss_and_grads, replicas, bn_states, X_shards, y_shards))]
-    (_, (losses, new_states)), grads = jax.value_and_grad(shard_loss, has_aux=True)(
-        replicas, bn_states, X_shards, y_shards, devices, True)
-    return losses, grads, new_states
-
-
-def train_step(replicas, bn_states, X, y, devices, lr, batch_size=None, sync=False):
-    """data_parallel.train_step with BatchNorm: the shards' forward (batch_statistics), the recipe's all-reduce of
-    the gradients and its update; the replicas' new running statistics go into bn_states."""
-    X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
-    losses, grads, bn_states[:] = loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync)
-    grads = allreduce_gradients(grads, data_parallel.BUCKET_BYTES)
-    for params, device_grads in zip(replicas, grads):
-        sgd(params, device_grads, lr, batch_size or len(X))
-    return sum(float(loss) for loss in losses) / len(X)
-
-
-@jax.jit
-def predict(params, bn_state, X):
-    return forward(params, bn_state, X, training=False).argmax(1)
-
-
-def evaluate(params, bn_state, X, y, batch_size=1000):
+def evaluate(params, bn_state, X, y, layout=DEFAULT_LAYOUT, batch_size=1000):
     """Inference mode: every image normalised by the running statistics."""
-    device = device_of(params[0])
+    (device,) = params[0].devices()
     correct = 0
     for i in range(0, len(X), batch_size):
         X_batch = jax.device_put(X[i:i + batch_size], device)
-        correct += (jax.device_get(predict(params, bn_state, X_batch)) == y[i:i + batch_size]).sum()
+        correct += (jax.device_get(predict(params, bn_state, X_batch, layout)) == y[i:i + batch_size]).sum()
     return float(correct) / len(X)
+
+
+@dataclasses.dataclass(frozen=True)
+class Functional:
+    """The ResNet as the recipe writes it (common.interface.FUNCTIONAL): replicas and BatchNorm states are lists of
+    arrays, one per device, and one forward runs every shard in lock-step. Frozen and hashable, its layout and its
+    BatchNorm mode (sync: --bn sync) fields: jax.jit takes it as a static argument."""
+    layout: str = DEFAULT_LAYOUT
+    sync: bool = False
+    name = "resnet18"
+    param_names = PARAM_NAMES
+
+    def get_params(self, weights, device):
+        return get_params(weights, device, self.layout)
+
+    def get_bn_state(self, state, device):
+        return get_bn_state(state, device)
+
+    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices):
+        """Each device's summed loss, each replica's gradients and new BatchNorm state: one jax.value_and_grad through
+        the whole lock-step forward. Local BatchNorm: each replica's gradient is its own shard's (execution.py may
+        compile each device's part on its own). Sync: a replica's gradient includes what reaches it through the other
+        shards' statistics; op by op (a jitted function runs on one device or one mesh, and the recipe's devices are
+        separate: the compiled form of this is the built-in engine's, a jit over a sharded batch)."""
+        (_, (losses, new_states)), grads = jax.value_and_grad(shard_loss, has_aux=True)(
+            replicas, bn_states, X_shards, y_shards, devices, self.sync, self.layout)
+        return losses, grads, new_states
+
+    def to_numpy(self, replica):
+        return to_numpy(replica, self.layout)
+
+    def bn_state_to_numpy(self, bn_state):
+        return bn_state_to_numpy(bn_state)
+
+    def evaluate(self, replica, bn_state, X, y):
+        return evaluate(replica, bn_state, X, y, self.layout)
 
 
 class Residual(nnx.Module):
@@ -253,8 +249,12 @@ def flax_variables(model):
 
 def build_model(weights, bn_state, bn=CANONICAL_BN):
     """The idiomatic Flax model holding the canonical weights and state in Flax's layout, its nnx.BatchNorm set to
-    `bn`'s momentum (Flax's weighs the running value: 0.9, not PyTorch's 0.1) and epsilon; in training mode."""
-    model = ResNet(weights["stem.conv.weight"].shape[0], layer_arguments("jax", bn), nnx.Rngs(0))
+    `bn`'s momentum (Flax's weighs the running value: 0.9, not PyTorch's 0.1) and epsilon; in training mode. Its
+    batch variance two-pass, the mean subtracted first (use_fast_variance=False), as the scratch forward's: Flax's
+    default E[x^2] - E[x]^2 cancels in float32 where |mean| >> std, as after the stem on digits (a stem gradient 2%
+    off the two-pass one there)."""
+    bn_args = {**layer_arguments("jax", bn), "use_fast_variance": False}
+    model = ResNet(weights["stem.conv.weight"].shape[0], bn_args, nnx.Rngs(0))
     for name, variable in flax_variables(model).items():
         variable.value = jnp.asarray(to_channels_last(name, {**weights, **bn_state}[name]))
     return model
