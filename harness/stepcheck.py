@@ -51,11 +51,11 @@ def mean_gradient(fw, model, weights, bn_state, X, y, n_devices=1):
 
 
 def step_errors(fw, data, optimizer, trace, epochs, batch_size, seed=0, min_size=1, model=None, bn_state=None,
-                n_devices=1, max_steps=None):
+                n_devices=1, max_steps=None, names=None):
     """(the largest |weights after a step - the spec's step from the weights before it|, where), and the clipping
     coefficients of the steps. `trace` is what `traced` returns for a run of these batches; `model` the Functional
     whose gradients the spec's step takes (the LeNet's by default), on `n_devices` devices, with `bn_state` for a
-    network with BatchNorm."""
+    network with BatchNorm; `names`: the parameters compared (all by default)."""
     model = model or load_module(fw.name, "lenet").Functional()
     order = Order(len(data.y_train), batch_size, seed, min_size)
     batches = [rows for epoch in range(epochs) for rows, _ in order.parts(epoch, 0, 1)][:max_steps]
@@ -67,6 +67,8 @@ def step_errors(fw, data, optimizer, trace, epochs, batch_size, seed=0, min_size
         coefficients.append(optimizer.clip_coefficient(grads))
         want, state = optim.step(optimizer, trace[k], grads, state)
         for name, value in want.items():
+            if names is not None and name not in names:
+                continue
             error = float(np.max(np.abs(trace[k + 1][name] - value)))
             worst = max(worst, (error, f"step {k}, {name}"), key=lambda e: e[0])
     return worst, coefficients

@@ -59,6 +59,17 @@ def run(framework, mode, n_devices, bn, optimizer, digits, steps, width=WIDTH, b
     return fw, runner, trace
 
 
+def compared(name, weights):
+    """The parameters a step's check compares. A convolution's bias just before a BatchNorm has a true gradient of 0
+    (the normalisation subtracts it out): float32 leaves only rounding noise there, which differs between a compiled
+    step and the eager gradient of the check (TensorFlow's tf.function), and Adam divides it by its own size into a
+    step of the rate's size. Those biases are left out of Adam's check; every other parameter, BatchNorm's included,
+    is compared, and momentum's update, linear in the gradient, compares them all."""
+    if name not in ("adam", "adamw"):
+        return None
+    return {p for p in weights if not (p.endswith(".bias") and (".conv1." in p or ".conv2." in p or p == "stem.conv.bias"))}
+
+
 @pytest.mark.parametrize("bn,name", SCRATCH, ids=[f"{bn}-{name}" for bn, name in SCRATCH])
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_the_one_scratch_step_trains_the_resnet_as_the_spec_says(framework, bn, name, digits):
@@ -66,7 +77,7 @@ def test_the_one_scratch_step_trains_the_resnet_as_the_spec_says(framework, bn, 
     fw, runner, trace = run(framework, "scratch", 2, bn, optimizer, digits, STEPS)
     model, _ = scratch(framework, "resnet", sync=bn == "sync")
     (error, where), _ = step_errors(fw, digits, optimizer, trace, EPOCHS, BATCH, SEED, 2, model,
-                                    init_bn_state("resnet18", WIDTH), 2, STEPS)
+                                    init_bn_state("resnet18", WIDTH), 2, STEPS, compared(name, trace[0]))
     assert error <= TOLERANCE, f"{where} differs from the spec's step by {error:.2e} > {TOLERANCE:.0e}"
     assert max(np.max(np.abs(trace[-1][k] - trace[0][k])) for k in trace[0]) > 100 * TOLERANCE   # it trained
     states = [fw.state_to_numpy(state, runner.functional) for state in runner.states]   # every replica's, the same
