@@ -44,8 +44,10 @@ def per_device(compiler):
     return compile_unit
 
 
-# How each level compiles the units of data_parallel.py (UNITS); a unit it does not name runs as written
-COMPILERS = {"eager": {}, "graph": {"step_on_shards": graph},
+# How each level compiles the units of data_parallel.py (UNITS); a unit it does not name runs as written. The graph
+# level traces loss_and_grads too (inlined in the step's graph), so the gradient alone rounds as the step's does:
+# eager ops round a BatchNorm'd convolution's bias gradient (a true 0) otherwise than Grappler's fused graph
+COMPILERS = {"eager": {}, "graph": {"step_on_shards": graph, "loss_and_grads": graph},
              "xla": {"step_on_shards": graph,
                      "loss_and_grads": per_device(functools.partial(graph, jit_compile=True))}}
 # What each level puts in a compiled graph (the rest runs op by op): the table's "compiles" column
