@@ -288,9 +288,9 @@ def one_host_rows(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def two_hosts():
-    """The project's two test hosts (harness/hosts.py): two network namespaces joined by a veth pair, made for the
+    """The project's two test hosts (tests/hosts.py): two network namespaces joined by a veth pair, made for the
     session and removed after it. Skipped where they cannot be made (not root, no `ip`), failed under CI."""
-    from harness import hosts
+    import hosts
     why = hosts.missing()
     if why:
         if REQUIRE_ALL:

@@ -1,4 +1,4 @@
-"""Every engine across two real hosts (harness/hosts.py: two network namespaces joined by a veth pair, addresses
+"""Every engine across two real hosts (tests/hosts.py: two network namespaces joined by a veth pair, addresses
 10.77.0.1 and 10.77.0.2, neither reachable from anywhere else): launched one command per host as compare.py's
 --hosts does it, and as a SLURM job of 2 nodes x 2 tasks starts it. The weights at the end are the one-host run's,
 bit for bit."""
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from common import FRAMEWORKS
-from harness import hosts
+import hosts
 from harness.merge import merge_files
 from harness.spec import RunSpec
 from conftest import ROOT, engine_run_options, framework_or_skip

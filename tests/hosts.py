@@ -2,10 +2,10 @@
 of its own, so that a multi-process run crosses a real network interface instead of loopback (the bugs of a
 cluster: binding to 127.0.0.1, the wrong interface, a port clash, never show on one host).
 
-    sudo python -m harness.hosts up      # make them (root and iproute2's `ip`); prints their addresses
+    sudo python -m tests.hosts up      # make them (root and iproute2's `ip`); prints their addresses
     sudo ip netns exec rosetta-h0 python compare.py ... --hosts 10.77.0.1,10.77.0.2 --node-rank 0
     sudo ip netns exec rosetta-h1 python compare.py ... --hosts 10.77.0.1,10.77.0.2 --node-rank 1
-    sudo python -m harness.hosts down    # remove them
+    sudo python -m tests.hosts down    # remove them
 
 These are the project's own test hosts: their addresses exist only inside the two namespaces, and nothing
 leaves the machine (neither namespace has a route to anywhere else). Each namespace gets a hosts file
@@ -88,7 +88,7 @@ def run_in(host, argv, **options):
 
 def main(argv):
     if argv not in (["up"], ["down"]):
-        print("usage: python -m harness.hosts up|down", file=sys.stderr)
+        print("usage: python -m tests.hosts up|down", file=sys.stderr)
         return 2
     try:
         if argv == ["down"]:
