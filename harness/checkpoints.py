@@ -11,12 +11,9 @@ A checkpoint.py's state functions:
     save_state(state, optimizer, path)   canonical state (common.optim.init_state's form) -> the native file, written
                                          by the framework's own optimizer object configured for `optimizer`
     read_state(path) -> {"step": int, "<slot>.<param name>": array in the file's layout}"""
-import contextlib
 import functools
-import glob
 import os
 import re
-import shutil
 import sys
 import tempfile
 
@@ -28,7 +25,7 @@ from common.layouts import to_channels_last, to_canonical
 from common.lenet import PARAM_NAMES, PARAM_SHAPES
 from common.optim import OPTIMIZERS, Optimizer
 
-
+from .files import replacing
 from .loader import load_module
 
 SUFFIXES = {"pytorch": ".pt", "mxnet": ".params", "tensorflow": ".weights.h5", "jax": ".orbax"}
@@ -158,50 +155,17 @@ def write_weights(framework, weights, path, bn_state=None):
     the framework's suffix (Keras insists on .weights.h5; the others, so that the file's framework can be told from
     its name later)."""
     checkpoint = load_module(framework, "checkpoint")
-    write_atomically(framework, path, SUFFIXES[framework], lambda temporary: checkpoint.save(weights, temporary, bn_state))
+    with replacing_checkpoint(framework, path, SUFFIXES[framework]) as temporary:
+        checkpoint.save(weights, temporary, bn_state)
 
 
-def write_atomically(framework, path, suffix, write):
-    """The framework writes a temporary file (or directory) beside `path`, which replaces `path` only once
-    written."""
-    path = os.path.abspath(path.rstrip("/"))
-    folder, name = os.path.split(path)
+def replacing_checkpoint(framework, path, suffix):
+    """files.replacing for a checkpoint, whose name must end in its framework's `suffix`: the framework writes a
+    temporary file (or directory) beside `path`, which replaces `path` only once written."""
+    name = os.path.basename(path.rstrip("/"))
     if not name.endswith(suffix) or name == suffix:
-        raise RosettaError(f"{path}: a {framework} checkpoint's name must end in {suffix}")
-    os.makedirs(folder, exist_ok=True)
-    partial = f".{name[:-len(suffix)]}.partial-"
-    remove_orphans(folder, partial)
-    temporary = os.path.join(folder, f"{partial}{os.getpid()}{suffix}")
-    try:
-        write(temporary)
-        if os.path.isdir(path):   # an earlier Orbax directory: os.replace cannot replace a full one
-            if not os.path.isdir(temporary):
-                raise RosettaError(f"{path} is a directory, not a {framework} checkpoint file")
-            shutil.rmtree(path)
-        os.replace(temporary, path)
-    finally:   # after a failure: the temporary, and anything the framework made beside it (Orbax's own)
-        for leftover in glob.glob(glob.escape(temporary) + "*"):
-            shutil.rmtree(leftover) if os.path.isdir(leftover) else os.remove(leftover)
-
-
-def remove_orphans(folder, partial):
-    """The temporaries (`partial` + a pid + anything) that a writer killed mid-save (SIGKILL: no `finally`) left in
-    `folder`: those whose process is gone. A live writer's temporary is left alone."""
-    for leftover in glob.glob(os.path.join(glob.escape(folder), glob.escape(partial) + "*")):
-        pid = re.match(r"\d+", os.path.basename(leftover)[len(partial):])
-        if pid and not alive(int(pid.group())):
-            with contextlib.suppress(FileNotFoundError):   # another writer's sweep may get there first
-                shutil.rmtree(leftover) if os.path.isdir(leftover) else os.remove(leftover)
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:   # someone else's process
-        return True
-    return True
+        raise RosettaError(f"{os.path.abspath(path.rstrip('/'))}: a {framework} checkpoint's name must end in {suffix}")
+    return replacing(path, suffix, f"{framework} checkpoint file")
 
 
 def state_path(framework, path):
@@ -214,8 +178,8 @@ def state_path(framework, path):
 def write_state(framework, state, optimizer, path):
     """Write the optimizer state of the weights file `path`, completely or not at all."""
     checkpoint = load_module(framework, "checkpoint")
-    write_atomically(framework, state_path(framework, path), checkpoint.STATE_SUFFIX,
-                     lambda temporary: checkpoint.save_state(state, optimizer, temporary))
+    with replacing_checkpoint(framework, state_path(framework, path), checkpoint.STATE_SUFFIX) as temporary:
+        checkpoint.save_state(state, optimizer, temporary)
 
 
 def has_state(framework, path):

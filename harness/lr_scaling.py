@@ -21,9 +21,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .files import replaced_atomically  # noqa: E402
 from .loader import ROOT  # noqa: E402
 from .provenance import provenance, provenance_line  # noqa: E402
-from .report import replaced_atomically  # noqa: E402
 
 DEVICES = "1,2,4,8"
 SETTINGS = {   # name: compare.py options

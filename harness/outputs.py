@@ -1,11 +1,13 @@
 """The files a command writes (--json, --csv, --plot, the benchmark's markdown): checked before the first row,
 rewritten whole after every finished trial, so that an interrupted run leaves valid files behind."""
+import json
+
 from common.interface import RosettaError
 
 from .benchmark import ROW_KEY, add_peak_fraction, add_scaling, aggregate, write_csv
+from .files import is_stream, replaced_atomically, unwritable
 from .plan import BENCHMARK_MD
-from .report import add_parity, environment_line, format_scaling, format_table, is_stream, replaced_atomically, \
-    unwritable, write_json
+from .report import add_parity, environment_line, format_scaling, format_table
 from .resume import settings
 from .split import add_split, format_split
 
@@ -52,7 +54,8 @@ def write_files(args, content, rows):
     is a stream (--json /dev/stdout), which cannot be replaced, only appended to."""
     final = not content.get("not_run")
     if args.json and (final or not is_stream(args.json)):
-        write_json(args.json, content)
+        with replaced_atomically(args.json) as f:
+            json.dump(content, f, indent=2)
     if args.csv and (final or not is_stream(args.csv)):
         write_csv(args.csv, rows, content["environment"])
     if args.benchmark:

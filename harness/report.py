@@ -1,12 +1,9 @@
-"""What a comparison prints and saves: the environment, the result table and the JSON file."""
-import contextlib
-import json
+"""What a comparison prints: the environment and the result tables."""
 import os
 import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 
 from common.interface import FRAMEWORKS
 
@@ -266,63 +263,6 @@ def scaling_cell(r):
     spread = f" ({r['scaling_efficiency_min']:.2f}-{r['scaling_efficiency_max']:.2f})" \
         if r.get("scaling_efficiency_min") is not None else ""
     return f"{r['scaling_efficiency']:.2f}{spread}"
-
-
-def write_json(path, content):
-    with replaced_atomically(path) as f:
-        json.dump(content, f, indent=2)
-
-
-def is_stream(path):
-    """/dev/stdout, a pipe, a device: written in place (renaming over it would replace it)."""
-    return os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)
-
-
-@contextlib.contextmanager
-def replaced_atomically(path, mode="w", **open_args):
-    """A file that replaces `path` only once completely written (a temporary file beside it, then
-    os.replace): a run interrupted mid-write leaves the previous version, never half a file."""
-    if is_stream(path):
-        with open(path, mode, **open_args) as f:
-            yield f
-        return
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode, **open_args) as f:
-            yield f
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)   # what open() would have given, not mkstemp's private 0600
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def unwritable(path):
-    """Why `path` cannot be written, or None. Checked before the first row: a typo in an output path
-    should cost seconds, not a finished run."""
-    if os.path.isdir(path):
-        return "it is a directory"
-    if is_stream(path):
-        return None if os.access(path, os.W_OK) else "permission denied"
-    directory = os.path.dirname(os.path.abspath(path))
-    parent = directory
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        return f"{parent} is a file, not a directory"
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=".rosetta-write-check-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as err:
-        return f"cannot create a file in {directory}: {err.strerror}"
-    return None
 
 
 def optimizer_line(args):

@@ -170,7 +170,7 @@ def test_help_shows_every_default():
 
 
 def test_files_are_replaced_whole_or_not_at_all(tmp_path):
-    from harness.report import replaced_atomically
+    from harness.files import replaced_atomically
     path = tmp_path / "out.json"
     path.write_text("the previous run")
     with pytest.raises(KeyboardInterrupt):
