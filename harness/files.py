@@ -17,7 +17,7 @@ def replacing(path, suffix="", what="file"):
     which replaces `path` once the block ends; if it raises, the temporary goes, with anything a framework made
     beside it. The temporary's name ends in `suffix` (a framework may insist on its own) and holds this process's
     id, so that the next write into the folder removes what a writer killed mid-write left (remove_orphans)."""
-    path = os.path.abspath(path.rstrip("/"))
+    path = os.path.abspath(os.fspath(path).rstrip("/"))
     folder, name = os.path.split(path)
     os.makedirs(folder, exist_ok=True)
     partial = f".{name[:len(name) - len(suffix)]}.partial-"
