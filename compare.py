@@ -28,10 +28,11 @@ from harness.options import parse_args as parse_options
 from harness.outputs import check_outputs, output_paths, write_files, write_results
 from harness.plan import check_data, row_label, run_specs
 from harness.profile import trace_folder
-from harness.report import add_parity, environment, environment_line, format_scaling, format_table, optimizer_line, \
-    progress_bar, timing_view
+from harness.provenance import environment, environment_line
+from harness.report import add_parity, format_scaling, format_split, format_table, optimizer_line, progress_bar, \
+    timing_view
 from harness.resume import check_same_data, kept_trials, previous_run
-from harness.split import allreduce_alone, alongside, format_split
+from harness.split import allreduce_alone, alongside
 
 
 def parse_args(argv):

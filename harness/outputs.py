@@ -7,9 +7,10 @@ from common.interface import RosettaError
 from .benchmark import ROW_KEY, add_peak_fraction, add_scaling, aggregate, write_csv
 from .files import is_stream, replaced_atomically, unwritable
 from .plan import BENCHMARK_MD
-from .report import add_parity, environment_line, format_scaling, format_table
+from .provenance import environment_line
+from .report import add_parity, format_scaling, format_split, format_table
 from .resume import settings
-from .split import add_split, format_split
+from .split import add_split
 
 
 def output_paths(args):

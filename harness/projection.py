@@ -264,7 +264,7 @@ def markdown(results, env_line, command):
 def main(argv=None):
     from common.interface import FRAMEWORKS, RosettaError
     from .loader import installed_version
-    from .report import environment, environment_line
+    from .provenance import environment, environment_line
     p = argparse.ArgumentParser(description="Measure the inputs of the scaling model and write docs/scaling.md")
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

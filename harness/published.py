@@ -14,9 +14,8 @@ import types
 
 from common.interface import RosettaError
 
-from .provenance import CSV_COLUMNS
-from .report import environment_line, format_scaling, format_table, optimizer_line, timing_view
-from .split import format_split
+from .provenance import CSV_COLUMNS, environment_line
+from .report import format_scaling, format_split, format_table, optimizer_line, timing_view
 
 SOURCE = os.path.join("docs", "rosetta.toml")
 RESULTS_MD = os.path.join("docs", "results.md")

@@ -1,14 +1,6 @@
 """What a comparison prints: the environment and the result tables."""
-import os
-import platform
-import shutil
-import subprocess
 import sys
 
-from common.interface import FRAMEWORKS
-
-from .loader import installed_version
-from .provenance import provenance, provenance_line
 from .spec import default_lr
 
 COLUMNS = ("framework", "mode", "exec", "layout", "devices", "processes", "epochs", "train s", "images/s",
@@ -28,60 +20,6 @@ def progress_bar(label):
         done = int(30 * step / max(steps, 1))
         print(f"\r  {label} [{'#' * done}{'.' * (30 - done)}] {step}/{steps}", end="", flush=True)
     return show
-
-
-def gpu_names():
-    """GPUs as nvidia-smi lists them (no framework import needed); empty on CPU-only machines."""
-    if not shutil.which("nvidia-smi"):
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-def environment():
-    """The machine, the versions and the command, with the provenance every output records (harness/provenance)."""
-    return {
-        **provenance(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "frameworks": {name: installed_version(name) for name in FRAMEWORKS},
-        "numpy": installed_version_of("numpy"),
-        "gpus": gpu_names(),
-        "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
-    }
-
-
-def environment_line(env):
-    versions = ", ".join(f"{name} {v}" for name, v in env["frameworks"].items() if v)
-    line = (f"{provenance_line(env)}; {', '.join(env['gpus']) or 'no GPU'}; Python {env['python']}, "
-            f"{versions}, numpy {env['numpy']}; {env['platform']}")
-    calibration, load = env.get("calibration"), env.get("load")
-    if calibration:
-        peaks = " -> ".join(f"{calibration[k]:.0f}" for k in ("matmul_peak_gflops_start", "matmul_peak_gflops_end")
-                            if k in calibration)
-        line += f". Float32 matmul peak at {calibration['threads']} thread(s), start -> end: {peaks} GFLOP/s"
-        if calibration.get("lockstep"):
-            steady = calibration["lockstep"]
-            line += (f". Numpy alone, a single-threaded process pinned to each of cores "
-                     f"{', '.join(map(str, steady['cores']))}, {1e3 * steady['step_seconds']:.0f} ms steps: waiting for "
-                     f"the slower step +{steady['lockstep_seconds'] / steady['step_seconds'] - 1:.1%}")
-    if load:
-        line += (f". Load: other processes used {100 * load['other_cpu_share']:.1f}% of the CPU during the run "
-                 f"({'quiet' if load['quiet'] else 'NOT QUIET'}); load average {load['loadavg_start'][0]:.2f} at the "
-                 f"start, {load['loadavg_end'][0]:.2f} at the end")
-    return line
-
-
-def installed_version_of(dist):
-    import importlib.metadata
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def add_parity(runs):
@@ -263,6 +201,28 @@ def scaling_cell(r):
     spread = f" ({r['scaling_efficiency_min']:.2f}-{r['scaling_efficiency_max']:.2f})" \
         if r.get("scaling_efficiency_min") is not None else ""
     return f"{r['scaling_efficiency']:.2f}{spread}"
+
+
+def format_split(rows):
+    """The split as a markdown table, milliseconds and shares of the step; the rest in its two measured parts where
+    the row's processes also ran alongside each other, and the row's speed against theirs in lockstep (both measured
+    within minutes, so less at the mercy of the machine's drift than the scaling, whose base ran earlier)."""
+    rows = [r for r in rows if r.get("step_split")]
+    parted = any("lockstep" in r["step_split"] for r in rows)
+    more = ["sharing the machine", "waiting for the slower step"] if parted else []
+    header = ["framework", "cores", "run", "step ms", "compute", "all-reduce alone", "input", *more,
+              "rest" if parted else "rest (waiting)",
+              "scaling" + rounds_heading(rows), *(["against them alongside"] if parted else [])]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        s = r["step_split"]
+        cell = lambda part: f"{1e3 * s[part]:.1f} ({s[part] / s['step']:.0%})" if part in s else ""   # noqa: E731
+        parts = ["compute", "allreduce", "input", *(["sharing", "lockstep"] if parted else []), "rest"]
+        lines.append(f"| {r['framework']} | {cores_cell(r)} | {r['mode']} ({r.get('exec')}), {r.get('allreduce_alone_pattern')} "
+                     f"all-reduce, {r['devices']} devices, {r['processes']} processes | {1e3 * s['step']:.1f} | "
+                     + " | ".join(map(cell, parts)) + f" | {scaling_cell(r)} |"
+                     + (f" {r['lockstep_seconds'] / s['step']:.2f} |" if "lockstep" in s else " |" if parted else ""))
+    return "\n".join(lines) if rows else ""
 
 
 def optimizer_line(args):

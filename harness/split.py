@@ -125,26 +125,3 @@ def add_split(rows):
             parts["sharing"] = r["alongside_seconds"] - parts["compute"]
             parts["lockstep"] = r["lockstep_seconds"] - r["alongside_seconds"]
         r["step_split"] = {"step": step, **parts, "rest": step - sum(parts.values())}
-
-
-def format_split(rows):
-    """The split as a markdown table, milliseconds and shares of the step; the rest in its two measured parts where
-    the row's processes also ran alongside each other, and the row's speed against theirs in lockstep (both measured
-    within minutes, so less at the mercy of the machine's drift than the scaling, whose base ran earlier)."""
-    from .report import cores_cell, rounds_heading, scaling_cell
-    rows = [r for r in rows if r.get("step_split")]
-    parted = any("lockstep" in r["step_split"] for r in rows)
-    more = ["sharing the machine", "waiting for the slower step"] if parted else []
-    header = ["framework", "cores", "run", "step ms", "compute", "all-reduce alone", "input", *more,
-              "rest" if parted else "rest (waiting)",
-              "scaling" + rounds_heading(rows), *(["against them alongside"] if parted else [])]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        s = r["step_split"]
-        cell = lambda part: f"{1e3 * s[part]:.1f} ({s[part] / s['step']:.0%})" if part in s else ""   # noqa: E731
-        parts = ["compute", "allreduce", "input", *(["sharing", "lockstep"] if parted else []), "rest"]
-        lines.append(f"| {r['framework']} | {cores_cell(r)} | {r['mode']} ({r.get('exec')}), {r.get('allreduce_alone_pattern')} "
-                     f"all-reduce, {r['devices']} devices, {r['processes']} processes | {1e3 * s['step']:.1f} | "
-                     + " | ".join(map(cell, parts)) + f" | {scaling_cell(r)} |"
-                     + (f" {r['lockstep_seconds'] / s['step']:.2f} |" if "lockstep" in s else " |" if parted else ""))
-    return "\n".join(lines) if rows else ""

@@ -42,7 +42,7 @@ def test_another_process_s_work_is_load_and_makes_a_warning(tmp_path):
 def test_numpy_steps_in_lockstep_pay_for_the_slower_core_each_step():
     """The machine's own waiting, no framework: a pinned numpy process per core, each step's slower one counted.
     A step of the requested length, the waiting never negative, and the line that reports it."""
-    from harness.report import environment_line
+    from harness.provenance import environment_line
     cores = (sorted(os.sched_getaffinity(0)) * 2)[:2]   # one core twice on a one-core machine: they take turns
     steady = calibration.machine_lockstep(cores, step_seconds=0.02, steps=20)
     assert steady["cores"] == cores and 0.002 < steady["step_seconds"] < 0.2, steady

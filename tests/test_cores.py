@@ -71,7 +71,7 @@ def test_each_round_s_scaling_pairs_a_trial_with_its_base_s_trial_of_the_same_ro
     """The machine drifts over a run (a 1-device row's own trials 1,456-2,296 images/s): trial k of a row is paired
     with trial k of its base, run in the same pass over the rows; the ratio of the medians stays the headline."""
     from harness.report import format_scaling
-    from harness.split import format_split
+    from harness.report import format_split
     base = {**row("pytorch", "builtin", "eager", 1, 1, "per-device", 1000), "trial_images_per_second": [1000, 800, 1200]}
     two = {**row("pytorch", "builtin", "eager", 2, 2, "per-device", 1600), "trial_images_per_second": [1800, 1200, 1600]}
     short = {**row("pytorch", "builtin", "eager", 2, 2, "shared", 1600), "trial_images_per_second": [1800, 1200]}

@@ -4,8 +4,7 @@ import re
 import subprocess
 
 from harness.benchmark import write_csv
-from harness.provenance import CSV_COLUMNS, commit, provenance, provenance_line
-from harness.report import environment, environment_line
+from harness.provenance import CSV_COLUMNS, commit, environment, environment_line, provenance, provenance_line
 
 
 def git(repo, *args):

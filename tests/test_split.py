@@ -12,7 +12,8 @@ from harness.spec import RunSpec
 import os
 
 from harness.launch import run_workers
-from harness.split import add_split, alongside, format_split, lockstep, measure
+from harness.report import format_split
+from harness.split import add_split, alongside, lockstep, measure
 
 
 def row(**changes):
