@@ -7,8 +7,8 @@
     python compare.py --list-devices           # what each framework sees
     python compare.py --merge out-*.json       # the table of a hand-launched run (torchrun, TF_CONFIG, DMLC_*)
 
-Read top to bottom: parse the options, plan the rows (harness/plan.py), run each in its own worker processes
-(harness/worker.py: thread counts fixed before the framework is imported, a framework that crashes or is
+Read top to bottom: parse the options, plan the rows (harness/run/plan.py), run each in its own worker processes
+(harness/run/worker.py: thread counts fixed before the framework is imported, a framework that crashes or is
 missing costs only its own row), report. The requested files are rewritten after every finished trial, so an
 interrupted run keeps its finished rows (--resume goes on).
 """
@@ -19,24 +19,24 @@ import time
 
 from common.data import load_dataset
 from common.interface import RosettaError
-from harness.benchmark import add_scaling
-from harness.calibration import LoadRecord, machine_lockstep, matmul_peak, warning
-from harness.checkpoints import check_resume, epoch_of, latest_checkpoint
-from harness.launch import raise_on_signals, run_workers
-from harness.merge import merge_files, merge_records
-from harness.options import parse_args as parse_options
-from harness.outputs import check_outputs, output_paths, write_files, write_results
-from harness.plan import check_data, row_label, run_specs
-from harness.profile import trace_folder
-from harness.provenance import environment, environment_line
-from harness.report import add_parity, format_scaling, format_split, format_table, optimizer_line, progress_bar, \
+from harness.studies.benchmark import add_scaling
+from harness.studies.calibration import LoadRecord, machine_lockstep, matmul_peak, warning
+from harness.training.checkpoints import check_resume, epoch_of, latest_checkpoint
+from harness.processes.launch import raise_on_signals, run_workers
+from harness.run.merge import merge_files, merge_records
+from harness.run.options import parse_args as parse_options
+from harness.run.outputs import check_outputs, output_paths, write_files, write_results
+from harness.run.plan import check_data, row_label, run_specs
+from harness.training.profile import trace_folder
+from harness.publishing.provenance import environment, environment_line
+from harness.publishing.tables import add_parity, format_scaling, format_split, format_table, optimizer_line, progress_bar, \
     timing_view
-from harness.resume import check_same_data, kept_trials, previous_run
-from harness.split import allreduce_alone, alongside
+from harness.run.resume import check_same_data, kept_trials, previous_run
+from harness.studies.split import allreduce_alone, alongside
 
 
 def parse_args(argv):
-    """The options (harness/options.py: every one, grouped, each checked where it is parsed)."""
+    """The options (harness/run/options.py: every one, grouped, each checked where it is parsed)."""
     return parse_options(argv, __doc__.split("\n\n")[0])
 
 
@@ -72,7 +72,7 @@ def compare(args):
             print(f"kept {label}: ok ({len(row_trials)} trial(s) from {args.json})", file=sys.stderr)
     env = environment()
     timing = timing_view(vars(args))   # the benchmark, or repeated trials: speed is what the run is for
-    if timing:   # this machine's yardsticks, measured in the run (harness/calibration.py)
+    if timing:   # this machine's yardsticks, measured in the run (harness/studies/calibration.py)
         print(f"calibration: float32 matmul peak at {args.threads} thread(s) ...", file=sys.stderr, flush=True)
         env["calibration"] = {"threads": args.threads, "matmul_peak_gflops_start": matmul_peak(args.threads)}
         cores = sorted(os.sched_getaffinity(0))[:max((spec.processes for spec, skip in specs if not skip), default=1)]
@@ -160,7 +160,7 @@ def host_sums(records):
 
 
 def merge(args):
-    """The table of hand-launched runs (torchrun, TF_CONFIG, DMLC_*, JAX_*): one row per run (harness/merge.py)."""
+    """The table of hand-launched runs (torchrun, TF_CONFIG, DMLC_*, JAX_*): one row per run (harness/run/merge.py)."""
     dataset, runs = merge_files(args.merge)
     env = environment()
     add_scaling(runs)
@@ -180,9 +180,9 @@ def report(args, env, dataset, runs):
     if args.benchmark:
         print(f"\n{format_scaling(runs)}\n\n{environment_line(env)}")
     if format_split(runs):
-        print(f"\nWhere each step of several devices goes (harness/split.py):\n{format_split(runs)}")
+        print(f"\nWhere each step of several devices goes (harness/studies/split.py):\n{format_split(runs)}")
     if args.plot:
-        from harness.plots import plot_runs
+        from harness.publishing.plots import plot_runs
         plot_runs(args.plot, runs, title=f"{dataset['name']}, batch {runs[0]['batch_size']}, {env['cpu']}")
     for path in output_paths(args).values():
         print(f"wrote {path}", file=sys.stderr)
@@ -204,7 +204,7 @@ def main(argv=None):
     except RosettaError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as err:   # Ctrl-C, SIGTERM, SIGHUP (harness.launch.Interrupted)
+    except KeyboardInterrupt as err:   # Ctrl-C, SIGTERM, SIGHUP (harness.processes.launch.Interrupted)
         signum = getattr(err, "signum", signal.SIGINT)
         say("; ".join([f"\ninterrupted by {signal.Signals(signum).name}", *getattr(err, "__notes__", [])]))
         return 128 + signum   # the shell's convention: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP

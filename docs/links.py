@@ -5,7 +5,7 @@
                                   --check is accepted and only checks, as the default does)
 
 The pages are the README, docs/*.md and docs/rosetta.toml (docs/rosetta.md's source: after --fix there, run
-`python -m harness.site` to regenerate the page).
+`python -m harness.publishing.site` to regenerate the page).
 
 A link [`code`](../pytorch/data_parallel.py#L12) promises that line 12 of that file is a line of code
 holding `code`: not a docstring, a comment, a blank line or an import (continuation lines included), and
@@ -47,7 +47,7 @@ Link = namedtuple("Link", "text code target start end")   # code: the backticked
 
 def pages(root=ROOT):
     """The README, every page in docs/, and docs/rosetta.toml: the prose docs/rosetta.md is generated from, so
-    --fix re-points the links there (then `python -m harness.site` regenerates the page)."""
+    --fix re-points the links there (then `python -m harness.publishing.site` regenerates the page)."""
     found = [os.path.join(root, "README.md")] if os.path.exists(os.path.join(root, "README.md")) else []
     source = os.path.join(root, "docs", "rosetta.toml")
     return found + sorted(glob.glob(os.path.join(root, "docs", "*.md"))) + [source] * os.path.exists(source)

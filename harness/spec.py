@@ -39,13 +39,13 @@ class RunSpec:
     model: str = "lenet"             # lenet | resnet18 (common/models.py)
     width: int | None = None         # the ResNet's width (None: common.models.DEFAULT_WIDTH); None for the LeNet
     bn: str | None = "local"         # the ResNet's BatchNorm: local (each replica its shard's) | sync; None: LeNet
-    mode: str = "scratch"            # scratch | builtin | idiomatic (harness/training.py MODES)
+    mode: str = "scratch"            # scratch | builtin | idiomatic (harness/training/loop.py MODES)
     exec: str = "default"            # the scratch step's exec level (each execution.py's LEVELS)
     layout: str = "default"          # the scratch step's memory layout (each execution.py's LAYOUTS)
     allreduce: str = "per-tensor"    # the scratch step's sum of the gradients: per-tensor | bucketed (common/buckets.py)
     devices: int = 1                 # in all, over every process
     processes: int = 1
-    cores: str = "shared"            # shared | per-device (harness/cores.py)
+    cores: str = "shared"            # shared | per-device (harness/processes/cores.py)
     threads: int | None = None       # per process; None: every core
     dataset: str = "digits"
     data_dir: str | None = None
@@ -67,8 +67,8 @@ class RunSpec:
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
     resume_from: str | None = None
-    profile: str | None = None       # a folder for the trace of a few steps by the framework's profiler (harness/profile.py)
-    task: str = "train"              # train | devices | feed (tests) | step, allreduce (harness/projection.py) | expert | collectives (harness/split.py)
+    profile: str | None = None       # a folder for the trace of a few steps by the framework's profiler (harness/training/profile.py)
+    task: str = "train"              # train | devices | feed (tests) | step, allreduce (harness/studies/projection.py) | expert | collectives (harness/studies/split.py)
     max_steps: int | None = None     # stop early (parity tests)
     weights_out: str | None = None   # .npz of the final weights, rank 0 (parity tests)
     weights_trace: str | None = None  # .npz of the weights before every step and at the end, rank 0 (optimizer tests)

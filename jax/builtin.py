@@ -50,7 +50,7 @@ def EXEC(model):
 
 
 COMPILES = "whole step"
-# Its gradients' reduction (harness/split.py): XLA's CPU compiler leaves one all-reduce per parameter in the compiled
+# Its gradients' reduction (harness/studies/split.py): XLA's CPU compiler leaves one all-reduce per parameter in the compiled
 # step (its HLO, read here: 8 for the LeNet, none combined), each a gloo collective across processes.
 ALLREDUCE = "per-tensor"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # the scratch forward's, whose weights lenet.held lays out

@@ -47,7 +47,7 @@ def save(weights, path, bn_state=None):
 
 def stored(weights, bn_state=None):
     """The tree save() writes. Orbax writes numpy arrays from process 0 only, so in a multi-process run the others
-    learn a file's keys from this (harness/checkpoints.py), not from a file they write."""
+    learn a file's keys from this (harness/training/checkpoints.py), not from a file they write."""
     return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(idiomatic(weights, bn_state))))
 
 

@@ -1,6 +1,6 @@
 """JAX devices: every GPU JAX sees; on a CPU-only machine, n virtual CPU devices. JAX fixes its CPU device
 count when its backend starts (its first op), from `--xla_force_host_platform_device_count` in XLA_FLAGS:
-harness/worker.py sets that flag before JAX is imported, as it sets thread counts. In a process that did
+harness/run/worker.py sets that flag before JAX is imported, as it sets thread counts. In a process that did
 not (pytest, a notebook), the first call here asks for VIRTUAL_CPUS devices, as TensorFlow's split does.
 On GPUs JAX would take 75% of every GPU it sees when it starts; here it allocates as it goes (like
 TensorFlow's memory growth), so peak memory means something and co-located processes cannot starve."""

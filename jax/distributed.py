@@ -6,8 +6,8 @@ By hand on one machine, from the repo root: one spec and coordinator for all pro
     SPEC='{"framework": "jax", "mode": "builtin", "devices": 2, "processes": 2, "dataset": "digits",
            "epochs": 3, "batch_size": 256, "lr": 0.1, "seed": 0}'
     export JAX_COORDINATOR_ADDRESS=127.0.0.1:12355 JAX_NUM_PROCESSES=2
-    JAX_PROCESS_ID=0 python -m harness.worker "$SPEC" out-{rank}.json &
-    JAX_PROCESS_ID=1 python -m harness.worker "$SPEC" out-{rank}.json
+    JAX_PROCESS_ID=0 python -m harness.run.worker "$SPEC" out-{rank}.json &
+    JAX_PROCESS_ID=1 python -m harness.run.worker "$SPEC" out-{rank}.json
     python compare.py --merge out-*.json    # the run's table row
 On several machines: the same, one process per machine, JAX_COORDINATOR_ADDRESS naming process 0's
 machine, and GLOO_SOCKET_IFNAME each machine's network interface (see bind_gloo_to). Start them in any order:
@@ -63,7 +63,7 @@ def bind_gloo_to(interface):
     """JAX 0.7 builds its CPU collectives with gloo's default device, which binds to the address this machine's
     hostname resolves to: 127.0.0.1 on many machines, or nothing at all ("Unable to find address for: <hostname>"),
     and two hosts then never meet. JAX has no option for the interface (PyTorch reads GLOO_SOCKET_IFNAME), but the
-    gloo factory it calls takes one: hand it the launcher's (harness/cluster.py) before the backend is built."""
+    gloo factory it calls takes one: hand it the launcher's (harness/processes/cluster.py) before the backend is built."""
     if not interface:
         return
     from jax._src.lib import xla_client

@@ -1,4 +1,4 @@
-"""What a performance-minded JAX user writes instead of the recipe, the yardstick of its speed (harness/expert.py):
+"""What a performance-minded JAX user writes instead of the recipe, the yardstick of its speed (harness/studies/expert.py):
 the whole step, gradient and update, in one jax.jit, the parameters' buffers donated to it (XLA writes the new
 weights into the old ones' memory), in the scratch step's layout (lenet.py's) and with its data path, a numpy batch
 put on the device every step. The recipe's step on one device differs by what it shows: two compiled calls

@@ -16,7 +16,7 @@ from .optimizer import Trainer, get_trainer, canonical_state
 
 EXEC = "hybridize"
 COMPILES = "fwd+bwd"
-# Its gradients' reduction (harness/split.py): the Trainer pushes and pulls each parameter under its own key.
+# Its gradients' reduction (harness/studies/split.py): the Trainer pushes and pulls each parameter under its own key.
 ALLREDUCE = "per-tensor"
 LAYOUT = "NCHW (Gluon)"
 

@@ -8,10 +8,10 @@ By hand on one machine, from the repo root: the same variables for every process
            DMLC_NODE_HOST=127.0.0.1 DMLC_INTERFACE=lo
     SPEC='{"framework": "mxnet", "mode": "builtin", "devices": 2, "processes": 2, "dataset": "digits",
            "epochs": 3, "batch_size": 256, "lr": 0.1, "seed": 0}'
-    DMLC_ROLE=scheduler python -m harness.worker "$SPEC" /dev/null &   # these two write no record
-    DMLC_ROLE=server python -m harness.worker "$SPEC" /dev/null &
-    DMLC_ROLE=worker python -m harness.worker "$SPEC" out-{rank}.json &
-    DMLC_ROLE=worker python -m harness.worker "$SPEC" out-{rank}.json
+    DMLC_ROLE=scheduler python -m harness.run.worker "$SPEC" /dev/null &   # these two write no record
+    DMLC_ROLE=server python -m harness.run.worker "$SPEC" /dev/null &
+    DMLC_ROLE=worker python -m harness.run.worker "$SPEC" out-{rank}.json &
+    DMLC_ROLE=worker python -m harness.run.worker "$SPEC" out-{rank}.json
     python compare.py --merge out-*.json    # the run's table row
 On several machines: the same, one worker per machine, DMLC_PS_ROOT_URI the scheduler's address and
 DMLC_NODE_HOST / DMLC_INTERFACE each machine's own address and network interface. Start them in any

@@ -1,4 +1,4 @@
-"""What a performance-minded MXNet user writes instead of the recipe, the yardstick of its speed (harness/expert.py):
+"""What a performance-minded MXNet user writes instead of the recipe, the yardstick of its speed (harness/studies/expert.py):
 the forward hybridized (one cached graph, its backward too), the update by MXNet's fused `sgd_update` operator into
 each weight, the scratch step's layout (NCHW, the only one) and its data path (a numpy batch copied to the context
 every step). The recipe's step on one context differs by what it shows: the all-reduce's loop over the 8 gradients

@@ -264,7 +264,7 @@ def canonical_state(trainer):
 
 def mx_state(state, optimizer, name, context):
     """Parameter `name`'s buffers in the canonical `state` as MXNet's optimizers keep them (create_state's form):
-    None, the momentum buffer, or Adam's (mean, var); copies on `context`, as they are (harness/checkpoints.py
+    None, the momentum buffer, or Adam's (mean, var); copies on `context`, as they are (harness/training/checkpoints.py
     checks a checkpoint's shapes)."""
     arrays = tuple(nd.array(state[f"{slot}.{name}"], ctx=context) for slot in optimizer.slots)
     return arrays if len(arrays) > 1 else arrays[0] if arrays else None

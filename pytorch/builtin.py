@@ -1,7 +1,7 @@
 """PyTorch's own data parallelism: DistributedDataParallel, one process per device, and nn.DataParallel, one process
 over all its GPUs. nn.DataParallel replicates onto CUDA devices only (on the CPU it silently runs the plain module),
 so the CPU's built-in engine is always DistributedDataParallel, even for a run of one device; on GPUs a one-process
-run is nn.DataParallel (harness/launch.py's process_per_device decides). primitives_step is nn.DataParallel's step
+run is nn.DataParallel (harness/processes/launch.py's process_per_device decides). primitives_step is nn.DataParallel's step
 written out with its four primitives, side by side with the recipe (docs/rosetta.md)."""
 
 import torch
@@ -20,7 +20,7 @@ from .optimizer import Trainer, canonical_state, get_trainer
 
 EXEC = {DistributedDataParallel: "eager+DDP", nn.DataParallel: "eager+DataParallel"}   # by the engine that ran
 COMPILES = "nothing"
-# Its gradients' reduction (harness/split.py): DDP's buckets, 25 MiB (the first 1 MiB), one gloo all-reduce each
+# Its gradients' reduction (harness/studies/split.py): DDP's buckets, 25 MiB (the first 1 MiB), one gloo all-reduce each
 # as it fills: each model here fits one.
 ALLREDUCE = "bucketed"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, pipeline.py's batches

@@ -1,4 +1,4 @@
-"""What a performance-minded PyTorch user writes instead of the recipe, the yardstick of its speed (harness/expert.py):
+"""What a performance-minded PyTorch user writes instead of the recipe, the yardstick of its speed (harness/studies/expert.py):
 the step as one function, in the scratch step's layout (lenet.py's channels-last) and with its data path (a numpy
 batch copied to the device every step), the update of every parameter in one fused call (torch._foreach_add_, as
 torch.optim's foreach SGD). Eager: torch.compile of the forward is no faster here (docs/results.md). The recipe's

@@ -15,7 +15,7 @@ from .optimizer import follows_its_schedule, get_trainer, canonical_state, load_
 
 EXEC = "tf.function"
 COMPILES = "whole step"
-# Its gradients' reduction (harness/split.py): in a tf.function the strategy packs them (CommunicationOptions'
+# Its gradients' reduction (harness/studies/split.py): in a tf.function the strategy packs them (CommunicationOptions'
 # bytes_per_pack, 0 by default: every gradient in one pack), one collective a step, as one bucket does.
 ALLREDUCE = "bucketed"
 LAYOUT = "NHWC (Keras)"

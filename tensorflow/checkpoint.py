@@ -6,7 +6,7 @@ Keras's channels-last layout (HWIO kernels, dense (in, out), fc1's rows in H, W,
 The optimizer state is a directory beside the weights holding a TensorFlow checkpoint of the Keras optimizer, as
 TensorFlow saves one: tf.train.Checkpoint(optimizer=...).write. Its variables are the step count (`iterations`,
 which drives the schedule) and the buffers, in Keras's layout like the weights. A directory, so that the rename
-that finishes an atomic write (harness/checkpoints.py) moves the checkpoint's index and data files at once."""
+that finishes an atomic write (harness/files.py) moves the checkpoint's index and data files at once."""
 import os
 
 import h5py

@@ -1,14 +1,14 @@
 """TensorFlow across processes: MultiWorkerMirroredStrategy. A worker joins from TF_CONFIG (every
-worker's host:port and its own index); compare.py sets it (harness/cluster.py).
+worker's host:port and its own index); compare.py sets it (harness/processes/cluster.py).
 
 By hand on one machine, from the repo root: one spec and one cluster for all workers, an index for each:
     SPEC='{"framework": "tensorflow", "mode": "builtin", "devices": 2, "processes": 2, "dataset": "digits",
            "epochs": 3, "batch_size": 256, "lr": 0.1, "seed": 0}'
     CLUSTER='"cluster": {"worker": ["127.0.0.1:23456", "127.0.0.1:23457"]}'
     TF_CONFIG="{$CLUSTER, \"task\": {\"type\": \"worker\", \"index\": 0}}" \
-        python -m harness.worker "$SPEC" out-{rank}.json &
+        python -m harness.run.worker "$SPEC" out-{rank}.json &
     TF_CONFIG="{$CLUSTER, \"task\": {\"type\": \"worker\", \"index\": 1}}" \
-        python -m harness.worker "$SPEC" out-{rank}.json
+        python -m harness.run.worker "$SPEC" out-{rank}.json
     python compare.py --merge out-*.json    # the run's table row
 On several machines: the same, one worker per machine, the cluster naming each machine's host:port
 (worker i is the i-th entry). Start them in any order: each waits for the others. On GPUs every worker

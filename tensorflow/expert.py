@@ -1,5 +1,5 @@
 """What a performance-minded TensorFlow user writes instead of the recipe, the yardstick of its speed
-(harness/expert.py): the whole step, gradient and update, in one tf.function, in the scratch step's layout (lenet.py's
+(harness/studies/expert.py): the whole step, gradient and update, in one tf.function, in the scratch step's layout (lenet.py's
 NHWC) and with its data path (a numpy batch converted on the device every step). The recipe's step on one device
 is one tf.function too; it differs by what it shows: the all-reduce (an add_n and an identity per gradient, which
 the graph keeps) and the optimizer's branch."""

@@ -70,7 +70,7 @@ def scratch(name, network="lenet", layout="default", sync=False, level="default"
     from common.interface import StepSettings
     from harness.loader import load_module
     from common.interface import Network
-    from harness.training import functional
+    from harness.training.loop import functional
     execution = load_module(name, "execution")
     model = functional(load_framework(name), Network("lenet" if network == "lenet" else "resnet18", None, sync),
                        layout)
@@ -146,7 +146,7 @@ def run_processes(commands, timeout=300):
 
 @pytest.fixture(autouse=True)
 def fast_tier_starts_no_worker(request, monkeypatch):
-    """`python -m pytest -m "not slow"` is the fast tier: a test that starts a worker process (harness.worker,
+    """`python -m pytest -m "not slow"` is the fast tier: a test that starts a worker process (harness.run.worker,
     torchrun) must be marked slow, or it fails here the moment it tries."""
     if request.node.get_closest_marker("slow"):
         return
@@ -154,7 +154,7 @@ def fast_tier_starts_no_worker(request, monkeypatch):
 
     def guarded(self, args, *rest, **options):
         argv = [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
-        if any("harness.worker" in a or a.endswith("torchrun") for a in argv):
+        if any("harness.run.worker" in a or a.endswith("torchrun") for a in argv):
             pytest.fail("this test starts worker processes: mark it @pytest.mark.slow", pytrace=False)
         start(self, args, *rest, **options)
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
@@ -179,7 +179,7 @@ def role(pid):
     a worker process (compare.py, or gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"harness.worker" not in f.read():
+            if b"harness.run.worker" not in f.read():
                 return None
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
@@ -245,7 +245,7 @@ def start_compare(tag):
     yield start
     for proc in started:
         if proc.poll() is None:
-            proc.kill()   # its workers notice and end themselves (harness.worker.exit_with_parent)
+            proc.kill()   # its workers notice and end themselves (harness.run.worker.exit_with_parent)
         proc.communicate()
 
 

@@ -119,8 +119,8 @@ def test_a_bucketed_resnet_step_is_the_per_tensor_step(name):
 
 def test_the_option_is_a_row_of_the_scratch_mode_and_a_column_of_the_table():
     import compare
-    from harness.plan import row_label, run_specs
-    from harness.report import format_table
+    from harness.run.plan import row_label, run_specs
+    from harness.publishing.tables import format_table
     rows = list(run_specs(compare.parse_args(["--frameworks", "pytorch,jax", "--mode", "scratch,builtin",
                                               "--allreduce", "per-tensor,bucketed"])))
     reasons = {(s.framework, s.mode, s.allreduce): reason for s, reason in rows}

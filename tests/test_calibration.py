@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from harness import calibration
+from harness.studies import calibration
 
 BUSY = "import time\nwhile time.process_time() < 1.0: pass\n"   # one CPU second, however long it takes
 
@@ -42,12 +42,12 @@ def test_another_process_s_work_is_load_and_makes_a_warning(tmp_path):
 def test_numpy_steps_in_lockstep_pay_for_the_slower_core_each_step():
     """The machine's own waiting, no framework: a pinned numpy process per core, each step's slower one counted.
     A step of the requested length, the waiting never negative, and the line that reports it."""
-    from harness.provenance import environment_line
+    from harness.publishing.provenance import environment_line
     cores = (sorted(os.sched_getaffinity(0)) * 2)[:2]   # one core twice on a one-core machine: they take turns
     steady = calibration.machine_lockstep(cores, step_seconds=0.02, steps=20)
     assert steady["cores"] == cores and 0.002 < steady["step_seconds"] < 0.2, steady
     assert steady["lockstep_seconds"] > steady["step_seconds"], steady   # max over cores, not their mean
-    from harness.provenance import provenance
+    from harness.publishing.provenance import provenance
     env = {**provenance(), "gpus": [], "python": "3.11", "frameworks": {}, "numpy": "1.26", "platform": "linux",
            "calibration": {"threads": 2, "matmul_peak_gflops_start": 100.0,
                            "lockstep": {"cores": [0, 1], "step_seconds": 0.08, "lockstep_seconds": 0.0872}}}
@@ -65,7 +65,7 @@ def test_the_benchmark_records_its_calibration_and_each_row_s_share_of_peak(tmp_
     import json
 
     import compare
-    from harness import options
+    from harness.run import options
     from conftest import framework_or_skip
     framework_or_skip("pytorch")
     monkeypatch.setattr(options, "BENCHMARK", {**options.BENCHMARK, "n_synthetic": 600, "repeats": 1,
@@ -90,7 +90,7 @@ def test_repeated_trials_are_timed_against_the_peak_too(tmp_path, monkeypatch):
     import json
 
     import compare
-    from harness import options
+    from harness.run import options
     from conftest import framework_or_skip
     framework_or_skip("pytorch")
     peaks = iter([100.0, 300.0])

@@ -11,12 +11,12 @@ import pytest
 
 from common import FRAMEWORKS
 from common import optim
-from harness.checkpoints import SUFFIXES, checkpoint_name, read_state, read_weights, state_path, write_state, \
+from harness.training.checkpoints import SUFFIXES, checkpoint_name, read_state, read_weights, state_path, write_state, \
     write_weights
-from harness.convert import main as convert
+from harness.training.convert import main as convert
 from common.interface import RosettaError
 from harness.loader import load_module
-from harness.launch import run_workers
+from harness.processes.launch import run_workers
 from harness.spec import RunSpec
 from common.lenet import init_weights
 from conftest import framework_or_skip, installed_frameworks
@@ -294,7 +294,7 @@ def test_a_run_stopped_in_mxnet_goes_on_in_every_framework(tmp_path, available):
 
 
 def test_converting_in_process_leaves_the_callers_environment(tmp_path, monkeypatch):
-    """harness.convert quiets TensorFlow only as a command: called in a process that already runs TensorFlow, a
+    """harness.training.convert quiets TensorFlow only as a command: called in a process that already runs TensorFlow, a
     TF_ENABLE_ONEDNN_OPTS=0 it set would switch that process's kernels (NCHW pooling then fails on the CPU)."""
     framework_or_skip("pytorch")
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)

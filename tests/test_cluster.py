@@ -1,5 +1,5 @@
-"""Where a run's processes are (harness/cluster.py), a SLURM job read the way `scontrol show hostnames` reads it
-(harness/slurm.py), and where a restarted run starts again (harness.checkpoints.latest_checkpoint). No process is
+"""Where a run's processes are (harness/processes/cluster.py), a SLURM job read the way `scontrol show hostnames` reads it
+(harness/processes/slurm.py), and where a restarted run starts again (harness.training.checkpoints.latest_checkpoint). No process is
 started here: these are the variables and choices the two-host, SLURM and restart tests then run with."""
 import json
 
@@ -8,10 +8,10 @@ import pytest
 from common import FRAMEWORKS, RosettaError
 from common.lenet import init_weights
 from common.placement import HIDE
-from harness.checkpoints import LATEST, checkpoint_name, latest_checkpoint, state_path, write_weights
-from harness.cluster import Cluster, engine_env, interface_of
-from harness.report import processes_cell, status
-from harness.slurm import expand_counts, expand_nodelist, job, started_by_srun, task_env
+from harness.training.checkpoints import LATEST, checkpoint_name, latest_checkpoint, state_path, write_weights
+from harness.processes.cluster import Cluster, engine_env, interface_of
+from harness.publishing.tables import processes_cell, status
+from harness.processes.slurm import expand_counts, expand_nodelist, job, started_by_srun, task_env
 from harness.spec import RunSpec
 from conftest import framework_or_skip
 
@@ -97,7 +97,7 @@ def test_each_slurm_task_gets_what_its_engines_launcher_would_set(framework, mon
     """A 2 x 2 job on one machine's loopback addresses (127.0.0.1 and .2 are both lo's): task 3 is rank 3, local
     rank 1 on the second node; MXNet's first task of each node starts the node's server, task 0 the scheduler too."""
     spec = RunSpec(framework, mode="builtin", devices=4, processes=4)
-    monkeypatch.setattr("harness.cluster.interface_of", lambda address: "lo")
+    monkeypatch.setattr("harness.processes.cluster.interface_of", lambda address: "lo")
     env, helpers = task_env(spec, slurm(3))
     expected = {"pytorch": ("RANK", "3"), "jax": ("JAX_PROCESS_ID", "3"), "mxnet": ("DMLC_ROLE", "worker")}
     if framework == "tensorflow":
@@ -115,8 +115,8 @@ def test_each_slurm_task_gets_what_its_engines_launcher_would_set(framework, mon
 
 def test_slurm_gpus_per_node_are_shared_out_by_local_rank(monkeypatch):
     """4 GPUs a node, 2 tasks a node, 8 devices: TensorFlow's task 3 (local 1) sees GPUs 2 and 3 only."""
-    monkeypatch.setattr("harness.cluster.interface_of", lambda address: "lo")
-    monkeypatch.setattr("harness.cluster.machine_gpus", lambda: ["0", "1", "2", "3"])
+    monkeypatch.setattr("harness.processes.cluster.interface_of", lambda address: "lo")
+    monkeypatch.setattr("harness.processes.cluster.machine_gpus", lambda: ["0", "1", "2", "3"])
     env, _ = task_env(RunSpec("tensorflow", mode="builtin", devices=8, processes=4), slurm(3))
     assert env[HIDE] == "2,3" and env["ROSETTA_LOCAL_RANK"] == "1"
 

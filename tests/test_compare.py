@@ -120,7 +120,7 @@ def test_list_devices():
 
 
 def test_parity_column_compares_across_frameworks_modes_and_exec_levels():
-    from harness.report import add_parity
+    from harness.publishing.tables import add_parity
     runs = [{"framework": f, "mode": m, "exec": e, "devices": d, "processes": p, "status": "ok", "step_losses": [l]}
             for f, m, e, d, p, l in [("pytorch", "scratch", "eager", 2, 1, 2.5), ("mxnet", "scratch", "hybridize", 2, 1, 2.5001),
                                      ("tensorflow", "builtin", "tf.function", 2, 2, 2.4)]]
@@ -154,7 +154,7 @@ def test_merge_says_when_a_file_is_not_a_worker_record(tmp_path):
     proc = compare("--merge", str(report))
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"error: {report}: not a worker's record (compare.py's --json output, no status); --merge takes the "
-        "out-{rank}.json files that python -m harness.worker writes"]
+        "out-{rank}.json files that python -m harness.run.worker writes"]
 
 
 def test_help_shows_every_default():
@@ -188,7 +188,7 @@ def test_files_are_replaced_whole_or_not_at_all(tmp_path):
 
 def test_resume_restores_every_trial_of_a_kept_row():
     """A row of several trials keeps each trial's metrics: --resume rebuilds the same row from the file."""
-    from harness.benchmark import aggregate
+    from harness.studies.benchmark import aggregate
     from compare import kept_trials
     trials = [{"row": "r", "framework": "pytorch", "status": "ok", "error": None, "images_per_second": ips,
                "train_seconds": 10 / ips, "step_losses": [2.3, 2.1]} for ips in (100.0, 300.0, 200.0)]
@@ -199,7 +199,7 @@ def test_resume_restores_every_trial_of_a_kept_row():
 
 
 def test_one_step_has_no_steady_state_throughput():
-    from harness.training import summarize
+    from harness.training.loop import summarize
     record = {"epoch_loss_sums": [4.6], "epoch_sizes": [2], "epoch_seconds": [0.5], "step_loss_sums": [4.6],
               "step_sizes": [2], "first_step_seconds": 0.4, "first_step_images": 2, "images": 2,
               "test_accuracy": 0.1, "replica_spread": 0.0}
@@ -218,7 +218,7 @@ def test_relative_paths_are_the_caller_s_not_the_workers(tmp_path, monkeypatch):
 def test_every_bar_of_the_plot_names_its_row():
     """Two rows that differ only in their all-reduce (or layout, or cores) get bars of different names: the
     per-tensor/bucketed run's plot showed each scratch row twice under one name."""
-    from harness.plots import label
+    from harness.publishing.plots import label
     row = {"framework": "jax", "mode": "scratch", "exec": "jax.jit", "layout": "NHWC/HWIO (lax)", "devices": 2,
            "processes": 2, "cores": "per-device", "trials": 3}
     variants = [row, {**row, "allreduce": "bucketed"}, {**row, "allreduce": "per-tensor"}, {**row, "layout": "NCHW"},

@@ -1,4 +1,4 @@
-"""Cores per device (harness/cores.py): each worker of a per-device run pinned to cores of its own, thread
+"""Cores per device (harness/processes/cores.py): each worker of a per-device run pinned to cores of its own, thread
 counts that give each device its share, and the benchmark rows and files that report it."""
 import csv
 import json
@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from harness import cores
-from harness.benchmark import add_scaling
-from harness.launch import run_workers
+from harness.processes import cores
+from harness.studies.benchmark import add_scaling
+from harness.processes.launch import run_workers
 from conftest import framework_or_skip
 
 USABLE = sorted(os.sched_getaffinity(0))
@@ -24,7 +24,7 @@ def test_a_core_per_device_gives_each_op_one_device_s_share_and_the_schedulers_a
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == env["TF_NUM_INTRAOP_THREADS"] == "2"
     assert env["TF_NUM_INTEROP_THREADS"] == "2"   # the two devices' ops side by side
     assert env["MXNET_CPU_WORKER_NTHREADS"] == "1"   # MXNet's engine has a pool per context: one thread each
-    # MXNet's scratch buffers, one pool for every CPU context: 16 per context, in either setting (harness/cores.py;
+    # MXNet's scratch buffers, one pool for every CPU context: 16 per context, in either setting (harness/processes/cores.py;
     # what they buy depends on the machine: docs/profiling.md)
     assert env["MXNET_CPU_TEMP_COPY"] == cores.thread_env(2, "shared", local_devices=2)["MXNET_CPU_TEMP_COPY"] == "32"
     assert cores.thread_env(2, "shared", local_devices=1)["MXNET_CPU_TEMP_COPY"] == "16"
@@ -70,8 +70,8 @@ def test_scaling_compares_like_with_like_and_says_what_with():
 def test_each_round_s_scaling_pairs_a_trial_with_its_base_s_trial_of_the_same_round():
     """The machine drifts over a run (a 1-device row's own trials 1,456-2,296 images/s): trial k of a row is paired
     with trial k of its base, run in the same pass over the rows; the ratio of the medians stays the headline."""
-    from harness.report import format_scaling
-    from harness.report import format_split
+    from harness.publishing.tables import format_scaling
+    from harness.publishing.tables import format_split
     base = {**row("pytorch", "builtin", "eager", 1, 1, "per-device", 1000), "trial_images_per_second": [1000, 800, 1200]}
     two = {**row("pytorch", "builtin", "eager", 2, 2, "per-device", 1600), "trial_images_per_second": [1800, 1200, 1600]}
     short = {**row("pytorch", "builtin", "eager", 2, 2, "shared", 1600), "trial_images_per_second": [1800, 1200]}
@@ -86,7 +86,7 @@ def test_each_round_s_scaling_pairs_a_trial_with_its_base_s_trial_of_the_same_ro
     assert "| efficiency |" in format_scaling([lone, short]) and "| 0.80 |" in format_scaling([lone, short])
     two.update(batch_size=256, allreduce_alone_seconds=0.01, allreduce_alone_pattern="bucketed",
                epoch_seconds_median=10.0, input_seconds_median=0.1)
-    from harness.split import add_split
+    from harness.studies.split import add_split
     add_split([two])
     assert "| scaling (lowest-highest round) |" in format_split([two]) and "| 0.80 (0.67-0.90) |" in format_split([two])
 
@@ -95,7 +95,7 @@ def test_every_benchmark_engine_of_several_devices_is_compared_with_itself_on_on
     """A built-in engine may run its framework's own layers (the ResNet's DDP and Gluon Trainer: 1.4x and 2.3x the
     scratch step on one device), so against the scratch 1-device row its scaling passed 1 and its split's compute
     passed the whole step. The benchmark plan gives every mode of several devices its own 1-device row, per cores."""
-    from harness.plan import BENCHMARK, benchmark_plan
+    from harness.run.plan import BENCHMARK, benchmark_plan
     for model in ("lenet", "resnet18"):
         entries = benchmark_plan(BENCHMARK["plan"], model)
         ones = {(mode, cores_) for mode, _, shapes, cores_, *_ in entries if (1, 1) in shapes}
@@ -115,7 +115,7 @@ def test_the_peak_memory_of_training_leaves_out_what_came_before():
     generation peaks at ~1.3 GiB at 60,000 images; training does not)."""
     import numpy as np
 
-    from harness.worker import peak_rss, reset_peak_rss
+    from harness.run.worker import peak_rss, reset_peak_rss
     big = np.ones(300 * 2**20 // 8)
     before = peak_rss()
     del big
@@ -131,7 +131,7 @@ def test_the_benchmark_reports_both_core_settings_in_every_file(tmp_path, monkey
     """A real --benchmark shrunk to PyTorch on a few steps: shared and per-device rows, the per-device rows'
     thread counts, the scaling section in the markdown, and a CSV with every printed column."""
     import compare
-    from harness import options
+    from harness.run import options
     framework_or_skip("pytorch")
     monkeypatch.setattr(options, "BENCHMARK", {
         **options.BENCHMARK, "n_synthetic": 1200, "repeats": 1,
@@ -162,7 +162,7 @@ def test_the_benchmark_reports_both_core_settings_in_every_file(tmp_path, monkey
         assert table[0][column] != "", column
     assert "peak_device_memory_mib" not in table[0]   # no GPU: a column that could only be empty is left out
     assert float(table[2]["scaling_efficiency"]) == pytest.approx(runs[2]["scaling_efficiency"], abs=1e-3)
-    # every row of several devices with its step split (harness/split.py): the all-reduce alone measured in processes
+    # every row of several devices with its step split (harness/studies/split.py): the all-reduce alone measured in processes
     # placed as the row's, its pattern the row's (DDP's buckets for the built-in engine), the parts adding up
     for r in runs[2:5]:
         split = r["step_split"]

@@ -28,7 +28,7 @@ def test_rosetta_links_point_at_their_code():
         | set(glob.glob(os.path.join(ROOT, "docs", "*.md")))
     for page in pages:
         assert links.problems(page) == [], \
-            f"code moved under {page}'s links: run `python docs/links.py --fix`, then `python -m harness.site`"
+            f"code moved under {page}'s links: run `python docs/links.py --fix`, then `python -m harness.publishing.site`"
     for name in ("rosetta.md", "rosetta.toml", "migration.md"):
         found = links.find_links(open(os.path.join(ROOT, "docs", name)).read())
         assert sum(link.code is not None and ".py#L" in link.target for link in found) >= 30, name

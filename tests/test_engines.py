@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from common import FRAMEWORKS
-from harness.launch import run_workers
+from harness.processes.launch import run_workers
 from conftest import follow, framework_or_skip, processes_by_role, run_compare, run_processes, skip_not_installed, \
     wait_for_training
 
@@ -140,15 +140,15 @@ def test_a_timeout_ends_every_process(tag):
 
 def launch_by_hand(framework, spec, folder):
     """The hand launches of docs/usage.md on one machine: torchrun; TF_CONFIG per worker; DMLC_* for a
-    scheduler, a server and the workers; JAX_* per process. Nothing from compare.py or harness.launch."""
+    scheduler, a server and the workers; JAX_* per process. Nothing from compare.py or harness.processes.launch."""
     import json
-    from harness.cluster import free_ports
-    worker = [sys.executable, "-m", "harness.worker", json.dumps(spec)]
+    from harness.processes.cluster import free_ports
+    worker = [sys.executable, "-m", "harness.run.worker", json.dumps(spec)]
     out = str(folder / "out-{rank}.json")
     ports = free_ports(3)
     if framework == "pytorch":
         torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-        commands = [([torchrun, "--standalone", "--nproc-per-node=2", "-m", "harness.worker", json.dumps(spec), out], {})]
+        commands = [([torchrun, "--standalone", "--nproc-per-node=2", "-m", "harness.run.worker", json.dumps(spec), out], {})]
     elif framework == "tensorflow":
         cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
         commands = [(worker + [out], {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})})

@@ -1,4 +1,4 @@
-"""Each framework's expert step (its expert.py, the yardstick of harness/expert.py) computes what it is timed
+"""Each framework's expert step (its expert.py, the yardstick of harness/studies/expert.py) computes what it is timed
 against: one step of the recipe on one device."""
 import numpy as np
 import pytest
@@ -29,7 +29,7 @@ def test_the_expert_step_is_the_recipe_s_step(name, digits):
 
 
 def test_an_unknown_framework_is_one_line_and_a_non_zero_exit(capsys):
-    from harness.expert import main
+    from harness.studies.expert import main
     assert main(["--frameworks", "jax,nope"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.strip() == "error: unknown framework 'nope'; choose from pytorch, mxnet, tensorflow, jax"
@@ -39,7 +39,7 @@ def test_each_step_is_timed_until_its_engine_has_finished_it():
     """An asynchronous engine (MXNet's) returns the loss while the backward and the update still run: each reading
     waits for the devices, so a row's queued work is its own time, not the next row's. A fake clock: each step queues
     its row's seconds of work, which the sync does."""
-    from harness.expert import in_turn
+    from harness.studies.expert import in_turn
     now, queued = [0.0], [0.0]
 
     def queue(seconds):

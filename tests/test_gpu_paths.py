@@ -11,8 +11,8 @@ import pytest
 
 from common.interface import RosettaError
 from harness.loader import load_module
-from harness.cluster import engine_env
-from harness.training import summarize
+from harness.processes.cluster import engine_env
+from harness.training.loop import summarize
 from conftest import framework_or_skip, run_processes
 
 
@@ -130,7 +130,7 @@ def create(kind, mxnet_create=engine.mx.kv.create):
 
 
 engine.mx.kv.create = create
-from harness.worker import main
+from harness.run.worker import main
 sys.exit(main(sys.argv[1], sys.argv[2]))
 """
 
@@ -145,8 +145,8 @@ def test_mxnet_gpu_kvstore_computes_the_dist_sync_step(mode, tmp_path):
     for name, code in (("dist_sync", None), ("dist_device_sync", GPU_KVSTORE_WORKER)):
         workers, helpers = engine_env("mxnet", 2, devices=2, gpus=[])
         out = str(tmp_path / f"{name}-{{rank}}.json")
-        worker = [sys.executable, "-m", "harness.worker"] if code is None else [sys.executable, "-c", code]
-        errors = run_processes([([sys.executable, "-m", "harness.worker", json.dumps(spec), os.devnull], env)
+        worker = [sys.executable, "-m", "harness.run.worker"] if code is None else [sys.executable, "-c", code]
+        errors = run_processes([([sys.executable, "-m", "harness.run.worker", json.dumps(spec), os.devnull], env)
                                 for _, env in helpers] + [(worker + [json.dumps(spec), out], env) for env in workers])
         if code:
             assert all("kvstore dist_device_sync" in e for e in errors[len(helpers):])

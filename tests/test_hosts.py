@@ -11,7 +11,7 @@ import pytest
 
 from common import FRAMEWORKS
 import hosts
-from harness.merge import merge_files
+from harness.run.merge import merge_files
 from harness.spec import RunSpec
 from conftest import ROOT, engine_run_options, framework_or_skip
 
@@ -64,7 +64,7 @@ SLURM_JOB = {"SLURM_JOB_NODELIST": "rosetta-h[0-1]", "SLURM_TASKS_PER_NODE": "2(
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_slurm_job_of_two_nodes_by_two_tasks_starts_every_engine(framework, two_hosts, tmp_path):
-    """What `srun -N2 --ntasks-per-node=2 python -m harness.worker SPEC out-{rank}.json` starts: four tasks that know
+    """What `srun -N2 --ntasks-per-node=2 python -m harness.run.worker SPEC out-{rank}.json` starts: four tasks that know
     only SLURM's variables (the node list by host name, resolved by each host's own hosts file). Each maps the job to
     its engine; MXNet's first task on each node starts the node's server, task 0 the scheduler. The four ranks train
     together: the merged row is ok, one set of weights."""
@@ -75,7 +75,7 @@ def test_a_slurm_job_of_two_nodes_by_two_tasks_starts_every_engine(framework, tw
     for rank in range(4):
         node, local = divmod(rank, 2)
         env = {**SLURM_JOB, "SLURM_PROCID": str(rank), "SLURM_NODEID": str(node), "SLURM_LOCALID": str(local)}
-        commands.append((node, [sys.executable, "-m", "harness.worker", spec.to_json(),
+        commands.append((node, [sys.executable, "-m", "harness.run.worker", spec.to_json(),
                                 str(tmp_path / "out-{rank}.json")], env))
     for code, output in on_hosts(commands):
         assert code == 0, output[-3000:]

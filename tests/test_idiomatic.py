@@ -6,7 +6,7 @@ import pytest
 from common import RosettaError
 from common.lenet import init_weights
 from common.optim import Optimizer
-from harness.training import Idiomatic, Scratch
+from harness.training.loop import Idiomatic, Scratch
 
 
 def train_both(fw, data, steps, batch_size=97, lr=0.2):

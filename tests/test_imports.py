@@ -87,7 +87,9 @@ def repo_imports(path):
 
 
 def python_files(folder):
-    return sorted(os.path.join(ROOT, folder, f) for f in os.listdir(os.path.join(ROOT, folder)) if f.endswith(".py"))
+    """Every .py file in `folder`, its subpackages' too (harness/run/, ...)."""
+    return sorted(os.path.join(top, f) for top, _, files in os.walk(os.path.join(ROOT, folder)) for f in files
+                  if f.endswith(".py"))
 
 
 @pytest.mark.parametrize("folder", ["common", *FRAMEWORKS, "harness"])
@@ -102,3 +104,42 @@ def test_the_three_floors(folder):
 def test_compare_py_stands_on_top():
     assert repo_imports(os.path.join(ROOT, "compare.py")) <= {"common", "harness"}
     assert all("compare" not in repo_imports(p) for p in python_files("harness"))
+
+
+# harness/'s packages, each above those it may import; the modules of harness/ itself lie beneath them all
+HARNESS_BENEATH = {"run": {"studies", "training", "processes", "publishing"},
+                   "studies": {"training", "processes", "publishing"},
+                   "training": set(), "processes": set(), "publishing": set()}
+
+
+def harness_imports(path):
+    """The harness packages (or "" for a module of harness/ itself) that a file of harness/ imports, relatively or
+    by absolute name."""
+    package = os.path.relpath(os.path.dirname(path), ROOT).split(os.sep)   # ["harness", "run"]
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[:len(package) - node.level + 1]
+            names = [f"{node.module}.x"] if node.module else [a.name for a in node.names]
+            targets = [base + name.split(".") for name in names]
+        elif isinstance(node, ast.ImportFrom) and node.module.startswith("harness"):
+            targets = [node.module.split(".") + [a.name] for a in node.names]
+        else:
+            continue
+        for target in targets:   # harness.run.plan.x: "run"; harness.loader.x: ""
+            inside = target[1] if len(target) > 2 and target[1] in HARNESS_BENEATH else ""
+            found.add(inside)
+    return found
+
+
+@pytest.mark.parametrize("package", [*HARNESS_BENEATH, ""])
+def test_harness_packages_import_only_those_beneath(package):
+    """run/ <- studies/ <- training/, processes/, publishing/ (none of each other) <- harness/'s own modules
+    (loader, spec, cli, files), which import no package: what harness/__init__.py says."""
+    allowed = HARNESS_BENEATH.get(package, set()) | {"", package}
+    files = python_files(os.path.join("harness", package)) if package else \
+        [p for p in python_files("harness") if os.path.dirname(p) == os.path.join(ROOT, "harness")]
+    assert files
+    for path in files:
+        assert harness_imports(path) <= allowed, \
+            f"{os.path.relpath(path, ROOT)} imports harness's {harness_imports(path) - allowed}"

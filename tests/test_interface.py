@@ -8,7 +8,7 @@ from common import CONTRACT, RosettaError
 from common.interface import FUNCTIONAL, MODELS
 from common.lenet import PARAM_NAMES, PARAM_SHAPES, init_weights
 from conftest import replicas_of, scratch, train_steps, weights_of
-from harness.training import Scratch
+from harness.training.loop import Scratch
 
 
 def as_numpy(t):

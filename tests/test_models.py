@@ -41,7 +41,7 @@ def test_a_run_spec_knows_its_network():
 
 def plan(*argv):
     import compare as cli
-    from harness.plan import run_specs
+    from harness.run.plan import run_specs
     return list(run_specs(cli.parse_args(list(argv))))
 
 
@@ -54,7 +54,7 @@ def test_every_bn_mode_is_a_row_and_exec_levels_are_the_resnet_s_too():
     assert specs[0] == ("resnet18", 16, "local", "default", None)
     assert [s[2] for s in specs] == ["local", "sync", "local", "sync"]
     assert all(reason is None for *_, reason in specs)
-    from harness.plan import row_label
+    from harness.run.plan import row_label
     assert row_label(rows[1][0]) == "mxnet scratch (resnet18 w16 sync BN, default), 2 device(s), 1 process(es)"
     lenet = plan("--frameworks", "mxnet")[0][0]
     assert (lenet.model, lenet.width, lenet.bn) == ("lenet", None, None)
@@ -90,7 +90,7 @@ def test_the_resnet_plans_every_optimizer_option():
 def test_the_optimizer_line_names_the_resnet_s_own_default_rate():
     """A schedule prints the training options above the table: the rate the ResNet trains at is d2l's 0.1."""
     import argparse
-    from harness.report import optimizer_line
+    from harness.publishing.tables import optimizer_line
     args = argparse.Namespace(model="resnet18", optimizer="sgd", lr=None, lr_scaling="none", lr_schedule="cosine",
                               warmup_epochs=0, weight_decay=0, clip_norm=None, momentum=0.9)
     assert optimizer_line(args) == "optimizer: sgd, lr 0.1, cosine schedule"
@@ -112,7 +112,7 @@ def run(framework, devices, loss, bn="local", model="resnet18", processes=1, sta
 def test_parity_compares_runs_that_compute_the_same_first_step():
     """Local BatchNorm on 2 devices normalises two halves apart: its first loss is compared with other 2-device local
     rows, not with 1 device's; sync on any number of devices, and 1 device, are the whole batch's."""
-    from harness.report import add_parity
+    from harness.publishing.tables import add_parity
     runs = [run("pytorch", 1, 2.0), run("jax", 2, 2.0001, "sync"), run("mxnet", 2, 2.3), run("tensorflow", 2, 2.3002),
             run("jax", 3, 2.5), run("pytorch", 2, 2.9, model="lenet"), run("jax", 2, 2.9001, model="lenet")]
     add_parity(runs)
@@ -122,8 +122,8 @@ def test_parity_compares_runs_that_compute_the_same_first_step():
 
 
 def test_the_table_and_the_csv_show_the_network_and_its_batchnorm_states(tmp_path):
-    from harness.benchmark import write_csv
-    from harness.report import format_table
+    from harness.studies.benchmark import write_csv
+    from harness.publishing.tables import format_table
     lenet = [run("pytorch", 2, 2.9, model="lenet")]
     assert "BN" not in format_table(lenet) and "model" not in format_table(lenet)
     runs = lenet + [run("mxnet", 2, 2.3, states=2), run("mxnet", 2, 2.3, "sync", states=1)]

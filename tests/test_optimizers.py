@@ -2,7 +2,7 @@
 
 Every mode runs the harness's own loop for 23 steps under a warm-up then a cosine schedule, which changes the rate
 every step, with weight decay and a clipping norm that clips some steps and not others; each step is then checked
-against the spec's step from the same weights (harness/stepcheck.py says why step by step). Tolerance per step: the
+against the spec's step from the same weights (harness/studies/stepcheck.py says why step by step). Tolerance per step: the
 frameworks' float32 rounding of the same update in another order is ~1e-7 here (measured <= 2e-7); each convention
 slip moves a step's weights by 1e-4 or more (the rate inside the momentum buffer: ~lr * momentum * |v| * the rate's
 change; clipping per shard: the shards' norms are not the global one; coupled decay in adamw: the decay divided by
@@ -16,9 +16,9 @@ from common.interface import FRAMEWORKS
 from conftest import framework_or_skip, scratch
 from common.lenet import init_weights
 from harness.loader import load_module
-from harness.stepcheck import step_errors, traced
+from harness.studies.stepcheck import step_errors, traced
 from harness.spec import RunSpec
-from harness.training import runner as runner_for, steps_per_epoch
+from harness.training.loop import runner as runner_for, steps_per_epoch
 
 BATCH, EPOCHS, SEED = 64, 1, 0    # digits: 23 steps, the last one short (a batch of 29)
 WARMUP = 5
@@ -183,7 +183,7 @@ def test_every_mode_computes_the_spec(framework, mode, n_devices, name, digits):
             assert all(np.array_equal(state[k], states[0][k]) for k in state if k != "step")
 
 
-# ---- what a naive port gets (harness.conventions, docs/migration.md) ----
+# ---- what a naive port gets (harness.studies.conventions, docs/migration.md) ----
 
 STOCK_DIFFERS = {"pytorch": False, "mxnet": True, "tensorflow": True, "jax": True}   # PyTorch's is the spec
 
@@ -194,7 +194,7 @@ def test_the_stock_classes_are_what_the_conventions_table_says(framework, digits
     """The idiomatic loop with the framework's stock classes, the same hyperparameters passed to them: momentum under
     a warm-up off the spec by far more than rounding in MXNet (the rate inside the buffer), Keras (the same) and
     Optax (its warm-up starts from 0); on it in PyTorch, whose conventions the spec is."""
-    from harness.conventions import port_row
+    from harness.studies.conventions import port_row
     fw = framework_or_skip(framework)
     error, _, stock_error, _ = port_row(fw, "momentum", digits, EPOCHS)
     assert error <= TOLERANCE
@@ -215,7 +215,7 @@ ENGINES = [("builtin", "adamw")]
 def test_engines_compute_the_spec(framework, mode, name, digits, tmp_path):
     """DDP, MultiWorkerMirroredStrategy, the dist_sync kvstore and jax.distributed, and the scratch step across
     processes, with the options a user gives compare.py: the same weights as the spec."""
-    from harness.launch import run_workers
+    from harness.processes.launch import run_workers
     fw = framework_or_skip(framework)
     per_epoch = steps_per_epoch(len(digits.y_train), BATCH, 2)
     optimizer = canonical(name, EPOCHS * per_epoch)

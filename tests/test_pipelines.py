@@ -5,7 +5,7 @@ import pytest
 
 from common.batches import epoch_batches, process_part
 from common.data import load_dataset
-from harness.launch import run_workers
+from harness.processes.launch import run_workers
 from common.sharding import shard_bounds
 from conftest import framework_or_skip
 
@@ -44,8 +44,8 @@ def test_the_pipeline_feeds_every_device_the_shared_order(framework, devices, pr
 
 
 def test_the_input_cost_is_the_slowest_process_per_epoch_and_shown_with_its_share():
-    from harness.report import format_table
-    from harness.training import summarize
+    from harness.publishing.tables import format_table
+    from harness.training.loop import summarize
     record = {"epoch_seconds": [2.0, 4.0], "first_step_seconds": 0.1, "images": 20, "first_step_images": 5,
               "epoch_loss_sums": [1.0, 1.0], "epoch_sizes": [5, 5], "step_loss_sums": [1.0], "step_sizes": [5],
               "test_accuracy": 0.5, "replica_spread": None}

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from common import FRAMEWORKS, RosettaError
-from harness.cluster import engine_env
+from harness.processes.cluster import engine_env
 from common.placement import (HIDE, HIDES_GPUS, LAUNCHER_VARS, OURS, local_devices, machine_gpus, my_gpus,
                               owned)
 

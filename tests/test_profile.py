@@ -1,4 +1,4 @@
-"""--profile: every framework's own profiler traces the window of steps harness/profile.py names, in a file a standard
+"""--profile: every framework's own profiler traces the window of steps harness/training/profile.py names, in a file a standard
 viewer opens (a Chrome trace, or TensorFlow's XSpace for TensorBoard), read back here as a viewer reads it. The
 traces are those of the session's profiled engine run (conftest.one_host_rows), whose weights the unprofiled
 two-host and restart runs match bit for bit."""
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from common import FRAMEWORKS
-from harness.launch import run_workers
-from harness.profile import STEPS
+from harness.processes.launch import run_workers
+from harness.training.profile import STEPS
 from harness.spec import RunSpec
 from conftest import framework_or_skip
 

@@ -1,8 +1,8 @@
-"""The projection past one machine (harness/projection.py): its formulas, its fit, and one real measurement feeding it."""
+"""The projection past one machine (harness/studies/projection.py): its formulas, its fit, and one real measurement feeding it."""
 import numpy as np
 import pytest
 
-from harness import projection as scaling
+from harness.studies import projection as scaling
 from conftest import framework_or_skip
 
 
@@ -57,7 +57,7 @@ def test_a_measured_allreduce_grows_with_size_and_feeds_the_page():
     (small, large) = results["pytorch"]["allreduce"]
     assert 0 < small["median"] < large["median"]
     assert results["pytorch"]["step"]["median"] > 0 and results["pytorch"]["alpha"] > 0
-    page = scaling.markdown(results, "test machine", "python -m harness.projection")
+    page = scaling.markdown(results, "test machine", "python -m harness.studies.projection")
     tables = sum(len(scaling.gpu_step_times(*m)) for m in scaling.MODELS.values())   # one per model and step time
     assert results["pytorch"]["steps"]["resnet18 w8"]["median"] > results["pytorch"]["steps"]["lenet"]["median"]
     assert "| pytorch | gloo ring all-reduce |" in page

@@ -1,10 +1,10 @@
-"""Every output names the code and the machine it came from (harness/provenance.py)."""
+"""Every output names the code and the machine it came from (harness/publishing/provenance.py)."""
 import csv
 import re
 import subprocess
 
-from harness.benchmark import write_csv
-from harness.provenance import CSV_COLUMNS, commit, environment, environment_line, provenance, provenance_line
+from harness.studies.benchmark import write_csv
+from harness.publishing.provenance import CSV_COLUMNS, commit, environment, environment_line, provenance, provenance_line
 
 
 def git(repo, *args):

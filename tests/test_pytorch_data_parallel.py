@@ -14,9 +14,9 @@ import pytest
 
 from common import RosettaError, optim
 from common.lenet import init_weights
-from harness.launch import process_per_device, uses_engine
+from harness.processes.launch import process_per_device, uses_engine
 from harness.loader import load_module
-from harness.stepcheck import mean_gradient
+from harness.studies.stepcheck import mean_gradient
 from conftest import framework_or_skip, scratch
 
 LR = 0.2
@@ -96,7 +96,7 @@ def simulate(torch, monkeypatch):
 
 def spec_step(weights, X, y):
     """The spec's step on the batch, and the batch's mean loss: common/optim.py's SGD on the mean gradient of the
-    one-device scratch step (harness.stepcheck), as the optimizer tests check every framework."""
+    one-device scratch step (harness.studies.stepcheck), as the optimizer tests check every framework."""
     fw = framework_or_skip("pytorch")
     dp = load_module("pytorch", "data_parallel")
     sgd = optim.Optimizer("sgd", lr=LR)
@@ -176,7 +176,7 @@ def test_on_the_cpu_data_parallel_does_nothing_so_the_engine_refuses_it(torch):
 
 
 def test_the_exec_column_names_data_parallel_on_gpus(torch, simulate):
-    from harness.training import Builtin
+    from harness.training.loop import Builtin
     fw = framework_or_skip("pytorch")
     simulate(2)
     runner = Builtin(fw, fw.get_devices(2))
@@ -186,7 +186,7 @@ def test_the_exec_column_names_data_parallel_on_gpus(torch, simulate):
 
 def test_the_exec_column_names_ddp_in_a_process_group(torch, gloo_group):
     """On the CPU: the process group of one that compare.py's worker joins for a 1-device row, here in-process."""
-    from harness.training import Builtin
+    from harness.training.loop import Builtin
     fw = framework_or_skip("pytorch")
     runner = Builtin(fw, fw.get_devices(1))
     runner.start(init_weights(0), optim.Optimizer())
@@ -195,11 +195,11 @@ def test_the_exec_column_names_ddp_in_a_process_group(torch, gloo_group):
 
 @pytest.mark.parametrize("visible,processes,world", [("", 1, 2), ("", 2, 2), ("0,4", 1, 1), ("0,4", 2, 2)])
 def test_the_built_in_row_runs_in_one_process_only_on_gpus(monkeypatch, visible, processes, world):
-    """The one decision (harness.launch.process_per_device), as compare.py plans a row of 2 devices: without GPUs
+    """The one decision (harness.processes.launch.process_per_device), as compare.py plans a row of 2 devices: without GPUs
     DistributedDataParallel, one process per device; with GPUs (here CUDA_VISIBLE_DEVICES=0,4) a one-process row is
     nn.DataParallel, no process group; two processes stay DDP. Other frameworks' rows are as asked."""
     import compare
-    from harness.plan import run_specs
+    from harness.run.plan import run_specs
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)   # "": no GPU, whatever the machine has
     args = compare.parse_args(["--frameworks", "pytorch,mxnet", "--mode", "builtin", "--devices", "2",
                                "--processes", str(processes)])

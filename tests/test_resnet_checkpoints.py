@@ -9,8 +9,8 @@ from common import optim
 from common import resnet as spec
 from common.interface import RosettaError
 from conftest import framework_or_skip, installed_frameworks
-from harness.checkpoints import SUFFIXES, read_model, read_state, resnet_keys, resume_point, write_state, write_weights
-from harness.convert import main as convert
+from harness.training.checkpoints import SUFFIXES, read_model, read_state, resnet_keys, resume_point, write_state, write_weights
+from harness.training.convert import main as convert
 from harness.loader import load_module
 from harness.spec import RunSpec
 from common.lenet import init_weights as lenet_weights

@@ -11,7 +11,7 @@ from common import models
 from common.batches import epoch_batches
 from common.optim import Optimizer
 from conftest import framework_or_skip, scratch, train_steps
-from harness.launch import run_workers
+from harness.processes.launch import run_workers
 
 pytestmark = pytest.mark.slow   # every test here starts real worker processes
 
@@ -137,7 +137,7 @@ def test_a_resumed_run_ends_with_the_uninterrupted_run_s_weights_and_statistics(
     for bit, and the same running statistics in the final file. Momentum, weight decay, clipping, a warm-up over the
     first epoch then cosine: the state's buffers and step count decide the second epoch's every update. Two full
     batches an epoch of synthetic images: no retrace for a last batch."""
-    from harness.checkpoints import checkpoint_name, read_model
+    from harness.training.checkpoints import checkpoint_name, read_model
     from harness.spec import RunSpec
     spec = RunSpec(framework=framework, model="resnet18", width=WIDTH, bn="local", mode="scratch", devices=2,
                    dataset="synthetic", n_synthetic=512, epochs=2, batch_size=256, lr=LR, seed=SEED, threads=1,

@@ -9,7 +9,7 @@ from common import FRAMEWORKS, Unavailable
 from conftest import framework_or_skip
 from common.optim import Optimizer
 from harness.spec import RunSpec
-from harness.training import runner, train
+from harness.training.loop import runner, train
 
 pytestmark = pytest.mark.slow   # each framework's engines built and stepped in this process: compilation dominates
 

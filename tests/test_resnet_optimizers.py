@@ -18,8 +18,8 @@ from common.interface import FRAMEWORKS
 from common.models import init_bn_state
 from conftest import framework_or_skip, scratch
 from harness.spec import RunSpec
-from harness.stepcheck import step_errors, traced
-from harness.training import runner as runner_for
+from harness.studies.stepcheck import step_errors, traced
+from harness.training.loop import runner as runner_for
 
 pytestmark = pytest.mark.slow   # ResNet steps on several devices
 

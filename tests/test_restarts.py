@@ -13,7 +13,7 @@ import time
 import pytest
 
 from common import FRAMEWORKS
-from harness.merge import merge_files
+from harness.run.merge import merge_files
 from harness.spec import RunSpec
 from conftest import ENGINE_RUN, ROOT, engine_run_options, follow, framework_or_skip, processes_tagged, wait_for
 
@@ -69,7 +69,7 @@ def test_torchrun_restarts_the_group_and_it_resumes_from_the_latest_checkpoint(t
                    resume_from="latest")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     proc = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node=2", "--max-restarts=1", "-m",
-                             "harness.worker", spec.to_json(), str(tmp_path / "out-{rank}.json")], cwd=ROOT,
+                             "harness.run.worker", spec.to_json(), str(tmp_path / "out-{rank}.json")], cwd=ROOT,
                             env={**os.environ, "ROSETTA_TEST_TAG": tag, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -1,4 +1,4 @@
-"""The generated Rosetta site (python -m harness.site): its code is the code, it is current, and it works in a
+"""The generated Rosetta site (python -m harness.publishing.site): its code is the code, it is current, and it works in a
 real browser (headless Chromium from the distribution, driven by Selenium) opened from the file system.
 
 The browser tests skip, saying so, where Chromium or its driver is missing; under .ci/run
@@ -18,8 +18,8 @@ import pytest
 
 from common import FRAMEWORKS
 from conftest import REQUIRE_ALL, ROOT
-from harness import published, site
-from harness.report import TIMING_COLUMNS
+from harness.publishing import published, site
+from harness.publishing.tables import TIMING_COLUMNS
 
 SHOTS = os.environ.get("ROSETTA_SCREENSHOTS", os.path.join(tempfile.gettempdir(), "rosetta-site-screenshots"))
 
@@ -39,7 +39,7 @@ def test_the_committed_site_and_rosetta_page_are_what_the_generator_makes_now(so
         with open(os.path.join(ROOT, path), "rb") as f:
             on_disk = f.read()
         assert on_disk == (content if isinstance(content, bytes) else content.encode("utf-8")), \
-            f"{path} is stale: run `python -m harness.site` and commit the result"
+            f"{path} is stale: run `python -m harness.publishing.site` and commit the result"
 
 
 def test_every_concept_shows_each_frameworks_real_function(source):
@@ -121,12 +121,12 @@ def test_adding_a_concept_is_adding_one_entry(tmp_path, capsys):
     toml.write_text(toml.read_text().replace('note = "A concept some', 'notes = "A concept some'))
     assert site.main([], root=root) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
-        "harness.site: concept 'primitives' lacks note (docs/rosetta.toml)"]
+        "harness.publishing.site: concept 'primitives' lacks note (docs/rosetta.toml)"]
     toml.write_text(toml.read_text().replace('notes = "A concept some', 'note = "A concept some')
                     .replace(", jax = [\"data_parallel.py:split_and_load\"]}", "}"))
     assert site.main([], root=root) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
-        "harness.site: concept 'primitives': its code table names ['mxnet', 'pytorch', 'tensorflow'], not the four "
+        "harness.publishing.site: concept 'primitives': its code table names ['mxnet', 'pytorch', 'tensorflow'], not the four "
         "frameworks ['pytorch', 'mxnet', 'tensorflow', 'jax'] (docs/rosetta.toml)"]
 
 
@@ -136,7 +136,7 @@ def test_a_missing_function_name_stops_the_generator_with_one_clear_line(tmp_pat
     assert site.main([], root=root) == 1
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
-        "harness.site: pytorch/data_parallel.py has no top-level def, class or assignment named 'allreduce_nowhere' "
+        "harness.publishing.site: pytorch/data_parallel.py has no top-level def, class or assignment named 'allreduce_nowhere' "
         "(docs/rosetta.toml asks for it)"], err
     assert not (tmp_path / "repo" / "docs" / "site").exists(), "nothing is written when a name is missing"
 
@@ -183,7 +183,7 @@ def test_the_results_part_shows_every_published_run_with_the_commit_and_date_of_
 
 
 def test_a_row_on_the_page_holds_the_files_figures_and_results_md_the_same(source):
-    """Read from the JSON here, not through harness/report.py: a cell the generator renders wrong fails."""
+    """Read from the JSON here, not through harness/publishing/tables.py: a cell the generator renders wrong fails."""
     page = site.index_html(source)
     with open(os.path.join(ROOT, published.RESULTS_MD), encoding="utf-8") as f:
         results_md = f.read()
@@ -205,7 +205,7 @@ def test_a_row_on_the_page_holds_the_files_figures_and_results_md_the_same(sourc
 
 
 def test_a_published_timing_run_shows_where_each_step_of_several_devices_goes(source):
-    """The split (harness/split.py) of every row that has one, in results.md from the file's own figures."""
+    """The split (harness/studies/split.py) of every row that has one, in results.md from the file's own figures."""
     with open(os.path.join(ROOT, published.RESULTS_MD), encoding="utf-8") as f:
         results_md = f.read()
     split = {result["id"]: [r for r in result_file(result)["runs"] if r.get("step_split")] for result in source["results"]}
@@ -253,7 +253,7 @@ def test_a_published_file_missing_or_without_provenance_stops_the_generator_with
     toml.write_text(text.replace(f'file = "{first["file"]}"', 'file = "results/nowhere.json"'))
     assert site.main([], root=root) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"harness.site: docs/results/nowhere.json does not exist (docs/rosetta.toml: result {name!r} names it as "
+        f"harness.publishing.site: docs/results/nowhere.json does not exist (docs/rosetta.toml: result {name!r} names it as "
         f"its file)"]
     toml.write_text(text)
     content = result_file(first)
@@ -262,7 +262,7 @@ def test_a_published_file_missing_or_without_provenance_stops_the_generator_with
         json.dump(content, f)
     assert site.main([], root=root) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"harness.site: docs/{first['file']} lacks its provenance (commit, load_average missing from the file; "
+        f"harness.publishing.site: docs/{first['file']} lacks its provenance (commit, load_average missing from the file; "
         f"write it with compare.py --json) (docs/rosetta.toml: result {name!r} names it)"]
     assert not (tmp_path / "repo" / "docs" / "site").exists(), "nothing is written when a result is refused"
 

@@ -45,7 +45,7 @@ def test_compare_py_takes_its_defaults_from_the_spec():
 
 def test_the_planned_rows_are_specs_with_the_options_values():
     import compare
-    from harness.plan import run_specs
+    from harness.run.plan import run_specs
     args = compare.parse_args(["--frameworks", "pytorch,mxnet", "--mode", "scratch,builtin", "--devices", "1,2",
                                "--epochs", "3", "--lr", "0.1"])
     rows = list(run_specs(args))
@@ -58,8 +58,8 @@ def test_the_planned_rows_are_specs_with_the_options_values():
 
 def test_several_per_device_batches_are_rows_with_their_batch_in_the_label_and_the_table():
     import compare
-    from harness.plan import row_label, run_specs
-    from harness.report import format_table
+    from harness.run.plan import row_label, run_specs
+    from harness.publishing.tables import format_table
     rows = [spec for spec, _ in run_specs(compare.parse_args(["--frameworks", "pytorch", "--devices", "4",
                                                               "--per-device-batch", "4,64"]))]
     assert [s.batch_size for s in rows] == [16, 256]
@@ -74,7 +74,7 @@ def test_several_per_device_batches_are_rows_with_their_batch_in_the_label_and_t
 def test_rows_of_other_batch_sizes_are_not_compared_at_the_first_step():
     """--per-device-batch 4,64 on 4 devices: the first batches are 16 and 256 images, different losses by design;
     each row of a batch size is its own reference (found when a batch-size table showed 0.64 as a parity gap)."""
-    from harness.report import add_parity
+    from harness.publishing.tables import add_parity
     runs = [{"framework": "pytorch", "mode": "scratch", "devices": 4, "processes": 1, "status": "ok",
              "batch_size": b, "step_losses": [loss]} for b, loss in ((16, 2.9), (256, 2.3), (16, 2.9 + 1e-6))]
     add_parity(runs)

@@ -1,4 +1,4 @@
-"""Where a step of several devices goes (harness/split.py): the parts add up to the step, the compute is the scaling
+"""Where a step of several devices goes (harness/studies/split.py): the parts add up to the step, the compute is the scaling
 efficiency's share, and in every framework the all-reduce alone is the row's own pattern of collectives and sums."""
 import re
 
@@ -11,9 +11,9 @@ from harness.loader import load_module
 from harness.spec import RunSpec
 import os
 
-from harness.launch import run_workers
-from harness.report import format_split
-from harness.split import add_split, alongside, lockstep, measure
+from harness.processes.launch import run_workers
+from harness.publishing.tables import format_split
+from harness.studies.split import add_split, alongside, lockstep, measure
 
 
 def row(**changes):
@@ -75,8 +75,8 @@ def test_the_processes_alongside_are_independent_runs_pinned_as_the_row_s_worker
     records = run_workers(row_spec.replace(processes=1, devices=1, batch_size=64), timeout=300, copies=2)
     assert [r["status"] for r in records] == ["ok", "ok"] and [r["cpus"] for r in records] == [usable[:1], usable[1:2]]
     assert [len(r["step_seconds"]) for r in records] == [16, 16] and all(r["world"] == 1 for r in records)
-    from harness import launch
-    from harness.cluster import ONE_HOST
+    from harness.processes import launch
+    from harness.processes.cluster import ONE_HOST
     seen = []
     monkeypatch.setattr(launch, "run_workers", lambda *a, **k: seen.extend(run_workers(*a, **k)) or seen)
     measured = alongside(row_spec, 300, ONE_HOST, 1024)

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from conftest import run_compare as compare
-from harness.report import format_table
-from harness.training import time_to_accuracy
+from harness.publishing.tables import format_table
+from harness.training.loop import time_to_accuracy
 
 
 def test_the_seconds_are_the_epochs_up_to_the_first_one_at_the_target():

@@ -7,8 +7,8 @@ import pytest
 
 from common import FRAMEWORKS, RosettaError
 from common.lenet import PARAM_NAMES, init_weights
-from harness.checkpoints import SUFFIXES, read_weights
-from harness.convert import main as convert
+from harness.training.checkpoints import SUFFIXES, read_weights
+from harness.training.convert import main as convert
 from harness.loader import load_module
 from conftest import framework_or_skip, installed_frameworks
 

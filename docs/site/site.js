@@ -1,4 +1,4 @@
-// The page's view switches (harness/site.py writes the buttons and selects). Without this script every
+// The page's view switches (harness/publishing/site.py writes the buttons and selects). Without this script every
 // section shows all four frameworks; with it, one choice holds for every section at once: a tab shows one
 // framework everywhere, "Side by side" shows the two selected ones everywhere. Narrow screens start on a tab.
 (function () {

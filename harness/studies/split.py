@@ -30,7 +30,7 @@ REPEATS, WARMUP = 20, 3
 def gradient_allreduce(fw, spec, devices):
     """The row's all-reduce of one step's gradients, as a call (a buffer of ones per parameter on each of this
     process's devices): the step's own function, data_parallel.allreduce_gradients, at the row's pattern."""
-    from .loader import load_module
+    from ..loader import load_module
     from .projection import gradient_sizes
     chosen = spec.mode == "scratch" or spec.allreduce != "per-tensor"   # the engine's own unless bucketed by hand
     pattern = spec.allreduce if chosen else load_module(fw.name, "builtin").ALLREDUCE
@@ -62,7 +62,7 @@ def relaunched(spec, what, timeout, cluster, copies=1):
     """The records of a row's processes started again for a measurement of their own (no profile, no checkpoints),
     or None with a line on stderr naming `what` if any failed: the row keeps its timing."""
     import sys
-    from .launch import run_workers
+    from ..processes.launch import run_workers
     records = run_workers(spec.replace(profile=None, checkpoint_dir=None, resume_from=None), timeout,
                           cluster=cluster, copies=copies)
     bad = [r for r in records if r["status"] != "ok"] or ([] if records else [{"status": "failed", "error": "no record"}])
@@ -97,7 +97,7 @@ def alongside(spec, timeout, cluster, n_train):
     devices, its share of the batch and the row's number of steps (of `n_train` images an epoch), all at once, pinned
     as the row's are. {"alongside_seconds", "lockstep_seconds"} (lockstep above), or {} with a line on stderr if
     they failed or the row spans hosts."""
-    from .training import steps_per_epoch
+    from ..training.loop import steps_per_epoch
     if cluster.nnodes != 1:
         return {}
     steps = spec.max_steps or spec.epochs * steps_per_epoch(n_train, spec.batch_size, spec.devices)

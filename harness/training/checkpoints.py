@@ -25,8 +25,8 @@ from common.layouts import to_channels_last, to_canonical
 from common.lenet import PARAM_NAMES, PARAM_SHAPES
 from common.optim import OPTIMIZERS, Optimizer
 
-from .files import replacing
-from .loader import load_module
+from ..files import replacing
+from ..loader import load_module
 
 SUFFIXES = {"pytorch": ".pt", "mxnet": ".params", "tensorflow": ".weights.h5", "jax": ".orbax"}
 FORMATS = {"pytorch": "PyTorch state_dict (torch.save)", "mxnet": "Gluon save_parameters",

@@ -5,9 +5,9 @@ import statistics
 
 from common.models import flops_per_image
 
-from .provenance import CSV_COLUMNS
-from .files import replaced_atomically
-from .report import has_buckets, has_resnet
+from ..publishing.provenance import CSV_COLUMNS
+from ..files import replaced_atomically
+from ..publishing.tables import has_buckets, has_resnet
 
 ROW_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "devices", "processes", "cores")
 TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "input_seconds_median",

@@ -1,7 +1,7 @@
 """Convert a trained model (the LeNet, or a ResNet with its BatchNorm state) from one framework's native checkpoint to
 another's, through the canonical layout.
 
-    python -m harness.convert SRC DST [--from F] [--to F] [--optimizer NAME] [--verify] [--dataset digits]
+    python -m harness.training.convert SRC DST [--from F] [--to F] [--optimizer NAME] [--verify] [--dataset digits]
 
 The frameworks come from the names (.pt PyTorch, .params MXNet, .weights.h5 Keras, .orbax JAX) or from --from
 and --to. The source is checked first (every parameter of the LeNet or of a ResNet, and a ResNet's running
@@ -24,7 +24,7 @@ TOLERANCE = 1e-4   # float32 round-off of two frameworks' kernels on the same we
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m harness.convert", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.training.convert", description=__doc__.split("\n\n")[0])
     p.add_argument("src", help="a native checkpoint (file, or directory for Orbax)")
     p.add_argument("dst", help="where to write the other framework's checkpoint")
     p.add_argument("--from", dest="source", choices=FRAMEWORKS, help="SRC's framework (default: from its name)")
@@ -36,14 +36,14 @@ def parse_args(argv):
                    help=f"load both, compare logits on the test split (fails above {TOLERANCE:g})")
     p.add_argument("--dataset", default="digits", help="test split for --verify (default digits)")
     p.add_argument("--data-dir", help="folder with the IDX files (fashion-mnist, mnist)")
-    p.error = lambda message: p.exit(2, f"error: {message} (see python -m harness.convert --help)\n")
+    p.error = lambda message: p.exit(2, f"error: {message} (see python -m harness.training.convert --help)\n")
     return p.parse_args(argv)
 
 
 def verify(source, src, target, dst, data, width=None):
     """(largest |logit difference|, source accuracy, destination accuracy) on the test split; `width`: a ResNet's."""
     from .checkpoints import reason
-    from .loader import load_module
+    from ..loader import load_module
     logits = []
     for framework, path in ((source, src), (target, dst)):
         checkpoint = load_module(framework, "checkpoint")

@@ -1,6 +1,6 @@
-"""A run started by SLURM: `srun python -m harness.worker SPEC out-{rank}.json` starts one task per process, and each
-task maps the job (SLURM_PROCID, SLURM_NTASKS, SLURM_NODEID, SLURM_LOCALID, the node list) to the variables its
-framework's own launcher would have set, through harness/cluster.py like compare.py's own launches.
+"""A run started by SLURM: `srun python -m harness.run.worker SPEC out-{rank}.json` starts one task per process, and
+each task maps the job (SLURM_PROCID, SLURM_NTASKS, SLURM_NODEID, SLURM_LOCALID, the node list) to the variables its
+framework's own launcher would have set, through harness/processes/cluster.py like compare.py's own launches.
 
 Why here: of the four engines only JAX reads a SLURM job by itself; TensorFlow has SlurmClusterResolver but only when
 passed in, and torchrun and MXNet's launch.py not at all (users take MASTER_ADDR from `scontrol show hostnames`).

@@ -114,7 +114,7 @@ def engine_env(framework, world, devices=None, gpus=None, cluster=ONE_HOST, port
     processes this host runs) for one run of `world` processes and `devices` devices in all. Each worker gets its
     share of this host's GPUs (`gpus`, their ids; default machine_gpus()) by common.placement's rule, from its local
     rank. `ports`: (the coordinator's, TensorFlow's workers') when the caller chose them (ports_for)."""
-    from .spec import RunSpec
+    from ..spec import RunSpec
     gpus = machine_gpus() if gpus is None else gpus
     local = cluster.local_world(world)
     per_process = RunSpec(framework, devices=devices or world, processes=world).per_process

@@ -11,7 +11,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
 from common.interface import RosettaError  # noqa: E402
 
-from .files import replaced_atomically  # noqa: E402
+from ..files import replaced_atomically  # noqa: E402
 
 COLORS = {"pytorch": "tab:red", "mxnet": "tab:blue", "tensorflow": "tab:orange", "jax": "tab:green"}
 

@@ -2,7 +2,7 @@
 and each framework's engines, cost against the one step a performance-minded user writes (each framework's
 expert.py).
 
-    python -m harness.expert [--frameworks pytorch,mxnet,tensorflow,jax] [--repeats 60] [--threads 2]
+    python -m harness.studies.expert [--frameworks pytorch,mxnet,tensorflow,jax] [--repeats 60] [--threads 2]
 
 One worker process per framework (threads fixed before import, as a compare.py row), one device, batch 256 of the
 synthetic set: the expert's step, the scratch step, the idiomatic loop and the built-in engine, each fed its own way
@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from .training import MODES
+from ..training.loop import MODES
 
 BATCH, LR, WARMUP = 256, 0.01, 5
 
@@ -48,9 +48,9 @@ def measure(fw, spec, devices):
     from common.interface import RosettaError
     from common.lenet import init_weights
     from common.optim import Optimizer
-    from .loader import load_module
-    from .spec import RunSpec
-    from .training import Scratch, runner
+    from ..loader import load_module
+    from ..spec import RunSpec
+    from ..training.loop import Scratch, runner
     expert = load_module(fw.name, "expert")
     device = devices[0]
     data = load_dataset("synthetic", None, 8 * BATCH, 0)
@@ -80,7 +80,7 @@ def measure(fw, spec, devices):
 
 def main(argv=None):
     from common.interface import FRAMEWORKS
-    from .launch import run_workers
+    from ..processes.launch import run_workers
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     p.add_argument("--repeats", type=int, default=60)

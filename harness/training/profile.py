@@ -9,7 +9,7 @@ profile in a run of its own, not in the benchmark.
 """
 import os
 
-from .loader import load_module
+from ..loader import load_module
 
 FIRST, STEPS = 2, 3
 

@@ -2,7 +2,7 @@
 
 A run is one worker process, or for a multi-process engine `processes` workers (plus MXNet's
 scheduler and server), on 127.0.0.1 with free ports, or this host's share of them when the run spans
-several hosts (harness/cluster.py). Each worker is started with exactly the variables the framework's own
+several hosts (harness/processes/cluster.py). Each worker is started with exactly the variables the framework's own
 launcher would set (torchrun, TF_CONFIG, DMLC_*, JAX_*), so the same workers can also be started by hand
 (see docs/usage.md).
 """
@@ -18,8 +18,8 @@ from common.placement import machine_gpus
 
 from .cluster import ONE_HOST, engine_env, free_ports
 from .cores import CPUS_VARIABLE, worker_cpus
-from .loader import ROOT
-from .spec import RunSpec
+from ..loader import ROOT
+from ..spec import RunSpec
 
 POLL_SECONDS = 0.2
 
@@ -109,13 +109,13 @@ def last_progress(path):
 
 
 def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=ONE_HOST, copies=1):
-    """Run one spec in its `processes` fresh `python -m harness.worker` processes (this host's share of them,
+    """Run one spec in its `processes` fresh `python -m harness.run.worker` processes (this host's share of them,
     on a `cluster` of several hosts); return their result dicts in rank order, or one failed result. Never raises for a failed run: a crash, a dead worker or helper
     (MXNet's scheduler, server), a timeout, a stall (no new progress line for `stall_timeout` seconds)
     becomes status 'failed' with the reason, and every process of the run is gone when this returns or
     raises (Interrupted included). progress(step, steps), if given, is called as the first worker reports.
     copies > 1 (a one-process spec on one host): that many independent runs of it at once, copy i pinned as worker
-    i of a per-device run is, each with its own engine ports; their results in copy order (harness/split.py)."""
+    i of a per-device run is, each with its own engine ports; their results in copy order (harness/studies/split.py)."""
     spec = RunSpec.of(spec)
     processes = spec.processes
     if copies > 1:
@@ -130,7 +130,7 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=O
         ranks = list(cluster.ranks(processes))
     else:
         worker_envs, helper_envs, ranks = [{}], [], [0]
-    if spec.cores == "per-device":   # each worker pinned to cores of its own on its host (harness/cores.py)
+    if spec.cores == "per-device":   # each worker pinned to cores of its own on its host (harness/processes/cores.py)
         worker_envs = [{**env, CPUS_VARIABLE: ",".join(map(str, worker_cpus(local, spec.threads)))}
                        for local, env in enumerate(worker_envs)]
     n = len(helper_envs)   # procs, logs and names: the helpers first, then the workers in rank order
@@ -144,7 +144,7 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=O
             log_path = os.path.join(tmp, f"{name}.log")
             with open(log_path, "w") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "harness.worker", spec.to_json(), *args], cwd=ROOT, stdout=log,
+                    [sys.executable, "-m", "harness.run.worker", spec.to_json(), *args], cwd=ROOT, stdout=log,
                     stderr=subprocess.STDOUT, start_new_session=True,
                     env={**os.environ, **env, PARENT_VARIABLE: str(os.getpid()), LOGS_VARIABLE: tmp}))
             logs.append(log_path)

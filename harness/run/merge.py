@@ -6,9 +6,9 @@ import json
 from common.data import load_dataset
 from common.interface import RosettaError
 
-from .benchmark import aggregate
-from .spec import RunSpec
-from .training import summarize
+from ..studies.benchmark import aggregate
+from ..spec import RunSpec
+from ..training.loop import summarize
 
 
 def merge_records(records, fingerprint):
@@ -37,11 +37,11 @@ def read_worker_records(paths):
         if not isinstance(record, dict) or "status" not in record:
             what = "compare.py's --json output, " if isinstance(record, dict) and "runs" in record else ""
             raise RosettaError(f"{path}: not a worker's record ({what}no status); --merge takes the "
-                               "out-{rank}.json files that python -m harness.worker writes")
+                               "out-{rank}.json files that python -m harness.run.worker writes")
         if record.get("status") != "ok":
             raise RosettaError(f"{path}: the worker {record.get('status')}: {record.get('error')}")
         if "spec" not in record:
-            raise RosettaError(f"{path}: no run spec in the record (written by python -m harness.worker?)")
+            raise RosettaError(f"{path}: no run spec in the record (written by python -m harness.run.worker?)")
         runs.setdefault(RunSpec.of(record["spec"]), []).append(record)
     return list(runs.items())
 

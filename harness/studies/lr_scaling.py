@@ -1,6 +1,6 @@
 """The linear scaling rule, measured: how the learning rate should follow the number of workers.
 
-    python -m harness.lr_scaling --data-dir /usr/share/datasets/fashion-mnist [--framework pytorch] [--out DIR]
+    python -m harness.studies.lr_scaling --data-dir /usr/share/datasets/fashion-mnist [--framework pytorch] [--out DIR]
 
 Each device keeps its batch (--per-device-batch 64), so 1, 2, 4 and 8 devices train on global batches of 64 to
 512 and take 8x fewer steps at 8 devices, for the same epochs (3 by default). Three settings, each a compare.py run over those device counts:
@@ -21,9 +21,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .files import replaced_atomically  # noqa: E402
-from .loader import ROOT  # noqa: E402
-from .provenance import provenance, provenance_line  # noqa: E402
+from ..files import replaced_atomically  # noqa: E402
+from ..loader import ROOT  # noqa: E402
+from ..publishing.provenance import provenance, provenance_line  # noqa: E402
 
 DEVICES = "1,2,4,8"
 SETTINGS = {   # name: compare.py options
@@ -34,7 +34,7 @@ SETTINGS = {   # name: compare.py options
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m harness.lr_scaling", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.studies.lr_scaling", description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", required=True, help="the Fashion-MNIST IDX files")
     p.add_argument("--framework", default="pytorch")
     p.add_argument("--optimizer", default="momentum")

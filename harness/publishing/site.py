@@ -1,8 +1,8 @@
-"""The Rosetta stone as a static page: `python -m harness.site` writes docs/site/index.html (and
-pygments.css, the highlighting's colours) and docs/rosetta.md from docs/rosetta.toml (the prose, in one place) and the framework folders.
-Its Results part, and the published runs of docs/results.md, come from the result files committed under
-docs/results/ (harness/published.py); their plots are copied into docs/site/results/, so that docs/site/ alone
-serves on a static host.
+"""The Rosetta stone as a static page: `python -m harness.publishing.site` writes docs/site/index.html (and
+pygments.css, the highlighting's colours) and docs/rosetta.md from docs/rosetta.toml (the prose, in one place) and the
+framework folders. Its Results part, and the published runs of docs/results.md, come from the result files committed
+under docs/results/ (harness/publishing/published.py); their plots are copied into docs/site/results/, so that
+docs/site/ alone serves on a static host.
 
 Every code block on the page is a function (or class, or assignment) taken from the source BY NAME through
 `ast`, so the page cannot show code that is not the code: a name the file does not define stops the generator
@@ -28,7 +28,7 @@ from common import FRAMEWORKS
 from common.interface import RosettaError
 
 from . import published
-from .loader import ROOT
+from ..loader import ROOT
 
 SOURCE = os.path.join("docs", "rosetta.toml")
 SITE = os.path.join("docs", "site")
@@ -206,7 +206,7 @@ def blocks(text):
 
 def table(lines):
     """A pipe table as HTML: the first row its head, the |---| line skipped, `\\|` a `|` inside a cell (as
-    harness/report.py's markdown tables escape it)."""
+    harness/publishing/tables.py's markdown tables escape it)."""
     rows = [[c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])] for line in lines
             if not re.fullmatch(r"\|[-| ]+\|", line.strip())]
     cells = lambda row, tag: "".join(f"<{tag}>{inline(c)}</{tag}>" for c in row)  # noqa: E731
@@ -249,7 +249,7 @@ def controls():
 
 
 def results_section(source):
-    """The published runs (harness/published.py): each one's markdown, as docs/results.md holds it, then its
+    """The published runs (harness/publishing/published.py): each one's markdown, as docs/results.md holds it, then its
     plot from the copy in docs/site/ (the same path relative to docs/site/ as the original's to docs/)."""
     articles = []
     for result in source["results"]:
@@ -284,7 +284,7 @@ def index_html(source):
 <header>
 <h1>{html.escape(source["title"])}</h1>
 <p>Each section is one idea of the "multi-GPU from scratch" recipe: the real functions of the four frameworks,
-taken from the source by name when this page was generated (<code>python -m harness.site</code>), each linked to
+taken from the source by name when this page was generated (<code>python -m harness.publishing.site</code>), each linked to
 its line. The same prose, as one table: <a href="../rosetta.md">docs/rosetta.md</a>. At the end,
 <a href="#results">Results</a>: the published runs, from their files in docs/results/.</p>
 </header>
@@ -298,7 +298,7 @@ its line. The same prose, as one table: <a href="../rosetta.md">docs/rosetta.md<
 {results_section(source)}
 </main>
 <footer><p>Generated from docs/rosetta.toml, the framework folders and docs/results/ by
-<code>python -m harness.site</code>;
+<code>python -m harness.publishing.site</code>;
 do not edit by hand.</p></footer>
 </body>
 </html>
@@ -310,7 +310,7 @@ def build(root=ROOT):
     page's own style.css and site.js are written by hand and live in docs/site/ as they are served; docs/results.md
     is written by hand but for its published runs."""
     source = load(root)
-    colours = f"/* Pygments, style {STYLE}: made by python -m harness.site */\n" + \
+    colours = f"/* Pygments, style {STYLE}: made by python -m harness.publishing.site */\n" + \
         HtmlFormatter(style=STYLE).get_style_defs(".code") + "\n"
     with open(os.path.join(root, published.RESULTS_MD), encoding="utf-8") as f:
         results_md = published.results_md(f.read(), source["results_intro"], source["results"])
@@ -327,7 +327,7 @@ def main(argv=None, root=ROOT):
     try:
         files = build(root)
     except RosettaError as error:
-        print(f"harness.site: {error}", file=sys.stderr)
+        print(f"harness.publishing.site: {error}", file=sys.stderr)
         return 1
     for path, content in files.items():
         os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)

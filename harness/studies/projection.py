@@ -1,6 +1,6 @@
 """How far would each engine scale past this machine? A model, fed by measurements made here.
 
-    python -m harness.projection        # measure (about 5 minutes), fit, predict: writes docs/scaling.md
+    python -m harness.studies.projection        # measure (about 5 minutes), fit, predict: writes docs/scaling.md
                                     # and results/scaling.json
 
 Measured here, per engine, with 2 processes on this machine: the time of one all-reduce of 4 KB (latency),
@@ -110,8 +110,8 @@ def measure_step(fw, spec, devices):
     from common.interface import StepSettings
     from common.models import init_bn_state, init_weights
 
-    from .loader import load_module
-    from .training import functional, network_of
+    from ..loader import load_module
+    from ..training.loop import functional, network_of
     model = functional(fw, network_of(spec))
     settings = StepSettings(units=load_module(fw.name, "execution").compile("default", model))
     rng = np.random.default_rng(0)
@@ -153,7 +153,7 @@ def efficiency(step_seconds, n, p, alpha, bandwidth, framework=None, k=1):
 def measure(frameworks, sizes=SIZES, timeout=600):
     """Every input of the model, each measurement in fresh worker processes (the engine's own launch)."""
     from common.interface import RosettaError
-    from .launch import run_workers
+    from ..processes.launch import run_workers
     threads = max(1, (os.cpu_count() or 2) // 2)
     results = {}
     for name in frameworks:
@@ -263,12 +263,11 @@ def markdown(results, env_line, command):
 
 def main(argv=None):
     from common.interface import FRAMEWORKS, RosettaError
-    from .loader import installed_version
-    from .provenance import environment, environment_line
+    from ..loader import ROOT, installed_version
+    from ..publishing.provenance import environment, environment_line
     p = argparse.ArgumentParser(description="Measure the inputs of the scaling model and write docs/scaling.md")
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                 "docs", "scaling.md"))
+    p.add_argument("--out", default=os.path.join(ROOT, "docs", "scaling.md"))
     p.add_argument("--json", default=os.path.join("results", "scaling.json"))
     args = p.parse_args(argv)
     names = [n for n in args.frameworks.split(",") if n]
@@ -286,7 +285,7 @@ def main(argv=None):
     with open(args.json, "w") as f:
         json.dump({"environment": env, "results": results}, f, indent=1)
     with open(args.out, "w") as f:
-        f.write(markdown(results, environment_line(env), "python -m harness.projection"))
+        f.write(markdown(results, environment_line(env), "python -m harness.studies.projection"))
     print(f"wrote {args.out} and {args.json}", file=sys.stderr)
     return 0
 

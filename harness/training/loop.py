@@ -19,7 +19,7 @@ from common.interface import Network, StepSettings
 from common.models import has_batchnorm, init_bn_state, init_weights
 from common.optim import Optimizer
 
-from .loader import load_module
+from ..loader import load_module
 from .timing import Timer
 
 LOGGED_STEPS = 2000   # per-step losses kept, for the parity checks and the loss curves
@@ -204,7 +204,7 @@ def digest(weights):
     return h.hexdigest()[:16]
 
 
-# Where a run starts: from the initial weights at epoch 0, or (harness/checkpoints.py's resume_point) from a
+# Where a run starts: from the initial weights at epoch 0, or (harness/training/checkpoints.py's resume_point) from a
 # checkpoint's weights and canonical optimizer state after its epochs.
 Start = collections.namedtuple("Start", "weights state first_epoch", defaults=(None, None, 0))
 # What a run calls outside its timers: progress(steps, total, loss) on rank 0, before_step(steps done, runner),

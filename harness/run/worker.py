@@ -1,4 +1,4 @@
-"""One process of a run: `python -m harness.worker SPEC_JSON OUT_JSON` (`{rank}` in OUT_JSON becomes the
+"""One process of a run: `python -m harness.run.worker SPEC_JSON OUT_JSON` (`{rank}` in OUT_JSON becomes the
 process's rank).
 
 compare.py starts one worker per run (several for a multi-process engine) so that each framework gets
@@ -18,7 +18,7 @@ import traceback
 
 def set_threads(spec):
     """Must happen before the framework is imported: OpenMP, MKL and TensorFlow read these at start-up."""
-    from .cores import pin_from_env, thread_env
+    from ..processes.cores import pin_from_env, thread_env
     os.environ.update(thread_env(spec.threads or os.cpu_count(), spec.cores, spec.per_process))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's start-up chatter
     pin_from_env()
@@ -48,8 +48,8 @@ def joined(fw, spec):
     """This process within its run: (rank, world, its devices), joined to the framework's multi-process
     engine if the run has one, and leaving it however the block ends. Its devices follow common.placement."""
     from common.interface import RosettaError
-    from .loader import load_module
-    from .launch import uses_engine
+    from ..loader import load_module
+    from ..processes.launch import uses_engine
     from common.placement import local_devices, my_gpus
     world, per_process = spec.processes, spec.per_process
     gpus = my_gpus(fw.name, fw.gpu_count(), per_process, world)   # before the engine: it binds its GPUs
@@ -81,8 +81,9 @@ def peak_rss():
 
 
 def scaling_inputs(fw, spec):
-    """The scaling model's inputs (harness/projection.py): one step's compute, or one all-reduce across the run."""
-    from . import projection as scaling
+    """The scaling model's inputs (harness/studies/projection.py): one step's compute, or one all-reduce across the
+    run."""
+    from ..studies import projection as scaling
     with joined(fw, spec) as (rank, world, devices):
         if spec.task == "step":
             return {"step": scaling.measure_step(fw, spec, devices)}
@@ -90,31 +91,31 @@ def scaling_inputs(fw, spec):
 
 
 def run(spec, started):
-    from .loader import load_framework, load_module
+    from ..loader import load_framework, load_module
     fw = load_framework(spec.framework)
     if spec.task == "devices":
         return {"devices": fw.device_info(fw.get_devices(spec.devices))}
     if spec.task in ("step", "allreduce"):
         return scaling_inputs(fw, spec)
-    if spec.task == "collectives":   # harness/split.py: a step's all-reduce alone
-        from .split import measure
+    if spec.task == "collectives":   # harness/studies/split.py: a step's all-reduce alone
+        from ..studies.split import measure
         with joined(fw, spec) as (rank, world, devices):
             return {"collectives": measure(fw, spec, rank, world, devices)}
-    if spec.task == "expert":   # harness/expert.py
-        from .expert import measure
+    if spec.task == "expert":   # harness/studies/expert.py
+        from ..studies.expert import measure
         with joined(fw, spec) as (_, _, devices):
             return {"expert": measure(fw, spec, devices)}
     import numpy as np
-    from .checkpoints import resume_point, saver
-    from .profile import profiler
-    from .stepcheck import copies
+    from ..training.checkpoints import resume_point, saver
+    from ..training.profile import profiler
+    from ..studies.stepcheck import copies
     from common.data import load_dataset
-    from .training import Hooks, Start, runner as runner_for, steps_per_epoch, train
+    from ..training.loop import Hooks, Start, runner as runner_for, steps_per_epoch, train
     data = load_dataset(spec.dataset, spec.data_dir, spec.n_synthetic, spec.seed)
     with joined(fw, spec) as (rank, world, devices):
         runner = runner_for(spec, fw, devices)
         if spec.task == "feed":   # what the input pipeline hands each device (tests/test_pipelines.py)
-            from .training import fed_rows
+            from ..training.loop import fed_rows
             return {"fed": fed_rows(runner, data, spec.epochs, spec.batch_size, spec.seed, rank, world,
                                     spec.devices), "rank": rank}
         if spec.mode == "scratch":   # the step's layout and compiled units are its own; the engines run their way
@@ -167,7 +168,7 @@ def serve(spec):
     """MXNet's scheduler and server: importing mxnet with DMLC_ROLE set runs them until the job ends,
     and then mxnet ends the process itself (sys.exit in the import), so they write no record."""
     from common.interface import RosettaError
-    from .loader import load_framework
+    from ..loader import load_framework
     load_framework(spec.framework)
     raise RosettaError(f"DMLC_ROLE={os.environ['DMLC_ROLE']} starts MXNet's scheduler or server; "
                        f"{spec.framework} has neither")
@@ -182,7 +183,7 @@ def exit_with_parent():
     import shutil
     import signal
     import threading
-    from .launch import LOGS_VARIABLE, PARENT_VARIABLE
+    from ..processes.launch import LOGS_VARIABLE, PARENT_VARIABLE
     parent = int(os.environ.get(PARENT_VARIABLE, 0))
     if not parent:
         return
@@ -199,11 +200,11 @@ def exit_with_parent():
 
 
 def start_helpers(spec, helpers):
-    """MXNet's scheduler and server for a task of a SLURM job (harness/slurm.py): children of this worker, writing to
-    its output, that end with it (exit_with_parent). Never waited for: they exit once every worker has passed the
-    kvstore's barrier at exit, which this worker reaches only as its process ends."""
-    from .launch import PARENT_VARIABLE
-    return [subprocess.Popen([sys.executable, "-m", "harness.worker", spec.to_json(), os.devnull],
+    """MXNet's scheduler and server for a task of a SLURM job (harness/processes/slurm.py): children of this worker,
+    writing to its output, that end with it (exit_with_parent). Never waited for: they exit once every worker has
+    passed the kvstore's barrier at exit, which this worker reaches only as its process ends."""
+    from ..processes.launch import PARENT_VARIABLE
+    return [subprocess.Popen([sys.executable, "-m", "harness.run.worker", spec.to_json(), os.devnull],
                              env={**os.environ, **env, PARENT_VARIABLE: str(os.getpid())}, start_new_session=True)
             for _, env in helpers]
 
@@ -212,8 +213,8 @@ def main(spec_json, out_path):
     started = time.perf_counter()
     exit_with_parent()
     from common.interface import RosettaError, Unavailable
-    from . import slurm
-    from .spec import RunSpec
+    from ..processes import slurm
+    from ..spec import RunSpec
     try:
         spec = RunSpec.of(spec_json)
         if slurm.started_by_srun():   # srun started this task: its engine's variables come from the job
@@ -230,7 +231,7 @@ def main(spec_json, out_path):
     except Exception as err:   # a crash in one framework must not take the others' results with it
         traceback.print_exc()
         result = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
-    result["cpus"] = sorted(os.sched_getaffinity(0))   # the cores it could run on (pinned: harness/cores.py)
+    result["cpus"] = sorted(os.sched_getaffinity(0))   # the cores it could run on (pinned: harness/processes/cores.py)
     if "{rank}" in out_path:   # hand-launched workers (torchrun, TF_CONFIG, DMLC_*) share one command line
         out_path = out_path.replace("{rank}", str(result.get("rank", os.environ.get("DMLC_ROLE", 0))))
     with open(out_path, "w") as f:

@@ -11,7 +11,7 @@ import sys
 
 from common.interface import FRAMEWORKS
 
-from .loader import ROOT, installed_version
+from ..loader import ROOT, installed_version
 
 
 def git(*args, cwd=ROOT):

@@ -1,4 +1,5 @@
-"""A run checked against the optimizer spec (common/optim.py) step by step, for the tests and harness.conventions.
+"""A run checked against the optimizer spec (common/optim.py) step by step, for the tests and
+harness.studies.conventions.
 
 Every step of a run is compared with the spec's step from the weights the run had before it, with the gradient of
 the same batch at those weights (the framework's own scratch `loss_and_grads`). The spec's optimizer state follows
@@ -15,9 +16,9 @@ import numpy as np
 from common import optim
 from common.batches import Order
 
-from .loader import load_module
-from .spec import RunSpec
-from .training import Hooks, train
+from ..loader import load_module
+from ..spec import RunSpec
+from ..training.loop import Hooks, train
 
 
 def traced(runner, data, epochs, batch_size, optimizer, seed=0, min_size=1, max_steps=None):

@@ -4,13 +4,13 @@ import json
 
 from common.interface import RosettaError
 
-from .benchmark import ROW_KEY, add_peak_fraction, add_scaling, aggregate, write_csv
-from .files import is_stream, replaced_atomically, unwritable
+from ..studies.benchmark import ROW_KEY, add_peak_fraction, add_scaling, aggregate, write_csv
+from ..files import is_stream, replaced_atomically, unwritable
 from .plan import BENCHMARK_MD
-from .provenance import environment_line
-from .report import add_parity, format_scaling, format_split, format_table
+from ..publishing.provenance import environment_line
+from ..publishing.tables import add_parity, format_scaling, format_split, format_table
 from .resume import settings
-from .split import add_split
+from ..studies.split import add_split
 
 
 def output_paths(args):
@@ -28,7 +28,7 @@ def check_outputs(args):
         if problem:
             raise RosettaError(f"cannot write {option} {path}: {problem}")
     if args.plot:
-        from .plots import image_format
+        from ..publishing.plots import image_format
         image_format(args.plot)
 
 
@@ -68,6 +68,7 @@ def write_files(args, content, rows):
                 f.write(f"\nScaling (cores shared: every op may use every thread; a core per device: each device "
                         f"pinned to cores of its own):\n\n{format_scaling(runs)}\n")
             if format_split(runs):
-                f.write(f"\nWhere each step of several devices goes (harness/split.py):\n\n{format_split(runs)}\n")
+                f.write(f"\nWhere each step of several devices goes (harness/studies/split.py):\n\n"
+                        f"{format_split(runs)}\n")
             if content.get("not_run"):
                 f.write(f"\nIncomplete: not run yet: {'; '.join(content['not_run'])}\n")

@@ -6,9 +6,9 @@ import os
 from common.buckets import BUCKETING_ENGINES
 from common.interface import RosettaError
 
-from .cores import per_device_threads
-from .launch import process_per_device
-from .spec import RunSpec, default
+from ..processes.cores import per_device_threads
+from ..processes.launch import process_per_device
+from ..spec import RunSpec, default
 
 BATCH_SIZE = default("batch_size")   # a row of another global batch says so in its label
 

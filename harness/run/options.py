@@ -11,12 +11,12 @@ from common.lenet import INITS
 from common.models import BN_MODES, DEFAULT_WIDTH, MODELS, RESNET_SGD_LR, check
 from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, SCHEDULES
 
-from .cli import HelpFormatter, Parser, host_list, int_list, name_list
-from .cluster import DEFAULT_PORT, ONE_HOST, Cluster
-from .cores import CORES
+from ..cli import HelpFormatter, Parser, host_list, int_list, name_list
+from ..processes.cluster import DEFAULT_PORT, ONE_HOST, Cluster
+from ..processes.cores import CORES
 from .plan import BENCHMARK, BENCHMARK_IMAGES, EXEC_OPTIONS, LAYOUT_OPTIONS, benchmark_plan, grid
-from .spec import default, default_epochs
-from .training import MODES
+from ..spec import default, default_epochs
+from ..training.loop import MODES
 
 
 def parse_args(argv, description=None):
@@ -77,7 +77,7 @@ def parse_args(argv, description=None):
                         "psum is written by hand (the others sum their own way); comma-separated")
     g.add_argument("--cores", type=name_list(CORES, "cores setting"), default=default("cores"),
                    help="shared (every op may use all of --threads) or per-device (each device pinned to cores "
-                        "of its own: --threads / the most devices; see harness/cores.py); comma-separated")
+                        "of its own: --threads / the most devices; see harness/processes/cores.py); comma-separated")
     g = p.add_argument_group("execution and timing")
     g.add_argument("--exec", type=name_list(EXEC_OPTIONS, "exec level"), default="default",
                    help="how the scratch step runs: default (the framework's usual way), eager, graph "
@@ -184,7 +184,7 @@ def check_model(p, args):
 
 
 def cluster(p, args):
-    """The hosts a run spans (harness/cluster.py): this one alone unless --hosts names several."""
+    """The hosts a run spans (harness/processes/cluster.py): this one alone unless --hosts names several."""
     if not args.hosts:
         if args.node_rank or args.interface or args.port != DEFAULT_PORT:
             p.error("--node-rank, --port and --interface go with --hosts")

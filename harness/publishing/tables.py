@@ -1,7 +1,7 @@
 """What a comparison prints: the environment and the result tables."""
 import sys
 
-from .spec import default_lr
+from ..spec import default_lr
 
 COLUMNS = ("framework", "mode", "exec", "layout", "devices", "processes", "epochs", "train s", "images/s",
            "test acc", "final loss", "|Δ step-1 loss|", "status")
@@ -121,7 +121,7 @@ def timing_cells(r):
 
 
 def cores_cell(r):
-    """How the run's processes used the cores (harness/cores.py): all threads shared by every op, or a
+    """How the run's processes used the cores (harness/processes/cores.py): all threads shared by every op, or a
     number of cores of its own for each device."""
     threads = r.get("threads")
     if r.get("cores") == "per-device":
@@ -141,7 +141,7 @@ def input_cell(r):
 def timing_view(settings):
     """Whether a run's table is the timing view: it repeated trials or was the benchmark. `settings` is the
     command's options as a mapping (vars(args), or the "settings" its JSON file stores), so the printed table
-    and the one published from the file (harness/published.py) are the same view."""
+    and the one published from the file (harness/publishing/published.py) are the same view."""
     return settings.get("repeats", 1) > 1 or bool(settings.get("benchmark"))
 
 

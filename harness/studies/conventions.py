@@ -1,13 +1,13 @@
 """What a naive port gets: each framework's stock optimizer classes, given the same hyperparameters, against the
 canonical update (common/optim.py, PyTorch's conventions), measured.
 
-    python -m harness.conventions [--frameworks ...] [--epochs 2]
+    python -m harness.studies.conventions [--frameworks ...] [--epochs 2]
 
 For every framework and optimizer, the idiomatic loop trains the LeNet twice from the same weights on the same
 batches (digits, batch 128, a warm-up then a cosine schedule, weight decay): once with this repo's configuration
 (port="canonical") and once with the framework's stock classes as a straightforward port writes them
 (port="stock": the same learning rate, schedule, momentum and decay passed to them, their own defaults and
-formulas for the rest). Each run is checked step by step against the spec (harness/stepcheck.py: the largest
+formulas for the rest). Each run is checked step by step against the spec (harness/studies/stepcheck.py: the largest
 difference of one step from the spec's step from the same weights, which a whole-run difference would drown in
 chaos), and both runs' last-epoch losses are printed. A last row measures the data-parallel convention: clipping
 each of 2 devices' gradients before the all-reduce instead of the all-reduced one. docs/migration.md's conventions
@@ -24,11 +24,11 @@ from common.batches import Order
 from common.interface import FRAMEWORKS, RosettaError, Unavailable
 from common.lenet import init_weights
 
-from .cli import name_list
-from .loader import load_framework, load_module
-from .provenance import provenance, provenance_line
+from ..cli import name_list
+from ..loader import load_framework, load_module
+from ..publishing.provenance import provenance, provenance_line
 from .stepcheck import mean_gradient, step_errors, traced
-from .training import Idiomatic, steps_per_epoch
+from ..training.loop import Idiomatic, steps_per_epoch
 
 BATCH, SEED, WARMUP_EPOCHS = 128, 0, 0.5
 DECAY = {"sgd": 5e-4, "momentum": 5e-4, "nesterov": 5e-4, "adam": 5e-4, "adamw": 1e-2}
@@ -83,7 +83,7 @@ def clipping_row(fw, data, epochs, clip_norm=3.5):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m harness.conventions", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.studies.conventions", description=__doc__.split("\n\n")[0])
     p.add_argument("--frameworks", type=name_list(FRAMEWORKS, "framework"), default=",".join(FRAMEWORKS))
     p.add_argument("--epochs", type=int, default=2, help="epochs of digits (12 steps each)")
     args = p.parse_args(argv)

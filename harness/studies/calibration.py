@@ -62,8 +62,8 @@ def matmul_peak(threads, n=2048, seconds=2.0):
 def machine_lockstep(cores, step_seconds=0.1, steps=60):
     """The waiting that lockstep costs on this machine with no framework at all: one single-threaded numpy process
     pinned to each core, all at once, each timing `steps` steps of the same matmuls (about step_seconds each), read as
-    harness/split.py reads a row's processes alongside. A core of a virtual machine does not run at one speed from
-    one step to the next, and processes that wait for each other every step pay for the slower one each time.
+    harness/studies/split.py reads a row's processes alongside. A core of a virtual machine does not run at one speed
+    from one step to the next, and processes that wait for each other every step pay for the slower one each time.
     {"cores", "step_seconds": their mean step, "lockstep_seconds": at the slower one's pace}."""
     from .split import lockstep
     env = blas_env(1)
