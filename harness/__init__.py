@@ -1,6 +1,6 @@
 """The machinery that runs, measures and publishes the translations, grouped by what it does:
 
-    run/          compare.py's path: options, plan, worker, merge, resume, outputs
+    run/          compare.py's path: options, plan, trials, worker, merge, resume, outputs
     studies/      measurements beyond a row: the benchmark's statistics, calibration, the step split, the
                   projection, the expert's step, optimizer conventions, step checks, the linear scaling rule
     training/     what one process does: the training loop, its timer, checkpoints and their conversion, --profile

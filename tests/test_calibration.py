@@ -94,7 +94,7 @@ def test_repeated_trials_are_timed_against_the_peak_too(tmp_path, monkeypatch):
     from conftest import framework_or_skip
     framework_or_skip("pytorch")
     peaks = iter([100.0, 300.0])
-    monkeypatch.setattr(compare, "matmul_peak", lambda threads: next(peaks))
+    monkeypatch.setattr("harness.run.trials.matmul_peak", lambda threads: next(peaks))
     monkeypatch.setattr(compare, "raise_on_signals", lambda: None)
     out = tmp_path / "run.json"
     assert compare.main(["--frameworks", "pytorch", "--devices", "1", "--dataset", "synthetic", "--n-synthetic",

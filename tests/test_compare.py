@@ -189,7 +189,7 @@ def test_files_are_replaced_whole_or_not_at_all(tmp_path):
 def test_resume_restores_every_trial_of_a_kept_row():
     """A row of several trials keeps each trial's metrics: --resume rebuilds the same row from the file."""
     from harness.studies.benchmark import aggregate
-    from compare import kept_trials
+    from harness.run.resume import kept_trials
     trials = [{"row": "r", "framework": "pytorch", "status": "ok", "error": None, "images_per_second": ips,
                "train_seconds": 10 / ips, "step_losses": [2.3, 2.1]} for ips in (100.0, 300.0, 200.0)]
     row = aggregate(trials)

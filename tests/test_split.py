@@ -126,15 +126,15 @@ def test_a_trial_stopped_while_its_step_is_split_is_kept_with_what_was_measured(
 
     import compare
     monkeypatch.setattr(compare, "raise_on_signals", lambda: None)
-    monkeypatch.setattr(compare, "matmul_peak", lambda threads: 100.0)
-    monkeypatch.setattr(compare, "run_one", lambda spec, dataset, args, label: {
+    monkeypatch.setattr("harness.run.trials.matmul_peak", lambda threads: 100.0)
+    monkeypatch.setattr("harness.run.trials.run_trial", lambda spec, dataset, args, label: {
         "status": "ok", "error": None, "images_per_second": 2000.0, "train_seconds": 1.0})
-    monkeypatch.setattr(compare, "allreduce_alone", lambda spec, timeout, cluster: {
+    monkeypatch.setattr("harness.run.trials.allreduce_alone", lambda spec, timeout, cluster: {
         "allreduce_alone_seconds": 0.01, "allreduce_alone_pattern": "per-tensor"})
 
     def stopped(*args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(compare, "alongside", stopped)
+    monkeypatch.setattr("harness.run.trials.alongside", stopped)
     out = tmp_path / "run.json"
     assert compare.main(["--frameworks", "pytorch", "--mode", "scratch", "--devices", "2", "--processes", "2",
                          "--dataset", "synthetic", "--n-synthetic", "600", "--epochs", "1", "--repeats", "2",

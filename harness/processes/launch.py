@@ -67,6 +67,17 @@ def raise_on_signals():
         signal.signal(s, handler)
 
 
+def say(text):
+    """A last word on stderr, which may be gone (a closed terminal is what sent SIGHUP): then what is
+    left to print goes nowhere, rather than fail the exit."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, sys.stderr.fileno())
+
+
 def kill_group(proc):
     """Each process leads its own process group, so anything it started dies with it."""
     try:

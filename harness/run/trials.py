@@ -1,0 +1,144 @@
+"""The trials of a command's rows: each planned row run --repeats times, interleaved (machine drift hits every row
+alike), the requested files rewritten after every trial so that an interrupted run keeps its finished ones. In the
+timing view the machine's yardsticks are measured around the trials, and each step of several devices is split into
+its parts. A trial launches the row's processes and merges their records; one whose process died starts again from
+its last checkpoint (--max-restarts)."""
+import os
+import sys
+import time
+
+from ..processes.launch import run_workers, say
+from ..publishing.tables import progress_bar, timing_view
+from ..studies.calibration import LoadRecord, machine_lockstep, matmul_peak, warning
+from ..studies.split import allreduce_alone, alongside
+from ..training.checkpoints import epoch_of, latest_checkpoint
+from ..training.profile import trace_folder
+from .merge import merge_records
+from .outputs import write_results
+from .plan import row_label
+from .resume import kept_trials
+
+
+def planned_trials(args, specs, old):
+    """(each row's label, its trials so far: those kept from the run --resume continues, the trials it needs)."""
+    labels = [row_label(spec) for spec, _ in specs]
+    trials = [kept_trials(old, label) if old else [] for label in labels]
+    wanted = [1 if skip else args.repeats for _, skip in specs]   # a skipped row runs once
+    for label, row_trials in zip(labels, trials):
+        if row_trials:
+            print(f"kept {label}: ok ({len(row_trials)} trial(s) from {args.json})", file=sys.stderr)
+    return labels, trials, wanted
+
+
+def run_trials(args, env, dataset, specs, labels, trials, wanted):
+    """Every row's missing trials, trial by trial, the files written after each; the rows as last written."""
+    timing = timing_view(vars(args))   # the benchmark, or repeated trials: speed is what the run is for
+    load = calibrate(args, env, specs) if timing else None
+
+    def save():
+        return write_results(args, env, dataset, specs, labels, trials, wanted)
+    runs = save()
+    try:
+        for trial in range(args.repeats):
+            for (spec, skip), label, row_trials, need in zip(specs, labels, trials, wanted):
+                if trial >= need or len(row_trials) > trial:   # a skipped row runs once; a kept trial not again
+                    continue
+                shown = label + (f", trial {trial + 1}/{args.repeats}" if args.repeats > 1 else "")
+                print(f"running {shown} ...", file=sys.stderr, flush=True)
+                result = {"status": "skipped", "error": skip} if skip else run_trial(spec, dataset, args, shown)
+                row_trials.append({"row": label, **spec.row(), **result})
+                runs = save()   # the trial is kept before the measurements that split its step
+                if timing and spec.devices > 1 and result["status"] == "ok":
+                    split_step(row_trials[-1], spec, args, dataset)
+                    runs = save()
+                print(f"  {result['status']}" + (f": {result['error']}" if result.get("error") else ""),
+                      file=sys.stderr, flush=True)
+    except KeyboardInterrupt as err:   # the running row's processes are gone already (run_workers)
+        save()   # again: the signal may have cut the last save short (further signals are ignored now)
+        err.add_note(unfinished(args, specs, trials, wanted))
+        raise
+    if timing:
+        env["calibration"]["matmul_peak_gflops_end"] = matmul_peak(args.threads)
+        env["load"] = load.stop()
+        runs = save()
+        if warning(env["load"]):
+            print(warning(env["load"]), file=sys.stderr)
+    return runs
+
+
+def calibrate(args, env, specs):
+    """This machine's yardsticks, measured before the first trial (harness/studies/calibration.py): its matmul peak
+    and, for rows of several processes, what lockstep costs with no framework; the load is recorded from here on."""
+    print(f"calibration: float32 matmul peak at {args.threads} thread(s) ...", file=sys.stderr, flush=True)
+    env["calibration"] = {"threads": args.threads, "matmul_peak_gflops_start": matmul_peak(args.threads)}
+    cores = sorted(os.sched_getaffinity(0))[:max((spec.processes for spec, skip in specs if not skip), default=1)]
+    if len(cores) > 1 and args.cluster.nnodes == 1:   # what waiting for the slower step costs with no framework
+        print(f"calibration: numpy steps in lockstep, a process on each of cores {cores} ...", file=sys.stderr,
+              flush=True)
+        env["calibration"]["lockstep"] = machine_lockstep(cores)
+    return LoadRecord().start()
+
+
+def split_step(trial, spec, args, dataset):
+    """What splits an ok trial's step of several devices (harness/studies/split.py), into `trial` as each part is
+    measured, so that a run stopped meanwhile keeps what was: its all-reduce alone, and for several processes, those
+    processes run again alongside each other with nothing to share."""
+    print("  its all-reduce alone ...", file=sys.stderr, flush=True)
+    trial.update(allreduce_alone(spec, args.timeout, args.cluster))
+    if spec.processes > 1:
+        print("  its processes alongside ...", file=sys.stderr, flush=True)
+        trial.update(alongside(spec, args.timeout, args.cluster, dataset["n_train"]))
+
+
+def unfinished(args, specs, trials, wanted):
+    """What an interrupted run finished, and where it is kept: the note under its last line."""
+    done = sum(len(t) == w for t, w in zip(trials, wanted))
+    files = " and ".join(filter(None, (args.json, args.csv)))
+    trials_done = f" ({sum(map(len, trials))} of {sum(wanted)} trials)" if args.repeats > 1 else ""
+    return f"{done} of {len(specs)} rows finished{trials_done}" + (
+        f", kept in {files}; the same command with --resume runs the rest" if files else "")
+
+
+def run_trial(spec, dataset, args, label):
+    """One trial of one row: its processes launched (this host's, with --hosts), restarted if they die
+    (supervise_restarts), their records merged."""
+    if args.profile:
+        spec = spec.replace(profile=trace_folder(args.profile, spec))
+    result, records = supervise_restarts(spec, dataset, args, label)
+    if args.cluster.nnodes > 1 and result["status"] == "ok":   # see host_sums
+        result.update(hosts=list(args.cluster.hosts), node_rank=args.cluster.node_rank, **host_sums(records))
+    return result
+
+
+def supervise_restarts(spec, dataset, args, label):
+    """(the merged result, the last attempt's records) of a row's processes. With --max-restarts, a run whose process
+    died is stopped whole and started again from its last complete checkpoint, as torchrun restarts a group: the
+    result counts the restarts and the time they cost."""
+    started, restarts, attempt = time.monotonic(), 0, spec
+    while True:
+        attempt_started = time.monotonic()
+        records = run_workers(attempt, args.timeout, progress=progress_bar(label), stall_timeout=args.stall_timeout,
+                              cluster=args.cluster)
+        if sys.stdout.isatty():
+            print("\r\033[K", end="", flush=True)   # the bar's line, cleared for the table
+        result = merge_records(records, dataset["fingerprint"])
+        if result["status"] != "failed" or restarts == args.max_restarts:
+            break
+        restarts += 1
+        attempt = spec.replace(resume_from=latest_checkpoint(spec, say))
+        print(f"  failed: {result['error']}\n  restart {restarts} of {args.max_restarts}, from "
+              f"{os.path.basename(attempt.resume_from) if attempt.resume_from else 'the start'}", file=sys.stderr)
+    if args.max_restarts:
+        result["restarts"] = restarts
+        if result["status"] == "ok":   # the wall time beyond what the last attempt and the epochs it skipped took
+            skipped = result["first_epoch"] - (epoch_of(spec.resume_from) if spec.resume_from else 0)
+            result["lost_seconds"] = max(0.0, attempt_started - started - skipped * result["epoch_seconds_median"])
+    return result, records
+
+
+def host_sums(records):
+    """A host sees its own processes' records only, so its row's losses are over its share of every batch. Its
+    row keeps their sums, so that the run's losses are all hosts' sums added up (the final weights, test
+    accuracy and digest are the run's on every host)."""
+    return {key: [float(sum(values)) for values in zip(*(r[key] for r in records))]
+            for key in ("epoch_loss_sums", "epoch_sizes", "step_loss_sums", "step_sizes")}
