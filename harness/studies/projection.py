@@ -265,6 +265,7 @@ def main(argv=None):
     from common.interface import FRAMEWORKS, RosettaError
     from ..loader import ROOT, installed_version
     from ..publishing.provenance import environment, environment_line
+    from ..files import replaced_atomically
     p = argparse.ArgumentParser(description="Measure the inputs of the scaling model and write docs/scaling.md")
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "scaling.md"))
@@ -281,10 +282,9 @@ def main(argv=None):
         print(f"error: {err}", file=sys.stderr)
         return 2
     env = environment()
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
+    with replaced_atomically(args.json) as f:   # the folder made, the previous file kept if this stops midway
         json.dump({"environment": env, "results": results}, f, indent=1)
-    with open(args.out, "w") as f:
+    with replaced_atomically(args.out) as f:
         f.write(markdown(results, environment_line(env), "python -m harness.studies.projection"))
     print(f"wrote {args.out} and {args.json}", file=sys.stderr)
     return 0
