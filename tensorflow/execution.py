@@ -44,10 +44,30 @@ def per_device(compiler):
     return compile_unit
 
 
+def on_their_devices(compiler):
+    """A compiler of the loss_and_grads unit whose results say where they are. A tf.function called inside another
+    graph (the step's) hands back tensors with no device, and the all-reduce across processes needs one (its
+    collective's destinations: "destinations can not be empty"): each device's loss, gradients and BatchNorm state
+    are handed on through tf.identity on that device."""
+    def compile_unit(written):
+        compiled = compiler(written)
+
+        def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices):
+            results = ([], [], [])
+            for device, *parts in zip(devices, *compiled(model, replicas, bn_states, X_shards, y_shards, devices)):
+                with tf.device(device):
+                    for placed, part in zip(results, parts):   # the LeNet's BatchNorm state is None
+                        placed.append(None if part is None else tf.nest.map_structure(tf.identity, part))
+            return results
+        return loss_and_grads
+    return compile_unit
+
+
 # How each level compiles the units of data_parallel.py (UNITS); a unit it does not name runs as written. The graph
-# level traces loss_and_grads too (inlined in the step's graph), so the gradient alone rounds as the step's does:
-# eager ops round a BatchNorm'd convolution's bias gradient (a true 0) otherwise than Grappler's fused graph
-COMPILERS = {"eager": {}, "graph": {"step_on_shards": graph, "loss_and_grads": graph},
+# level traces loss_and_grads too (inlined in the step's graph), so the gradient alone rounds as the step's does
+# (harness/studies/stepcheck.py takes it so): eager ops round a BatchNorm'd convolution's bias gradient (a true 0)
+# otherwise than Grappler's fused graph
+COMPILERS = {"eager": {}, "graph": {"step_on_shards": graph, "loss_and_grads": on_their_devices(graph)},
              "xla": {"step_on_shards": graph,
                      "loss_and_grads": per_device(functools.partial(graph, jit_compile=True))}}
 # What each level puts in a compiled graph (the rest runs op by op): the table's "compiles" column
