@@ -87,7 +87,7 @@ def environment_line(env):
     versions = ", ".join(f"{name} {v}" for name, v in env["frameworks"].items() if v)
     line = (f"{provenance_line(env)}; {', '.join(env['gpus']) or 'no GPU'}; Python {env['python']}, "
             f"{versions}, numpy {env['numpy']}; {env['platform']}")
-    calibration, load = env.get("calibration"), env.get("load")
+    calibration = env.get("calibration")
     if calibration:
         peaks = " -> ".join(f"{calibration[k]:.0f}" for k in ("matmul_peak_gflops_start", "matmul_peak_gflops_end")
                             if k in calibration)
@@ -97,11 +97,16 @@ def environment_line(env):
             line += (f". Numpy alone, a single-threaded process pinned to each of cores "
                      f"{', '.join(map(str, steady['cores']))}, {1e3 * steady['step_seconds']:.0f} ms steps: waiting for "
                      f"the slower step +{steady['lockstep_seconds'] / steady['step_seconds'] - 1:.1%}")
-    if load:
-        line += (f". Load: other processes used {100 * load['other_cpu_share']:.1f}% of the CPU during the run "
-                 f"({'quiet' if load['quiet'] else 'NOT QUIET'}); load average {load['loadavg_start'][0]:.2f} at the "
-                 f"start, {load['loadavg_end'][0]:.2f} at the end")
-    return line
+    return line + load_clause(env)
+
+
+def load_clause(env):
+    """How busy the machine was while the run ran, where its file records it (timed runs do): what says how far
+    its timings can be trusted."""
+    load = env.get("load")
+    return (f". Load: other processes used {100 * load['other_cpu_share']:.1f}% of the CPU during the run "
+            f"({'quiet' if load['quiet'] else 'NOT QUIET'}); load average {load['loadavg_start'][0]:.2f} at the "
+            f"start, {load['loadavg_end'][0]:.2f} at the end") if load else ""
 
 
 def installed_version_of(dist):

@@ -149,6 +149,12 @@ def format_table(runs, timing=False, markdown=False):
     """A markdown table: the comparison (default) or the timing view (benchmarks, repeated trials).
     markdown=True escapes a `|` inside a cell (the |Δ step-1 loss| heading) as GitHub's tables need; the
     terminal gets the plain text."""
+    return render(*table_cells(runs, timing), markdown=markdown)
+
+
+def table_cells(runs, timing=False):
+    """The table's headings and its rows of cells, before rendering: a published run shows some of them
+    (harness/publishing/published.py), so its cells are the ones compare.py prints."""
     columns, cells = (TIMING_COLUMNS, timing_cells) if timing else (COLUMNS, row_cells)
     rows = [cells(r) for r in runs]
     targets = sorted({r["target_accuracy"] for r in runs if r.get("target_accuracy")})
@@ -167,6 +173,11 @@ def format_table(runs, timing=False, markdown=False):
     if has_resnet(runs):   # after the framework: the network, and the BatchNorm's distinct running states
         columns = (columns[0], *MODEL_COLUMNS, *columns[1:])
         rows = [[row[0], *model_cells(r), *row[1:]] for row, r in zip(rows, runs)]
+    return list(columns), rows
+
+
+def render(columns, rows, markdown=False):
+    """Headings and rows of cells as a table padded to its columns' widths."""
     if markdown:
         columns, rows = escape_pipes(columns), [escape_pipes(row) for row in rows]
     widths = [max([len(c)] + [len(row[i]) for row in rows]) for i, c in enumerate(columns)]
@@ -207,22 +218,31 @@ def format_split(rows):
     """The split as a markdown table, milliseconds and shares of the step; the rest in its two measured parts where
     the row's processes also ran alongside each other, and the row's speed against theirs in lockstep (both measured
     within minutes, so less at the mercy of the machine's drift than the scaling, whose base ran earlier)."""
+    header, body = split_cells(rows)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells[:-1]) + " |" + (f" {cells[-1]} |" if cells[-1] else " |")   # an empty last
+              for cells in body]                                                                       # cell: "| |"
+    return "\n".join(lines) if body else ""
+
+
+def split_cells(rows):
+    """The split's headings and its rows of cells (format_split), one row for each row that has a split."""
     rows = [r for r in rows if r.get("step_split")]
     parted = any("lockstep" in r["step_split"] for r in rows)
     more = ["sharing the machine", "waiting for the slower step"] if parted else []
     header = ["framework", "cores", "run", "step ms", "compute", "all-reduce alone", "input", *more,
               "rest" if parted else "rest (waiting)",
               "scaling" + rounds_heading(rows), *(["against them alongside"] if parted else [])]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    body = []
     for r in rows:
         s = r["step_split"]
         cell = lambda part: f"{1e3 * s[part]:.1f} ({s[part] / s['step']:.0%})" if part in s else ""   # noqa: E731
         parts = ["compute", "allreduce", "input", *(["sharing", "lockstep"] if parted else []), "rest"]
-        lines.append(f"| {r['framework']} | {cores_cell(r)} | {r['mode']} ({r.get('exec')}), {r.get('allreduce_alone_pattern')} "
-                     f"all-reduce, {r['devices']} devices, {r['processes']} processes | {1e3 * s['step']:.1f} | "
-                     + " | ".join(map(cell, parts)) + f" | {scaling_cell(r)} |"
-                     + (f" {r['lockstep_seconds'] / s['step']:.2f} |" if "lockstep" in s else " |" if parted else ""))
-    return "\n".join(lines) if rows else ""
+        against = [f"{r['lockstep_seconds'] / s['step']:.2f}" if "lockstep" in s else ""] if parted else []
+        body.append([r["framework"], cores_cell(r), f"{r['mode']} ({r.get('exec')}), {r.get('allreduce_alone_pattern')} "
+                     f"all-reduce, {r['devices']} devices, {r['processes']} processes", f"{1e3 * s['step']:.1f}",
+                     *map(cell, parts), scaling_cell(r), *against])
+    return header, body
 
 
 def optimizer_line(args):
