@@ -148,6 +148,17 @@ def result_file(result):
         return json.load(f)
 
 
+def shown_runs(result):
+    """The file's rows an entry shows, selected here as docs/rosetta.toml's comment says (not through
+    harness/publishing/published.py): those matching one of its `rows`, none of its `hide`, and for the split those
+    that have one."""
+    def matches(run, where):
+        return all(run.get(k) in (v if isinstance(v, list) else [v]) for k, v in where.items())
+    runs = [r for r in result_file(result)["runs"] if any(matches(r, w) for w in result.get("rows", [{}]))
+            and not any(matches(r, w) for w in result.get("hide", []))]
+    return [r for r in runs if r.get("step_split")] if result.get("table") == "split" else runs
+
+
 def page_table(page, result_id):
     """The table of one result's article on the page: its rows of cell texts, the head first."""
     article = page.split(f'<article class="result" id="result-{result_id}">', 1)[1].split("</article>", 1)[0]
@@ -155,67 +166,85 @@ def page_table(page, result_id):
             for row in re.findall(r"<tr>(.*?)</tr>", article.split("<table>", 1)[1].split("</table>", 1)[0])]
 
 
+def markdown_section(text, title):
+    """The part of docs/results.md from `### title` to the next heading."""
+    return re.split(r"\n#{2,3} ", text.split(f"### {title}\n", 1)[1], maxsplit=1)[0].split(published.END, 1)[0]
+
+
 def markdown_table(text, title):
     """The first pipe table after `### title` in docs/results.md: its rows of cell texts, the head first."""
-    block = text.split(f"### {title}\n", 1)[1].split("\n### ", 1)[0].split(published.END, 1)[0]
-    table = next(chunk for chunk in block.split("\n\n") if chunk.startswith("|"))
+    table = next(chunk.strip() for chunk in markdown_section(text, title).split("\n\n") if chunk.strip().startswith("|"))
     return [[c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
             for line in table.splitlines() if not re.fullmatch(r"\|[-|]+\|", line.strip())]
 
 
-def test_the_results_part_shows_every_published_run_with_the_commit_and_date_of_its_file(source):
-    assert source["results"], "docs/rosetta.toml publishes at least one run"
+def test_the_results_part_answers_each_question_with_its_runs_and_the_commit_and_date_of_their_files(source):
+    """Each question's answer, then each run that answers it: its command (less where its outputs went), commit,
+    date, CPU and load from its file, its files linked, and on the page its plot."""
+    assert source["results"] and source["question"], "docs/rosetta.toml asks questions and publishes runs"
     page = site.index_html(source)
     with open(os.path.join(ROOT, published.RESULTS_MD), encoding="utf-8") as f:
         results_md = f.read()
     assert '<h2 id="results">Results</h2>' in page and '<a href="#results">Results</a>' in page
+    asked = {q["id"]: q for q in source["question"]}
     for result in source["results"]:
         env = result_file(result)["environment"]
+        question = asked[result["question"]]
+        before = results_md.split(f"### {result['title']}\n", 1)[0]
+        assert before.rsplit("\n## ", 1)[1].startswith(question["title"] + "\n"), (result["id"], "under its question")
         article = page.split(f'<article class="result" id="result-{result["id"]}">', 1)[1].split("</article>", 1)[0]
-        for shown in (article, results_md.split(f"### {result['title']}", 1)[1]):
+        assert html.escape(question["title"]) in page.split(f'id="result-{result["id"]}"', 1)[0].rsplit("<h2", 1)[1]
+        command = re.sub(r" --(json|csv|plot) \S+", "", env["command"])
+        for shown in (" ".join(article.split()), " ".join(markdown_section(results_md, result["title"]).split())):
             assert f"commit {env['commit']}" in shown and env["date"] in shown, result["id"]
             assert f"{env['cpu']} ({env['cpu_count']} cores), load average {env['load_average']:.2f}" in shown
-            assert html.escape(f"python {env['command']}") in shown or f"python {env['command']}" in shown
+            assert html.escape(f"python {command}") in shown or f"python {command}" in shown
+            assert all(result[key] in shown for key in ("file", "csv", "plot") if key in result), result["id"]
         assert html.escape(result["title"]) in article
         if "plot" in result:
             assert f'<img src="{result["plot"]}"' in article
-            assert f"![{published.plot_alt(result)}]({result['plot']})" in results_md
 
 
 def test_a_row_on_the_page_holds_the_files_figures_and_results_md_the_same(source):
-    """Read from the JSON here, not through harness/publishing/tables.py: a cell the generator renders wrong fails."""
+    """Read from the JSON here, not through harness/publishing/tables.py: a cell the generator renders wrong, or a
+    row it shows that the entry did not select, fails."""
     page = site.index_html(source)
     with open(os.path.join(ROOT, published.RESULTS_MD), encoding="utf-8") as f:
         results_md = f.read()
-    expected = {"framework": lambda r: r["framework"], "test acc": lambda r: f"{r['test_accuracy']:.4f}",
+    expected = {"framework": lambda r: r["framework"], "mode": lambda r: r["mode"], "devices": lambda r: str(r["devices"]),
+                "test acc": lambda r: f"{r['test_accuracy']:.4f}",
                 "images/s": lambda r: f"{r['images_per_second']:,.0f}",
                 "final loss": lambda r: f"{r['epoch_losses'][-1]:.4f}",
-                "|Δ step-1 loss|": lambda r: f"{r['step1_loss_diff']:.1e}"}
+                "|Δ step-1 loss|": lambda r: f"{r['step1_loss_diff']:.1e}",
+                "scaling": lambda r: f"{r['scaling_efficiency']:.2f}"}
     for result in source["results"]:
-        runs = result_file(result)["runs"]
+        runs = shown_runs(result)
         table = page_table(page, result["id"])
         assert table == markdown_table(results_md, result["title"]), result["id"]
-        head, rows = table[0], table[1:]
-        assert len(rows) == len(runs)
+        head, rows = [h.split(" (")[0] for h in table[0]], table[1:]
+        assert len(rows) == len(runs) and len(head) <= 10, result["id"]
+        assert head == [h.split(" (")[0] for h in result["columns"]] if "columns" in result else True, result["id"]
         checked = [column for column in expected if column in head]
-        assert {"framework", "test acc"} <= set(checked), head
+        assert "framework" in checked and len(checked) >= 2, head
         for row, run in zip(rows, runs):
             if run["status"] == "ok":
-                assert {c: row[head.index(c)] for c in checked} == {c: expected[c](run) for c in checked}, result["id"]
+                assert {c: row[head.index(c)].split(" (")[0] for c in checked} == \
+                    {c: expected[c](run) for c in checked}, result["id"]
 
 
-def test_a_published_timing_run_shows_where_each_step_of_several_devices_goes(source):
-    """The split (harness/studies/split.py) of every row that has one, in results.md from the file's own figures."""
+def test_a_published_split_shows_where_each_step_of_several_devices_goes(source):
+    """The split (harness/studies/split.py) of every row a `table = "split"` entry shows, in results.md from the
+    file's own figures."""
     with open(os.path.join(ROOT, published.RESULTS_MD), encoding="utf-8") as f:
         results_md = f.read()
-    split = {result["id"]: [r for r in result_file(result)["runs"] if r.get("step_split")] for result in source["results"]}
-    assert split["benchmark"], "the benchmark's rows of several devices are split"
-    for result in source["results"]:
-        section = results_md.split(f"### {result['title']}", 1)[1].split("\n### ", 1)[0]
-        for r in split[result["id"]]:
+    splits = [result for result in source["results"] if result.get("table") == "split"]
+    assert splits, "a published run shows where the steps of several devices go"
+    for result in splits:
+        section = markdown_section(results_md, result["title"])
+        for r in shown_runs(result):
             s = r["step_split"]
-            assert (f"| {1e3 * s['step']:.1f} | {1e3 * s['compute']:.1f} ({s['compute'] / s['step']:.0%}) | "
-                    f"{1e3 * s['allreduce']:.1f} (") in section, result["id"]
+            assert (f"| {1e3 * s['allreduce']:.1f} ({s['allreduce'] / s['step']:.0%}) ") in section, result["id"]
+            assert (f"| {1e3 * s['lockstep']:.1f} ({s['lockstep'] / s['step']:.0%}) ") in section, result["id"]
 
 
 def published_copy(tmp_path):
@@ -226,8 +255,8 @@ def published_copy(tmp_path):
 
 def test_a_published_run_is_its_files_and_one_entry(tmp_path):
     """A benchmark's JSON and plot under docs/results/ and one [[result]] entry are all it takes: the page shows
-    it in the timing view (the table compare.py --benchmark prints), says when its tree differed from its commit,
-    and the plot is copied into the site."""
+    it under the question it answers, in the timing view (the table compare.py --benchmark prints), says when its
+    tree differed from its commit, and the plot is copied into the site."""
     root, toml, first = published_copy(tmp_path)
     content = result_file(first)
     content["settings"]["benchmark"] = True
@@ -236,6 +265,7 @@ def test_a_published_run_is_its_files_and_one_entry(tmp_path):
         json.dump(content, f)
     shutil.copy(os.path.join(root, "docs", first["plot"]), os.path.join(root, "docs", "results", "another-benchmark.png"))
     toml.write_text(toml.read_text() + '\n[[result]]\nid = "another-benchmark"\ntitle = "Another timing benchmark"\n'
+                    f'question = "{first["question"]}"\n'
                     'file = "results/another-benchmark.json"\nplot = "results/another-benchmark.png"\nnote = "Quiet."\n')
     assert site.main([], root=root) == 0
     page = (tmp_path / "repo" / "docs" / "site" / "index.html").read_text()
@@ -244,7 +274,36 @@ def test_a_published_run_is_its_files_and_one_entry(tmp_path):
     assert f"commit {content['environment']['commit']} with local changes, " in page.split('id="result-another-benchmark"')[1]
     assert (tmp_path / "repo" / "docs" / "site" / "results" / "another-benchmark.png").read_bytes() == \
         (tmp_path / "repo" / "docs" / "results" / "another-benchmark.png").read_bytes()
-    assert "### Another timing benchmark" in (tmp_path / "repo" / "docs" / "results.md").read_text()
+    results_md = (tmp_path / "repo" / "docs" / "results.md").read_text()
+    assert "### Another timing benchmark" in results_md
+    assert markdown_section(results_md, first["title"]).count("\n|") < results_md.count("\n|")
+
+
+def test_an_entry_shows_the_columns_and_rows_it_names_and_refuses_what_its_file_has_not(tmp_path, capsys):
+    """`columns` and `rows` choose what an answer's table shows; a column the table has not, rows that select none,
+    or a question no [[question]] asks stop the generator with one line."""
+    root, toml, first = published_copy(tmp_path)
+    name = first["id"]
+    start = toml.read_text().index(f'[[result]]\nid = "{name}"\n')
+    end = toml.read_text().find("\n[[", start + 1)
+    entry = toml.read_text()[start:end if end > 0 else None]
+    chosen = re.sub(r"^(columns|rows|hide) = .*\n(?:[ \t]+.*\n)*", "", entry, flags=re.M).replace(
+        "\nnote = ", '\ncolumns = ["framework", "devices", "test acc"]\nrows = [{framework = "jax"}]\nnote = ', 1)
+    text = toml.read_text().replace(entry, chosen)
+    toml.write_text(text)
+    assert site.main([], root=root) == 0
+    page = (tmp_path / "repo" / "docs" / "site" / "index.html").read_text()
+    jax = [r for r in result_file(first)["runs"] if r["framework"] == "jax"]
+    assert page_table(page, name) == [["framework", "devices", "test acc"]] + [
+        ["jax", str(r["devices"]), f"{r['test_accuracy']:.4f}"] for r in jax]
+    for change, error in ((('"test acc"]', '"accuracy"]'), f"result {name!r}: its table has no column 'accuracy' (it has "),
+                          (('{framework = "jax"}', '{framework = "caffe"}'), f"result {name!r}: its rows "),
+                          ((f'question = "{first["question"]}"', 'question = "nowhere"'),
+                           f"result {name!r} answers the question 'nowhere', which no [[question]] asks")):
+        toml.write_text(text.replace(*change))
+        assert site.main([], root=root) == 1
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"harness.publishing.site: {error}"), lines
 
 
 def test_a_published_file_missing_or_without_provenance_stops_the_generator_with_one_line(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """The Rosetta stone as a static page: `python -m harness.publishing.site` writes docs/site/index.html (and
 pygments.css, the highlighting's colours) and docs/rosetta.md from docs/rosetta.toml (the prose, in one place) and the
-framework folders. Its Results part, and the published runs of docs/results.md, come from the result files committed
+framework folders. Its Results part, and the answers of docs/results.md, come from the result files committed
 under docs/results/ (harness/publishing/published.py); their plots are copied into docs/site/results/, so that
 docs/site/ alone serves on a static host.
 
@@ -129,7 +129,8 @@ def load(root=ROOT):
     for concept in source["concept"]:
         check_entry(concept)
         concept["snippets"] = {fw: [extract(root, fw, spec) for spec in code_of(concept, fw)] for fw in FRAMEWORKS}
-    source["results"] = published.read_all(root, source.get("result", []))
+    source.setdefault("question", [])
+    source["results"] = published.read_all(root, source.get("result", []), source["question"])
     return source
 
 
@@ -249,17 +250,20 @@ def controls():
 
 
 def results_section(source):
-    """The published runs (harness/publishing/published.py): each one's markdown, as docs/results.md holds it, then its
-    plot from the copy in docs/site/ (the same path relative to docs/site/ as the original's to docs/)."""
-    articles = []
-    for result in source["results"]:
-        plot = result.get("plot")
-        figure = (f'<figure><a href="{html.escape(plot)}"><img src="{html.escape(plot)}" alt="'
-                  f'{html.escape(published.plot_alt(result))}"></a></figure>') if plot else ""
-        articles.append(f'<article class="result" id="result-{result["id"]}">\n{blocks(published.markdown(result))}'
-                        f"\n{figure}</article>")
+    """The questions and their published runs (harness/publishing/published.py): each question's answer, then each
+    run's markdown as docs/results.md holds it, with its plot from the copy in docs/site/ (the same path relative to
+    docs/site/ as the original's to docs/)."""
+    parts = []
+    for question, results in published.answers(source["question"], source["results"]):
+        parts.append(blocks(published.question_markdown(question)))
+        for result in results:
+            plot = result.get("plot")
+            figure = (f'<figure><a href="{html.escape(plot)}"><img src="{html.escape(plot)}" alt="'
+                      f'{html.escape(published.plot_alt(result))}"></a></figure>') if plot else ""
+            parts.append(f'<article class="result" id="result-{result["id"]}">\n{blocks(published.markdown(result))}'
+                         f"\n{figure}</article>")
     return "\n".join(['<section class="results" aria-labelledby="results">', '<h2 id="results">Results</h2>',
-                      f'<p class="note">{inline(" ".join(source["results_intro"].split()))}</p>'] + articles
+                      f'<p class="note">{inline(" ".join(source["results_intro"].split()))}</p>'] + parts
                      + ["</section>"])
 
 
@@ -286,7 +290,7 @@ def index_html(source):
 <p>Each section is one idea of the "multi-GPU from scratch" recipe: the real functions of the four frameworks,
 taken from the source by name when this page was generated (<code>python -m harness.publishing.site</code>), each linked to
 its line. The same prose, as one table: <a href="../rosetta.md">docs/rosetta.md</a>. At the end,
-<a href="#results">Results</a>: the published runs, from their files in docs/results/.</p>
+<a href="#results">Results</a>: what the published runs answer, from their files in docs/results/.</p>
 </header>
 {controls()}
 <main>
@@ -308,12 +312,12 @@ do not edit by hand.</p></footer>
 def build(root=ROOT):
     """Every file the generator writes, {path from the repo root: text, or bytes for a plot}; writes nothing. The
     page's own style.css and site.js are written by hand and live in docs/site/ as they are served; docs/results.md
-    is written by hand but for its published runs."""
+    is written by hand but for its answers and their runs."""
     source = load(root)
     colours = f"/* Pygments, style {STYLE}: made by python -m harness.publishing.site */\n" + \
         HtmlFormatter(style=STYLE).get_style_defs(".code") + "\n"
     with open(os.path.join(root, published.RESULTS_MD), encoding="utf-8") as f:
-        results_md = published.results_md(f.read(), source["results_intro"], source["results"])
+        results_md = published.results_md(f.read(), source["results_intro"], source["question"], source["results"])
     files = {os.path.join(SITE, "index.html"): index_html(source), os.path.join(SITE, "pygments.css"): colours,
              ROSETTA: rosetta_md(source), published.RESULTS_MD: results_md}
     for result in source["results"]:
