@@ -174,3 +174,15 @@ def test_requirements_point_at_a_readme_section_that_exists():
     sections = re.findall(r"^#+ (.+)$", readme, re.M)
     named = re.findall(r'README: "([^"]+)"', open(os.path.join(ROOT, "requirements.txt")).read())
     assert named and all(name in sections for name in named), (named, sections)
+
+
+def test_no_user_facing_text_names_an_internal_issue():
+    """An issue number means nothing to a reader of the docs, an option's help or an error line: the README, docs/ (the
+    published runs' files aside) and every Python file of the machinery, compare.py and the framework folders."""
+    paths = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "compare.py"),
+             *glob.glob(os.path.join(ROOT, "docs", "*.md")), *glob.glob(os.path.join(ROOT, "docs", "*.toml")),
+             *glob.glob(os.path.join(ROOT, "harness", "**", "*.py"), recursive=True),
+             *[p for name in (*FRAMEWORKS, "common") for p in glob.glob(os.path.join(ROOT, name, "*.py"))]]
+    named = [f"{os.path.relpath(path, ROOT)}:{n}: {line.strip()}" for path in paths
+             for n, line in enumerate(open(path, encoding="utf-8"), 1) if re.search(r"\b[Ii]ssues? \d+\b", line)]
+    assert not named, "\n".join(named)
