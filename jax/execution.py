@@ -5,17 +5,25 @@ runs on one device or one mesh, and the recipe's replicas are separate arrays on
 compiles one device's part of loss_and_grads and calls it for each device (dispatched asynchronously, the devices
 work in parallel), and the updates of each replica whole; the all-reduce between them runs op by op. The ResNet's
 synchronised BatchNorm needs every shard at every BatchNorm (its lock-step forward all-reduces the moments across
-the devices, and across processes through resnet.process_sum), so its loss_and_grads runs op by op at every level:
-its compiled form is the built-in engine's, a jit over a sharded batch.
+the devices): its loss_and_grads is compiled for all the devices at once, one program over a mesh of them under
+shard_map, each device's part psum-ing its moments (lock_step). Across processes the moments go through
+resnet.process_sum, a collective of its own outside any mesh: there it runs op by op.
 Its layout: lax convolutions run in the layout their dimension numbers name: NCHW/OIHW, the canonical one,
 or NHWC/HWIO with the weights converted (common/layouts.py) and the batch transposed inside the step. XLA's
 CPU convolutions are faster in NHWC here (the transpose included; docs/results.md), so it is the default.
 Nothing here sets anything on another module: compile returns the units, and the layout is the model's field."""
+import dataclasses
+import functools
+
 import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from common.interface import choose
 
 from . import data_parallel
+from . import distributed as dist
 from .lenet import DEFAULT_LAYOUT
 
 NAMES = {"eager": "eager", "graph": "jax.jit"}
@@ -24,10 +32,9 @@ NAMES = {"eager": "eager", "graph": "jax.jit"}
 def per_device(unit, model):
     """jax.jit of a loss_and_grads unit, one device's part at a time: the unit compiled for a one-device call (its
     lists of one replica, one BatchNorm state, one shard; the model static), called for each device in turn. A
-    lock-step forward (the ResNet's synchronised BatchNorm: model.sync) needs every shard at once: it stays as
-    written (COMPILES says so)."""
+    lock-step forward (the ResNet's synchronised BatchNorm: model.sync) needs every shard at once: lock_step."""
     if getattr(model, "sync", False):
-        return unit
+        return lock_step(unit, model)
     compiled = jax.jit(unit, static_argnums=0)
 
     def each_device(model, replicas, bn_states, X_shards, y_shards, devices):
@@ -35,6 +42,55 @@ def per_device(unit, model):
                  for params, bn_state, X, y in zip(replicas, bn_states, X_shards, y_shards)]
         return tuple([part[i][0] for part in parts] for i in range(3))   # losses, grads, bn_states
     return each_device
+
+
+def lock_step(unit, model):
+    """jax.jit of the synchronised loss_and_grads for every device at once: one program over a mesh of the run's
+    devices. Each replica, BatchNorm state and shard becomes its device's block of a global array (made from the
+    arrays where they are); under shard_map each device runs the lock-step forward on its own block, its BatchNorm
+    moments lax.psum'd over the mesh (the model's axis). The shards are padded to one shape with rows labelled -1,
+    which the statistics and the loss leave out. Across processes it stays as written (COMPILES says so)."""
+    if dist.is_initialized():
+        return unit
+    meshed, programs = dataclasses.replace(model, axis="devices"), {}
+
+    def on_the_mesh(model, replicas, bn_states, X_shards, y_shards, devices):
+        if tuple(devices) not in programs:
+            mesh = Mesh(np.array(devices), ("devices",))
+            programs[tuple(devices)] = mesh, jax.jit(jax.shard_map(
+                functools.partial(one_block, unit, meshed), mesh=mesh, in_specs=P("devices"), out_specs=P("devices")))
+        mesh, program = programs[tuple(devices)]
+        rows = max(len(X) for X in X_shards)
+        X_shards = [jnp.pad(X, ((0, rows - len(X)),) + ((0, 0),) * (X.ndim - 1)) for X in X_shards]
+        y_shards = [jnp.pad(y.astype(jnp.int32), (0, rows - len(y)), constant_values=-1) for y in y_shards]
+        blocks = [stacked(mesh, per_device) for per_device in (replicas, bn_states, X_shards, y_shards)]
+        return tuple(unstacked(out, devices) for out in program(*blocks))   # losses, grads, bn_states
+    return on_the_mesh
+
+
+def one_block(unit, model, replicas, bn_states, X, y):
+    """Inside shard_map: the unit on this device's block of each argument (leading axis 1), as on one device."""
+    first = lambda tree: jax.tree.map(lambda a: a[0], tree)   # noqa: E731
+    out = unit(model, [first(replicas)], [first(bn_states)], [X[0]], [y[0]], [None])
+    return jax.tree.map(lambda a: a[None], [part[0] for part in out])
+
+
+def stacked(mesh, per_device):
+    """One global array per leaf of the devices' pytrees (a list, one per device in mesh order), device i's leaf
+    its block i: no copy across devices."""
+    sharding = NamedSharding(mesh, P("devices"))
+    return jax.tree.map(lambda *leaves: jax.make_array_from_single_device_arrays(
+        (len(leaves), *leaves[0].shape), sharding, [leaf[None] for leaf in leaves]), *per_device)
+
+
+def unstacked(tree, devices):
+    """stacked's inverse: a list of pytrees, one per device, each leaf that device's block."""
+    def blocks(a):
+        by_device = {shard.device: shard.data for shard in a.addressable_shards}
+        return [by_device[d][0] for d in devices]
+    leaves, treedef = jax.tree.flatten(tree)
+    per_leaf = [blocks(leaf) for leaf in leaves]
+    return [jax.tree.unflatten(treedef, [blocks_[i] for blocks_ in per_leaf]) for i in range(len(devices))]
 
 
 def donating(*argnums):
@@ -49,7 +105,8 @@ COMPILERS = {"eager": {}, "graph": {"loss_and_grads": per_device, "update": dona
                                 "optimizer.update": donating(0, 2)}}
 # What each level puts in a compiled graph (the rest runs op by op), for each network: the table's "compiles" column
 COMPILES = {"eager": "nothing",
-            "jax.jit": "fwd+bwd (each device's), update; the ResNet with --bn sync: update (its fwd+bwd op by op)"}
+            "jax.jit": "fwd+bwd (each device's), update; the ResNet with --bn sync: fwd+bwd (every device's at once; "
+                       "op by op across processes), update"}
 DEFAULT = "graph"
 LAYOUTS = {"nchw": "NCHW/OIHW (lax)", "nhwc": "NHWC/HWIO (lax)"}
 MISSING_LAYOUTS = {}   # JAX runs both

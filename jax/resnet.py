@@ -43,17 +43,20 @@ def axes_and_shape(layout):
     return ((0, 1, 2), (1, 1, 1, -1)) if layout == "nhwc" else ((0, 2, 3), (1, -1, 1, 1))
 
 
-def batch_statistics(hs, devices, sync, layout):
+def batch_statistics(hs, devices, sync, layout, axis=None, masks=None):
     """Each shard's per-channel (mean, biased variance, count) for training: its own (local BatchNorm), or the global
     batch's (sync), in two all-reduces as a one-device variance is taken in two passes: the shards' sums and counts
     give the mean, their squared deviations from it the variance. Summed across this process's devices by
     device_put (which JAX differentiates: its transpose copies the gradient back) and across processes by
     process_sum, so every shard's gradient includes what flows through the statistics, as if one device held the
-    whole batch. JAX places an op where its inputs are; `devices` says where each shard's are."""
+    whole batch. JAX places an op where its inputs are; `devices` says where each shard's are. Under shard_map
+    (`axis`: the compiled form, execution.py) the one shard's sums are psum'd over the mesh instead."""
     axes, shape = axes_and_shape(layout)
     if not sync:
         return [(h.mean(axis=axes), jnp.square(h - h.mean(axis=axes).reshape(shape)).mean(axis=axes),
                  h.size // h.shape[shape.index(-1)]) for h in hs]
+    if axis is not None:
+        return [psum_statistics(h, mask, layout, axis) for h, mask in zip(hs, masks)]
     count = sum(h.size for h in hs) // hs[0].shape[shape.index(-1)]   # shapes are static in JAX
     mean = all_sum([h.sum(axis=axes) for h in hs], devices)
     count = process_sum(jnp.float32(count)) if dist.is_initialized() else count
@@ -61,6 +64,18 @@ def batch_statistics(hs, devices, sync, layout):
     var = all_sum([jnp.square(h - jax.device_put(mean, d).reshape(shape)).sum(axis=axes) for h, d in zip(hs, devices)],
                   devices) / count
     return [(jax.device_put(mean, d), jax.device_put(var, d), count) for d in devices]
+
+
+def psum_statistics(h, mask, layout, axis):
+    """The synchronised statistics inside shard_map, on this device's shard: its sums and its count lax.psum'd over
+    the mesh axis `axis`, the padding rows (mask False: the compiled step pads the shards to one shape) left out.
+    psum's transpose sums the gradient over the devices, as device_put's does op by op."""
+    axes, shape = axes_and_shape(layout)
+    kept = mask.astype(h.dtype).reshape(-1, 1, 1, 1)
+    count = lax.psum(kept.sum(), axis) * (h.size // h.shape[0] // h.shape[shape.index(-1)])
+    mean = lax.psum((h * kept).sum(axis=axes), axis) / count
+    var = lax.psum((jnp.square(h - mean.reshape(shape)) * kept).sum(axis=axes), axis) / count
+    return mean, var, count
 
 
 def all_sum(parts, devices):
@@ -82,12 +97,12 @@ def process_sum(x):
 process_sum.defvjp(lambda x: (dist.all_reduce(x), None), lambda _, g: (dist.all_reduce(g),))
 
 
-def batch_norm(ps, ss, name, hs, devices, training, bn, sync, layout, new_states):
+def batch_norm(ps, ss, name, hs, devices, training, bn, sync, layout, new_states, axis=None, masks=None):
     """common.resnet.batch_norm written out in jnp, on every shard at once."""
     _, shape = axes_and_shape(layout)
     running = [(s[f"{name}.running_mean"], s[f"{name}.running_var"]) for s in ss]
     if training:
-        statistics = batch_statistics(hs, devices, sync, layout)
+        statistics = batch_statistics(hs, devices, sync, layout, axis, masks)
         for new, (mean, var), (batch_mean, batch_var, count) in zip(new_states, running, statistics):
             unbiased = batch_var * count / (count - 1) if bn.unbiased else batch_var
             new[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * lax.stop_gradient(batch_mean)
@@ -98,14 +113,16 @@ def batch_norm(ps, ss, name, hs, devices, training, bn, sync, layout, new_states
 
 
 def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICAL_BN, sync=False,
-                   layout=DEFAULT_LAYOUT):
+                   layout=DEFAULT_LAYOUT, axis=None, masks=None):
     """Every replica on its own shard, in lock-step, layer by layer: a synchronised BatchNorm needs every shard's
     moments before any shard is normalised. Logits per shard; in training mode also each replica's new BatchNorm
-    state (a list in BN_STATE_NAMES order). Pure: `training`, `bn`, `sync` and `layout` are static under jax.jit."""
+    state (a list in BN_STATE_NAMES order). Pure: `training`, `bn`, `sync`, `layout` and `axis` (the mesh axis of
+    the compiled form, its padded rows marked by `masks`) are static under jax.jit."""
     ps, ss = [dict(zip(PARAM_NAMES, r)) for r in replicas], [dict(zip(BN_STATE_NAMES, s)) for s in bn_states]
     new_states = [{} for _ in replicas]
     convs = lambda name, hs: [conv(p, name, h, layout) for p, h in zip(ps, hs)]   # noqa: E731
-    norms = lambda name, hs: batch_norm(ps, ss, name, hs, devices, training, bn, sync, layout, new_states)  # noqa: E731
+    norms = lambda name, hs: batch_norm(ps, ss, name, hs, devices, training, bn, sync, layout, new_states,  # noqa: E731
+                                        axis, masks)
     relus = lambda hs: [jax.nn.relu(h) for h in hs]   # noqa: E731
     hs = relus(norms("stem.bn", convs("stem.conv", [to_layout(X, layout) for X in X_shards])))
     for block, stride in BLOCKS:
@@ -138,11 +155,20 @@ def bn_state_to_numpy(bn_state):
     return {name: np.asarray(t, dtype=np.float32) for name, t in zip(BN_STATE_NAMES, bn_state)}
 
 
-def shard_loss(replicas, bn_states, X_shards, y_shards, devices, sync, layout):
-    """The shards' summed loss through the lock-step forward, and the new BatchNorm states (value_and_grad's aux)."""
-    logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync, layout)
-    losses = [loss_sum(out, y) for out, y in zip(logits, y_shards)]
+def shard_loss(replicas, bn_states, X_shards, y_shards, devices, sync, layout, axis=None):
+    """The shards' summed loss through the lock-step forward, and the new BatchNorm states (value_and_grad's aux).
+    Under shard_map (`axis`) rows labelled -1 are padding: out of the statistics and the loss."""
+    masks = [y >= 0 for y in y_shards] if axis else None
+    logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync, layout,
+                                        axis, masks)
+    losses = [loss_sum(out, y) if axis is None else kept_loss_sum(out, y) for out, y in zip(logits, y_shards)]
     return sum(jax.device_put(loss, devices[0]) for loss in losses), (losses, new_states)
+
+
+def kept_loss_sum(logits, y):
+    """loss_sum over the rows that are not padding (label -1)."""
+    rows = -jnp.take_along_axis(jax.nn.log_softmax(logits), jnp.maximum(y, 0)[:, None].astype(jnp.int32), axis=1)
+    return jnp.sum(jnp.where(y >= 0, rows[:, 0], 0.0))
 
 
 @functools.partial(jax.jit, static_argnames="layout")
@@ -164,9 +190,11 @@ def evaluate(params, bn_state, X, y, layout=DEFAULT_LAYOUT, batch_size=1000):
 class Functional:
     """The ResNet as the recipe writes it (common.interface.FUNCTIONAL): replicas and BatchNorm states are lists of
     arrays, one per device, and one forward runs every shard in lock-step. Frozen and hashable, its layout and its
-    BatchNorm mode (sync: --bn sync) fields: jax.jit takes it as a static argument."""
+    BatchNorm mode (sync: --bn sync) fields: jax.jit takes it as a static argument. `axis`: set by execution.py's
+    compiled synchronised step, the mesh axis whose devices the BatchNorm moments are psum'd over (None: op by op)."""
     layout: str = DEFAULT_LAYOUT
     sync: bool = False
+    axis: str | None = None
     name = "resnet18"
     param_names = PARAM_NAMES
 
@@ -180,10 +208,9 @@ class Functional:
         """Each device's summed loss, each replica's gradients and new BatchNorm state: one jax.value_and_grad through
         the whole lock-step forward. Local BatchNorm: each replica's gradient is its own shard's (execution.py may
         compile each device's part on its own). Sync: a replica's gradient includes what reaches it through the other
-        shards' statistics; op by op (a jitted function runs on one device or one mesh, and the recipe's devices are
-        separate: the compiled form of this is the built-in engine's, a jit over a sharded batch)."""
+        shards' statistics: written op by op across the devices' arrays, compiled under shard_map (execution.py)."""
         (_, (losses, new_states)), grads = jax.value_and_grad(shard_loss, has_aux=True)(
-            replicas, bn_states, X_shards, y_shards, devices, self.sync, self.layout)
+            replicas, bn_states, X_shards, y_shards, devices, self.sync, self.layout, self.axis)
         return losses, grads, new_states
 
     def to_numpy(self, replica):

@@ -1,8 +1,7 @@
 """The recipe with BatchNorm (each framework's one train_step, handed the ResNet), in one process: with local BatchNorm each replica
 normalises by its own shard and its running statistics follow that shard (the spec's forward on the shard), and the
 update is the sum of the shards' own gradients; with synchronised BatchNorm, N devices are one device holding the
-whole batch, uneven shards included. A tiny width and batch keep it small; the several-device steps (JAX's
-synchronised one runs op by op, each op compiled per shard shape) are in the slow tier."""
+whole batch, uneven shards included. A tiny width and batch keep it small; the several-device steps are in the slow tier."""
 import numpy as np
 import pytest
 
