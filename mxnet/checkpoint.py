@@ -16,7 +16,7 @@ from common.lenet import PARAM_NAMES, init_weights
 from . import resnet as resnet_model
 from .idiomatic import canonical_names
 from .lenet import build_model
-from .optimizer import buffers, get_trainer, trainer_order, updater_state
+from .optimizer import buffers, get_trainer, told, trainer_order, updater_state
 
 KEYS = dict(zip(PARAM_NAMES, (f"{block}.{part}" for block in (0, 3, 6, 7) for part in ("weight", "bias"))))
 CHANNELS_LAST = False   # MXNet's layout is the canonical one
@@ -75,12 +75,7 @@ def read_state(path):
     Updater.set_states on a fresh updater, which unpickles the states and the saved optimizer into it. The network is
     the one whose Trainer numbers as many trained parameters as the file has states: the LeNet's 8, or a ResNet's,
     whose width the stem's buffer tells (the only 4-d buffer with one input channel)."""
-    fresh = mx.optimizer.SGD()
-    updater = mx.optimizer.get_updater(fresh)
-    with open(path, "rb") as file:
-        updater.set_states(file.read())
-    if updater.optimizer is fresh or not isinstance(updater.optimizer, mx.optimizer.Optimizer):
-        raise ValueError("no optimizer in it (save_states saves one; get_states without dump_optimizer does not)")
+    updater = saved_updater(path)
     if len(updater.states) == len(PARAM_NAMES):
         net = idiomatic(*any_weights())
     else:
@@ -88,6 +83,23 @@ def read_state(path):
                  if a.ndim == 4 and a.shape[1:] == resnet.layers(1)["stem.conv"][1][1:]]
         net = idiomatic(*any_weights(stems[0] if stems else 1))   # no buffers: any width numbers them alike
     return updater_state(updater, trainer_order(net.collect_params(), canonical_names(net)))
+
+
+def read_optimizer(path):
+    """The optimizer the file pickled (save_states dumps it with the states), as common.optim's: optimizer.told."""
+    return told(saved_updater(path).optimizer)
+
+
+def saved_updater(path):
+    """What Trainer.load_states does: Updater.set_states on a fresh updater, which unpickles the file's states and
+    optimizer into it."""
+    fresh = mx.optimizer.SGD()
+    updater = mx.optimizer.get_updater(fresh)
+    with open(path, "rb") as file:
+        updater.set_states(file.read())
+    if updater.optimizer is fresh or not isinstance(updater.optimizer, mx.optimizer.Optimizer):
+        raise ValueError("no optimizer in it (save_states saves one; get_states without dump_optimizer does not)")
+    return updater
 
 
 def logits(model, X):

@@ -7,7 +7,7 @@ import math
 import mxnet as mx
 from mxnet import gluon, nd
 
-from common.optim import CLIP_EPS, STEP_FACTOR
+from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer
 
 
 def init_state(replica, optimizer):
@@ -181,6 +181,58 @@ def slots(mx_optimizer):
     return ()
 
 
+# MXNet's stock classes that keep the rate inside the momentum buffer (v = mu * v - lr * g; w += v, and NAG's
+# w += mu * v - lr * g): torch's buffer, the canonical one, keeps it outside (w -= lr * buf), so buf = -v / lr at the
+# rate of the last update made. Exact while the rate stays there; after a change of rate the stock trajectory and
+# torch's part, each by its own definition.
+RATE_INSIDE = (mx.optimizer.SGD, mx.optimizer.NAG)
+
+
+def canonical_buffer(mx_optimizer, array):
+    """One of a parameter's buffers (numpy) in common.optim's convention: a stock SGD's or NAG's momentum divided by
+    minus the last update's rate (learning_rate: the schedule's rate of num_update, the updates made); the classes
+    above keep the canonical convention already."""
+    if type(mx_optimizer) in RATE_INSIDE:
+        return array / -mx_optimizer.learning_rate
+    return array
+
+
+def told(mx_optimizer):
+    """The common.optim.Optimizer a pickled MXNet optimizer is (Trainer.save_states pickles it beside the states),
+    told from its class and fields, never guessed from its buffers: this module's classes, or MXNet's stock SGD (with
+    momentum: the canonical momentum, its buffer converted by canonical_buffer) and NAG; with no schedule or this
+    module's (get_schedule's). What has no exact canonical equivalent is a ValueError that says what differs."""
+    o, kind = mx_optimizer, type(mx_optimizer)
+    names = {Momentum: "momentum", Nesterov: "nesterov", Adam: "adam", AdamW: "adamw", mx.optimizer.NAG: "nesterov",
+             mx.optimizer.SGD: "momentum" if getattr(o, "momentum", 0.0) else "sgd"}
+    if kind is mx.optimizer.Adam:
+        raise ValueError("MXNet's stock Adam adds epsilon to the uncorrected sqrt(v) (torch's epsilon times "
+                         "sqrt(1 - beta2^t), smaller in early steps): no stock Adam elsewhere continues it exactly")
+    if kind not in names:
+        raise ValueError(f"MXNet's {kind.__name__} is not one the converter carries (sgd, sgd with momentum, nag, and "
+                         "this project's momentum, nesterov, adam, adamw)")
+    hyper = {"betas": (o.beta1, o.beta2), "eps": o.epsilon} if names[kind] in ("adam", "adamw") else \
+        {"momentum": o.momentum} if names[kind] != "sgd" else {}
+    s, schedule = o.lr_scheduler, None
+    linear = s is not None and s.warmup_begin_lr == 0 and s.warmup_mode == "linear"
+    if s is None:
+        schedule = {"total_steps": max(int(o.num_update), 1)}
+    elif isinstance(s, CosineScheduler) and s.final_lr == 0 and linear:
+        schedule = {"schedule": "cosine", "total_steps": s.max_update, "warmup_steps": s.warmup_steps}
+    elif type(s) is mx.lr_scheduler.FactorScheduler and s.factor == 1.0 and linear:
+        schedule = {"total_steps": max(s.step, s.warmup_steps), "warmup_steps": s.warmup_steps}
+    elif type(s) is mx.lr_scheduler.MultiFactorScheduler and s.factor == STEP_FACTOR and linear and len(s.step) == 2:
+        w = s.warmup_steps   # the run's length whose milestones these are (get_schedule's), if there is one
+        fits = [w + 2 * (s.step[0] - w) + k for k in (0, 1)
+                if Optimizer(schedule="step", total_steps=w + 2 * (s.step[0] - w) + k, warmup_steps=w).milestones
+                == tuple(s.step)]
+        schedule = {"schedule": "step", "total_steps": fits[0], "warmup_steps": w} if fits else None
+    if schedule is None:
+        raise ValueError(f"its schedule, MXNet's {type(s).__name__}, is not carried yet: only a constant rate (with a "
+                         "linear warm-up from 0) and this project's cosine have an exact equivalent")
+    return Optimizer(names[kind], lr=float(o.lr), weight_decay=float(o.wd), **hyper, **schedule)
+
+
 def buffers(mx_state):
     """One parameter's state as the Updater keeps it (None, an NDArray or a tuple of them) as a tuple."""
     return () if mx_state is None else (mx_state,) if isinstance(mx_state, nd.NDArray) else tuple(mx_state)
@@ -209,7 +261,8 @@ def updater_state(updater, names):
         if len(arrays) != len(slot_names):
             raise ValueError(f"{len(arrays)} buffers for parameter {i}; {type(updater.optimizer).__name__} keeps "
                              f"{len(slot_names)}")
-        state.update({f"{slot}.{names[i]}": array.asnumpy() for slot, array in zip(slot_names, arrays)})
+        state.update({f"{slot}.{names[i]}": canonical_buffer(updater.optimizer, array.asnumpy())
+                      for slot, array in zip(slot_names, arrays)})
     return state
 
 

@@ -186,6 +186,22 @@ def has_state(framework, path):
     return os.path.exists(state_path(framework, path))
 
 
+def read_optimizer(framework, path):
+    """The optimizer (common.optim's, its hyperparameters and schedule) that the state beside `path` names itself, where
+    the file holds one: Gluon's save_states pickles it (mxnet/checkpoint.read_optimizer). None where a file holds
+    buffers only: they tell the optimizer, and --optimizer the rest. One line where it has no exact equivalent."""
+    checkpoint, file = load_module(framework, "checkpoint"), state_path(framework, path)
+    reader = getattr(checkpoint, "read_optimizer", None)   # only a pickle of the optimizer itself says which it is
+    if reader is None or not os.path.exists(file):
+        return None
+    try:
+        return reader(file)
+    except ValueError as err:   # what it is and why it cannot be carried
+        raise RosettaError(f"{file}: {err}")
+    except Exception as err:
+        raise RosettaError(f"{file}: not a readable {framework} optimizer state, or truncated ({reason(err)})")
+
+
 def read_state(framework, path, optimizer=None, weights=None):
     """The canonical optimizer state saved beside the weights file `path`, after checking it: one line naming the
     file and what is wrong otherwise. With `optimizer`, the state must be one that optimizer keeps. Its buffers are

@@ -5,10 +5,13 @@ another's, through the canonical layout.
 
 The frameworks come from the names (.pt PyTorch, .params MXNet, .weights.h5 Keras, .orbax JAX) or from --from
 and --to. The source is checked first (every parameter of the LeNet or of a ResNet, and a ResNet's running
-statistics, with their shapes) and the destination is written completely or not at all. The optimizer state saved beside SRC (a run with momentum, Adam or a schedule
-writes one) goes with it: its buffers through the same layout changes as their weights, its step count as it is,
-written in the target framework's native way; which optimizer wrote it is told from its buffers (momentum or
-adam), or said with --optimizer (nesterov, adamw), which also requires a state. --verify loads both files with
+statistics, with their shapes) and the destination is written completely or not at all. The optimizer state saved
+beside SRC (a run with momentum, Adam or a schedule writes one) goes with it: its buffers through the same layout
+changes as their weights and into the target's convention (MXNet's stock SGD and NAG keep the rate inside the momentum
+buffer, torch.optim outside it), its step count as it is, written in the target framework's native way with the
+optimizer's hyperparameters. Which optimizer wrote it: a Gluon Trainer's file names it (its pickled optimizer, rate,
+momentum, weight decay and schedule); otherwise its buffers tell (momentum or adam), or --optimizer says (nesterov,
+adamw), which also requires a state. --verify loads both files with
 their frameworks' own calls into their idiomatic models, in inference mode (a ResNet normalises by its running
 statistics), and prints the largest logit difference and both accuracies on the test split (and checks that the converted state reads back identical)."""
 import argparse
@@ -61,20 +64,26 @@ def main(argv=None):
 
     from common.resnet import width_of
 
-    from .checkpoints import FORMATS, framework_of, has_state, read_model, read_state, write_state, write_weights
+    from .checkpoints import (FORMATS, framework_of, has_state, read_model, read_optimizer, read_state, write_state,
+                              write_weights)
     try:
         source = args.source or framework_of(args.src, "; give --from")
         target = args.target or framework_of(args.dst, "; give --to")
         data = load_dataset(args.dataset, args.data_dir) if args.verify else None   # bad data: fail before writing
         weights, bn_state = read_model(source, args.src)
         optimizer = Optimizer(args.optimizer) if args.optimizer else None
+        told = read_optimizer(source, args.src)   # a file that names its optimizer (Gluon's) is believed
+        if told and optimizer and told.name != optimizer.name:
+            raise RosettaError(f"{args.src}: its optimizer state is {told.name}'s, not {optimizer.name}'s")
+        optimizer = told or optimizer
         state = read_state(source, args.src, optimizer, weights) if optimizer or has_state(source, args.src) else None
         if state is not None:   # read and checked before anything is written
             optimizer = optimizer or Optimizer(optimizer_of(state))
             write_state(target, state, optimizer, args.dst)
         write_weights(target, weights, args.dst, bn_state)
         print(f"wrote {args.dst} ({FORMATS[target]}) from {args.src} ({FORMATS[source]})"
-              + (f", with {optimizer.name}'s state after {state['step']} steps" if state is not None else ""))
+              + (f", with {optimizer.name}'s state after {state['step']} steps ({hyperparameters(optimizer)})"
+                 if state is not None else ""))
         if state is not None and args.verify:
             again = read_state(target, args.dst, optimizer, weights)
             if any(not np.array_equal(again[k], state[k]) for k in state):
@@ -90,6 +99,14 @@ def main(argv=None):
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def hyperparameters(o):
+    """What the written state carries besides its buffers: a stock optimizer that loads it takes these."""
+    own = {"sgd": "", "momentum": f", momentum {o.momentum:g}", "nesterov": f", nesterov momentum {o.momentum:g}",
+           "adam": f", betas {o.betas}, eps {o.eps:g}", "adamw": f", betas {o.betas}, eps {o.eps:g}"}[o.name]
+    warmup = f" after {o.warmup_steps} warm-up steps" if o.warmup_steps else ""
+    return f"lr {o.lr:g}{own}, weight decay {o.weight_decay:g}, {o.schedule} rate{warmup}"
 
 
 def optimizer_of(state):

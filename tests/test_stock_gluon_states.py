@@ -1,0 +1,124 @@
+"""Migrating a real Gluon program's optimizer: a stock gluon.Trainer trains, saves with save_parameters and
+save_states, the converter writes PyTorch's files, and stock torch.optim code loads them and goes on. Its losses follow
+MXNet's own continuation. Both ends are written as the frameworks' tutorials write them: nothing of the project but
+the network's definition (the LeNet) and the converter's command. MXNet's stock SGD and NAG keep the rate inside the
+momentum buffer and torch.optim outside it, so a buffer copied as it is sends the continuation elsewhere."""
+import numpy as np
+import pytest
+
+from common.data import load_dataset
+from common.lenet import init_weights
+from conftest import framework_or_skip
+from harness.training import convert
+
+BATCH, BEFORE, AFTER = 32, 20, 10
+# (Gluon's optimizer and its parameters, torch.optim.SGD's for the same program). Rates at which the LeNet trains
+# steadily on these batches: near the edge of stability (momentum 0.9 at 0.05) float32's round-off of two frameworks'
+# kernels grows past 1e-5 within 10 steps by itself, whatever the state.
+OPTIMIZERS = {
+    "sgd": ("sgd", {"learning_rate": 0.02, "wd": 1e-4}, {"lr": 0.02, "weight_decay": 1e-4}),
+    "sgd-momentum": ("sgd", {"learning_rate": 0.005, "momentum": 0.9, "wd": 1e-4},
+                     {"lr": 0.005, "momentum": 0.9, "weight_decay": 1e-4}),
+    "nag": ("nag", {"learning_rate": 0.005, "momentum": 0.9, "wd": 5e-4},
+            {"lr": 0.005, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}),
+}
+
+
+@pytest.fixture(scope="module")
+def batches():
+    data = load_dataset("digits")
+    return [(data.X_train[i:i + BATCH], data.y_train[i:i + BATCH])
+            for i in range(0, BATCH * (BEFORE + AFTER), BATCH)]
+
+
+def gluon_program(batches, folder, optimizer, params, lr_scheduler=None):
+    """Trains BEFORE steps, saves both files, trains AFTER more: the losses of those."""
+    framework_or_skip("mxnet")
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    from mxnet_lenet import build_model   # the network's definition, the user's own
+    net = build_model(init_weights())
+    if lr_scheduler is not None:
+        params = {**params, "lr_scheduler": lr_scheduler(mx)}
+    trainer = gluon.Trainer(net.collect_params(), optimizer, params)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def train(some):
+        losses = []
+        for X, y in some:
+            X, y = mx.nd.array(X), mx.nd.array(y)
+            with autograd.record():
+                loss = loss_fn(net(X), y)
+            loss.backward()
+            trainer.step(X.shape[0])
+            losses.append(float(loss.mean().asscalar()))
+        return losses
+
+    train(batches[:BEFORE])
+    net.save_parameters(str(folder / "lenet-epoch1.params"))
+    trainer.save_states(str(folder / "lenet-epoch1.states"))
+    return train(batches[BEFORE:])
+
+
+def torch_program(batches, folder, params):
+    """Loads the converted files with torch's own calls and trains on: the losses."""
+    framework_or_skip("pytorch")
+    import torch
+    import torch.nn.functional as F
+    from pytorch_lenet import build_model
+    model = build_model(init_weights())
+    model.load_state_dict(torch.load(folder / "lenet-epoch1.pt"))
+    optimizer = torch.optim.SGD(model.parameters(), **params)
+    optimizer.load_state_dict(torch.load(folder / "lenet-epoch1.optimizer.pt")["optimizer"])
+    losses = []
+    for X, y in batches:
+        loss = F.cross_entropy(model(torch.from_numpy(X)), torch.from_numpy(y).long())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.fixture
+def networks(monkeypatch):
+    """The LeNet's definitions as a user's own modules would be imported."""
+    import sys
+    from harness.loader import load_module
+    monkeypatch.setitem(sys.modules, "mxnet_lenet", load_module("mxnet", "lenet"))
+    monkeypatch.setitem(sys.modules, "pytorch_lenet", load_module("pytorch", "lenet"))
+
+
+@pytest.mark.parametrize("case", OPTIMIZERS)
+def test_stock_torch_code_continues_a_stock_gluon_trainer(case, batches, tmp_path, networks, capsys):
+    optimizer, gluon_params, torch_params = OPTIMIZERS[case]
+    mxnet_losses = gluon_program(batches, tmp_path, optimizer, gluon_params)
+    assert convert.main([str(tmp_path / "lenet-epoch1.params"), str(tmp_path / "lenet-epoch1.pt")]) == 0
+    assert f"after {BEFORE} steps" in capsys.readouterr().out
+    torch_losses = torch_program(batches[BEFORE:], tmp_path, torch_params)
+    np.testing.assert_allclose(torch_losses, mxnet_losses, rtol=1e-5, err_msg=f"{case}: the continued losses")
+
+
+@pytest.mark.parametrize("optimizer, params, scheduler, says", [
+    ("adam", {"learning_rate": 1e-3}, None, "stock Adam adds epsilon"),
+    ("rmsprop", {"learning_rate": 1e-3}, None, "RMSProp is not one the converter carries"),
+    ("sgd", {"learning_rate": 0.05, "momentum": 0.9},
+     lambda mx: mx.lr_scheduler.CosineScheduler(max_update=100, base_lr=0.05), "CosineScheduler, is not carried"),
+])
+def test_a_gluon_state_without_an_exact_equivalent_is_one_line(optimizer, params, scheduler, says, batches, tmp_path,
+                                                               networks, capsys):
+    """Refused before anything is written, in one line that says what differs."""
+    gluon_program(batches[:BEFORE + 1], tmp_path, optimizer, params, scheduler)
+    assert convert.main([str(tmp_path / "lenet-epoch1.params"), str(tmp_path / "lenet-epoch1.pt")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and says in err, err
+    assert not list(tmp_path.glob("*.pt"))
+
+
+def test_an_optimizer_the_file_contradicts_is_one_line(batches, tmp_path, networks, capsys):
+    """A Gluon file names its optimizer: --optimizer saying another is refused, not believed."""
+    gluon_program(batches[:BEFORE + 1], tmp_path, "nag", {"learning_rate": 0.005, "momentum": 0.9})
+    src, dst = str(tmp_path / "lenet-epoch1.params"), str(tmp_path / "lenet-epoch1.pt")
+    assert convert.main([src, dst, "--optimizer", "momentum"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {src}: its optimizer state is nesterov's, not momentum's", err
