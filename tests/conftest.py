@@ -99,6 +99,47 @@ def fw(request):
     return framework_or_skip(request.param)
 
 
+# The fast tier (-m "not slow") proves every concept in every framework within two minutes. These cases repeat, at a
+# cost of seconds of compiling each, what it proves: a concept on more devices or shapes than the fast case, or the
+# third JAX program of a kind; the ResNet's conversions (the LeNet's are fast). The slow tier runs them, with the rest.
+SLOW_REPEATS = {
+    # the same concept in the other frameworks, fast
+    "test_execution.py::test_steps_configured_differently_run_one_after_the_other_with_no_reset[jax]",
+    "test_expert.py::test_the_expert_step_is_the_recipe_s_step[jax]",
+    "test_buckets.py::test_a_bucketed_lenet_step_is_the_per_tensor_step[jax]",   # its bucketed sum: fast
+    "test_optimizers.py::test_every_mode_computes_the_spec[jax-scratch-2d-momentum]",   # test_optimizers_jax: fast
+    "test_checkpoints.py::test_a_checkpoint_holds_the_weights_exactly[jax]",   # Orbax: the fast conversions
+    # the same concept on fewer devices or shapes, fast
+    "test_interface.py::test_train_step_on_several_devices_equals_one_device[jax-3]",
+    "test_layouts.py::test_every_layout_computes_the_default_step[jax-2]",
+    "test_idiomatic.py::test_idiomatic_loop_equals_scratch_step[jax-1-1e-05]",
+    "test_jax.py::test_both_builtin_forms_compute_the_scratch_step[shard_map-4-64]",
+    "test_jax.py::test_both_builtin_forms_compute_the_scratch_step[jit-3-101]",
+    # the JAX ResNet's forward and its training step are fast; its gradients and Flax model compile two more
+    "test_resnet.py::test_gradients_match_pytorch[jax]",
+    "test_resnet.py::test_idiomatic_model_equals_the_spec[jax]",
+    # the ResNet's conversions (the LeNet's, its optimizer states included, are fast)
+    "test_resnet_checkpoints.py::test_every_conversion_runs_in_inference_mode_with_the_same_logits",
+    "test_resnet_checkpoints.py::test_every_conversion_carries_the_resnet_s_optimizer_state[momentum]",
+    "test_resnet_checkpoints.py::test_every_conversion_carries_the_resnet_s_optimizer_state[adam]",
+}
+
+
+@pytest.hookimpl(tryfirst=True)   # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    """SLOW_REPEATS marked slow; a name there that a collected file does not have fails the collection."""
+    found, files = set(), set()
+    for item in items:
+        name = f"{os.path.basename(str(item.fspath))}::{item.name}"
+        files.add(name.split("::")[0])
+        if name in SLOW_REPEATS:
+            item.add_marker(pytest.mark.slow)
+            found.add(name)
+    stale = sorted(name for name in SLOW_REPEATS - found if name.split("::")[0] in files)
+    if stale:
+        raise pytest.UsageError(f"conftest.SLOW_REPEATS names no collected test: {', '.join(stale)}")
+
+
 @pytest.fixture(scope="session")
 def digits():
     from common.data import load_dataset
