@@ -229,7 +229,7 @@ def told(mx_optimizer):
         schedule = {"schedule": "step", "total_steps": fits[0], "warmup_steps": w} if fits else None
     if schedule is None:
         raise ValueError(f"its schedule, MXNet's {type(s).__name__}, is not carried yet: only a constant rate (with a "
-                         "linear warm-up from 0) and this project's cosine have an exact equivalent")
+                         "linear warm-up from 0) and this project's cosine and step schedules have an exact equivalent")
     return Optimizer(names[kind], lr=float(o.lr), weight_decay=float(o.wd), **hyper, **schedule)
 
 

@@ -101,3 +101,21 @@ def test_the_idiomatic_loop_builds_a_stock_port(mx_optimizer):
     assert type(canonical.optimizer) is mx_optimizer.Nesterov
     with pytest.raises(RosettaError, match="port"):
         idiomatic.get_model(init_weights(0), fw.get_devices(1), o, port="naive")
+
+
+@pytest.mark.parametrize("name", optim.OPTIMIZERS)
+@pytest.mark.parametrize("schedule,warmup,total", [("constant", 0, 1), ("constant", 5, 24), ("step", 5, 24),
+                                                   ("step", 0, 37), ("cosine", 5, 24)])
+def test_an_optimizer_a_trainer_pickles_is_told_back_as_it_was_built(mx_optimizer, name, schedule, warmup, total):
+    """What a converter reads from a save_states file (optimizer.told) is the common.optim.Optimizer the classes
+    were built from: its name, rate, decay, momentum or betas and eps, and its schedule, rate for rate (a step
+    schedule's milestones fit two run lengths, 36 and 37 steps alike)."""
+    o = optim.Optimizer(name, 0.05, momentum=0.8, weight_decay=1e-4, schedule=schedule, warmup_steps=warmup,
+                        total_steps=total, betas=(0.85, 0.99), eps=1e-7)
+    told = mx_optimizer.told(mx_optimizer.get_optimizer(o))
+    same = ("name", "schedule", "warmup_steps", "lr", "weight_decay") + \
+        (("betas", "eps") if name in ("adam", "adamw") else ("momentum",) if name != "sgd" else ())
+    for k in same:
+        want = getattr(o, k)
+        assert getattr(told, k) == (want if isinstance(want, (str, int)) else pytest.approx(want, rel=1e-6)), k
+    assert [told.learning_rate(t) for t in range(total)] == pytest.approx([o.learning_rate(t) for t in range(total)])
