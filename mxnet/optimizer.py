@@ -223,8 +223,8 @@ def told(mx_optimizer):
         schedule = {"total_steps": max(s.step, s.warmup_steps), "warmup_steps": s.warmup_steps}
     elif type(s) is mx.lr_scheduler.MultiFactorScheduler and s.factor == STEP_FACTOR and linear and len(s.step) == 2:
         w = s.warmup_steps   # the run's length whose milestones these are (get_schedule's), if there is one
-        fits = [w + 2 * (s.step[0] - w) + k for k in (0, 1)
-                if Optimizer(schedule="step", total_steps=w + 2 * (s.step[0] - w) + k, warmup_steps=w).milestones
+        lengths = (w + 2 * (s.step[0] - w), w + 2 * (s.step[0] - w) + 1)   # D // 2 = step[0] - w
+        fits = [n for n in lengths if Optimizer(schedule="step", total_steps=n, warmup_steps=w).milestones
                 == tuple(s.step)]
         schedule = {"schedule": "step", "total_steps": fits[0], "warmup_steps": w} if fits else None
     if schedule is None:
