@@ -17,7 +17,6 @@ from harness.run.merge import merge_files
 from harness.spec import RunSpec
 from conftest import ENGINE_RUN, ROOT, engine_run_options, follow, framework_or_skip, processes_tagged, wait_for
 
-pytestmark = pytest.mark.slow   # real worker processes, killed and started again
 
 def environ(pid):
     try:
@@ -37,6 +36,7 @@ def kill_a_worker_after_the_first_checkpoint(folder, tag, is_worker, seed):
     return time.monotonic()
 
 
+@pytest.mark.slow   # real worker processes, killed and started again
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_killed_worker_is_restarted_from_the_last_checkpoint(framework, start_compare, tag, one_host_rows, tmp_path):
@@ -58,6 +58,7 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(framework, start_
     assert row["digest"] == one_host_rows[framework]["digest"]   # the uninterrupted run's weights
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_torchrun_restarts_the_group_and_it_resumes_from_the_latest_checkpoint(tag, one_host_rows, tmp_path):
     """torchrun's own restarts: the workers are started again with the same command line; resume_from "latest"
@@ -83,3 +84,29 @@ def test_torchrun_restarts_the_group_and_it_resumes_from_the_latest_checkpoint(t
     _, (row,) = merge_files(sorted(glob.glob(str(tmp_path / "out-*.json"))))
     assert row["status"] == "ok" and row["first_epoch"] in (1, 2)
     assert row["digest"] == one_host_rows["pytorch"]["digest"]
+
+
+def test_the_time_a_restart_loses_is_the_work_after_the_checkpoint_and_the_restarted_startup(tmp_path, monkeypatch):
+    """lost_seconds, with stub workers: the failed attempt's time after the checkpoint it is resumed from is thrown
+    away, and the restarted processes start up again. Whatever the resumed epochs take (a first epoch that compiles
+    is slow), nothing before the checkpoint counts."""
+    from argparse import Namespace
+
+    from harness.run import trials
+    checkpoint = tmp_path / "pytorch-epoch1.pt"
+
+    def run_workers(attempt, *args, **kwargs):
+        if attempt.resume_from is None:   # epoch 1 saved after 0.2 s, then 0.3 s of epoch 2 before the kill
+            time.sleep(0.2)
+            checkpoint.write_bytes(b"weights")
+            time.sleep(0.3)
+            return "killed"
+        return "resumed"
+    monkeypatch.setattr(trials, "run_workers", run_workers)
+    monkeypatch.setattr(trials, "merge_records", lambda records, fingerprint: {
+        "status": "failed", "error": "killed by signal 9"} if records == "killed" else {
+        "status": "ok", "first_epoch": 2, "startup_seconds": 0.5, "epoch_seconds_median": 100.0})
+    monkeypatch.setattr(trials, "latest_checkpoint", lambda spec, warn: str(checkpoint))
+    args = Namespace(timeout=60, stall_timeout=None, cluster=None, max_restarts=1)
+    result, _ = trials.supervise_restarts(RunSpec("pytorch", dataset="digits", epochs=3), {"fingerprint": ""}, args, "row")
+    assert result["restarts"] == 1 and 0.3 + 0.5 <= result["lost_seconds"] < 0.3 + 0.5 + 0.15

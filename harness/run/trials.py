@@ -11,7 +11,7 @@ from ..processes.launch import run_workers, say
 from ..publishing.tables import progress_bar, timing_view
 from ..studies.calibration import LoadRecord, machine_lockstep, matmul_peak, warning
 from ..studies.split import allreduce_alone, alongside
-from ..training.checkpoints import epoch_of, latest_checkpoint
+from ..training.checkpoints import latest_checkpoint
 from ..training.profile import trace_folder
 from .merge import merge_records
 from .outputs import write_results
@@ -113,10 +113,10 @@ def run_trial(spec, dataset, args, label):
 def supervise_restarts(spec, dataset, args, label):
     """(the merged result, the last attempt's records) of a row's processes. With --max-restarts, a run whose process
     died is stopped whole and started again from its last complete checkpoint, as torchrun restarts a group: the
-    result counts the restarts and the time they cost."""
-    started, restarts, attempt = time.monotonic(), 0, spec
+    result counts the restarts and the time they cost (lost_seconds)."""
+    restarts, attempt, thrown_away = 0, spec, 0.0
     while True:
-        attempt_started = time.monotonic()
+        attempt_started = time.time()
         records = run_workers(attempt, args.timeout, progress=progress_bar(label), stall_timeout=args.stall_timeout,
                               cluster=args.cluster)
         if sys.stdout.isatty():
@@ -126,14 +126,20 @@ def supervise_restarts(spec, dataset, args, label):
             break
         restarts += 1
         attempt = spec.replace(resume_from=latest_checkpoint(spec, say))
+        thrown_away += time.time() - max(attempt_started, saved_at(attempt.resume_from))
         print(f"  failed: {result['error']}\n  restart {restarts} of {args.max_restarts}, from "
               f"{os.path.basename(attempt.resume_from) if attempt.resume_from else 'the start'}", file=sys.stderr)
     if args.max_restarts:
         result["restarts"] = restarts
-        if result["status"] == "ok":   # the wall time beyond what the last attempt and the epochs it skipped took
-            skipped = result["first_epoch"] - (epoch_of(spec.resume_from) if spec.resume_from else 0)
-            result["lost_seconds"] = max(0.0, attempt_started - started - skipped * result["epoch_seconds_median"])
+        if result["status"] == "ok":   # the work after each checkpoint resumed from, and the restarted startup
+            result["lost_seconds"] = thrown_away + (result["startup_seconds"] if restarts else 0.0)
     return result, records
+
+
+def saved_at(checkpoint):
+    """When a checkpoint was written (the wall clock's seconds), 0 for none: what a failed attempt did after it
+    is thrown away. A failed attempt that wrote nothing is lost whole, its startup with it."""
+    return os.path.getmtime(checkpoint) if checkpoint else 0.0
 
 
 def host_sums(records):
