@@ -5,8 +5,12 @@ Keras's channels-last layout (HWIO kernels, dense (in, out), fc1's rows in H, W,
 
 The optimizer state is a directory beside the weights holding a TensorFlow checkpoint of the Keras optimizer, as
 TensorFlow saves one: tf.train.Checkpoint(optimizer=...).write. Its variables are the step count (`iterations`,
-which drives the schedule) and the buffers, in Keras's layout like the weights. A directory, so that the rename
-that finishes an atomic write (harness/files.py) moves the checkpoint's index and data files at once."""
+which drives the schedule) and the buffers, in Keras's layout like the weights and in Keras's convention: its SGD
+keeps the rate inside the momentum buffer (v = mu * v - lr * g; w += v), so the file holds -lr * the canonical buffer
+at the rate of the last update, and a stock keras.optimizers.SGD that restores it goes on as the run would have.
+That product is rounded to float32, so the canonical buffers are kept beside the optimizer as well (CANONICAL), for
+a resumed run to go on bit for bit. A directory, so that the rename that finishes an atomic write
+(harness/files.py) moves the checkpoint's index and data files at once."""
 import os
 
 import h5py
@@ -20,7 +24,7 @@ from common.lenet import init_weights
 
 from . import resnet as resnet_model
 from .lenet import build_model
-from .optimizer import get_trainer, load_state
+from .optimizer import buffers, get_trainer, load_state
 
 KEYS = {f"{layer}.{part}": f"layers/{group}/vars/{i}"
         for layer, group in (("conv1", "conv2d"), ("conv2", "conv2d_1"), ("fc1", "dense"), ("fc2", "dense_1"))
@@ -29,6 +33,7 @@ CHANNELS_LAST = True
 STATE_SUFFIX = ".optimizer.ckpt"   # lenet-epoch3.weights.h5's state: lenet-epoch3.optimizer.ckpt/optimizer.index, ...
 PREFIX = "optimizer"               # the checkpoint's files in that directory: optimizer.index, optimizer.data-*
 OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"   # tf.train.Checkpoint's entry naming what every other entry is
+CANONICAL = "momentum_buffer"   # the checkpoint's entry beside the optimizer: the canonical momentum buffers, exactly
 
 
 def idiomatic(weights, bn_state=None):
@@ -80,24 +85,40 @@ def save_state(state, optimizer, path):
                  for name, shape in shapes.items()}
     trainer.build(list(stand_ins.values()))
     load_state(trainer, state, stand_ins)
+    rate = optimizer.learning_rate(max(state["step"] - 1, 0))   # a state of no steps has zero buffers
+    canonical = {}
+    if "momentum_buffer" in optimizer.slots:
+        for name, variable in buffers(trainer, "momentum_buffer", stand_ins).items():
+            canonical[name] = tf.Variable(variable.numpy())
+            variable.assign((-rate * variable.numpy().astype(np.float64)).astype(np.float32))
     os.makedirs(path)
-    tf.train.Checkpoint(optimizer=trainer).write(os.path.join(path, PREFIX))
+    tf.train.Checkpoint(optimizer=trainer, **({CANONICAL: canonical} if canonical else {})).write(
+        os.path.join(path, PREFIX))
 
 
 def read_state(path):
-    """The step count and the buffers (canonical names, Keras's layout) as stored, read with TensorFlow's
+    """The step count and the buffers (canonical names and convention, Keras's layout), read with TensorFlow's
     CheckpointReader: no model, no optimizer. Keras names its variables, not the checkpoint's keys (which say only
     where a variable hangs: optimizer/_variables/3/...): the checkpoint's object graph has both. Keras names a buffer
     after its parameter and slot: <parameter>_momentum (SGD's buffer, or Adam's first moment) and
-    <parameter>_velocity (Adam's second), so the parameters' names, the LeNet's or the ResNet's, come from the file."""
+    <parameter>_velocity (Adam's second), so the parameters' names, the LeNet's or the ResNet's, come from the file.
+    SGD's buffers are the canonical ones kept beside them (Keras's hold the rate, rounded)."""
     reader = tf.train.load_checkpoint(os.path.join(path, PREFIX))
     variables = optimizer_variables(reader)
     state = {"step": int(reader.get_tensor(key)) for name, key in variables if name.endswith("/iteration")}
     kinds = {kind: {name.split("/")[-1][:-len(f"_{kind}")]: key for name, key in variables
                     if name.endswith(f"_{kind}")} for kind in ("momentum", "velocity")}
-    slots = ("exp_avg", "exp_avg_sq") if kinds["velocity"] else ("momentum_buffer",)
-    for slot, keys in zip(slots, kinds.values()):   # plain SGD keeps none
-        state.update({f"{slot}.{name}": reader.get_tensor(key) for name, key in keys.items()})
+    if kinds["velocity"]:   # Adam's moments: the canonical ones
+        state.update({f"{slot}.{name}": reader.get_tensor(key) for slot, keys in zip(("exp_avg", "exp_avg_sq"),
+                      kinds.values()) for name, key in keys.items()})
+    elif kinds["momentum"]:   # plain SGD keeps none
+        kept = {key.split("/")[1].replace("..", "."): key for key in reader.get_variable_to_shape_map()
+                if key.startswith(f"{CANONICAL}/")}
+        if not kept:
+            raise ValueError("momentum buffers in Keras's convention (the rate inside) without the canonical ones "
+                             "this project writes beside them: a checkpoint stock Keras code wrote, which the "
+                             "converter does not read")
+        state.update({f"momentum_buffer.{name}": reader.get_tensor(kept[name]) for name in kinds["momentum"]})
     return state
 
 
