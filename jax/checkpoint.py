@@ -86,13 +86,15 @@ def flatten(tree, prefix=""):
 
 def save_state(state, optimizer, path):
     """The idiomatic mode's nnx.Optimizer for `optimizer` (over a Flax model: its buffers in the module's tree),
-    started from the canonical `state` and saved as save() saves the model. The network is the state's: its buffers'
-    names (`<slot>.<name>`) are the LeNet's or the ResNet's, whose width their stem's shape gives (a state without
-    buffers, plain SGD's, is the same for both: the LeNet's)."""
+    started from the canonical `state` and saved as save() saves the model. Its transformation is the stock port's
+    (optimizer.get_trainer): Orbax restores only into a state of the file's structure, and a stock program's constant
+    rate is a number, whose optax.scale keeps no count (nnx.Optimizer's step keeps it). The network is the state's:
+    its buffers' names (`<slot>.<name>`) are the LeNet's or the ResNet's, whose width their stem's shape gives (a
+    state without buffers, plain SGD's, is the same for both: the LeNet's)."""
     names = {key.split(".", 1)[1]: a for key, a in state.items() if key != "step"}
     width = resnet.width_of(names) if "stem.conv.weight" in names else None
     module = idiomatic(*any_weights(width))
-    trainer = nnx.Optimizer(module, get_trainer(optimizer), wrt=nnx.Param)
+    trainer = nnx.Optimizer(module, get_trainer(optimizer, port="stock"), wrt=nnx.Param)
     load_state(trainer, state, flax_paths(module))
     with checkpointer() as saver:
         saver.save(os.path.abspath(path), jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(trainer))))

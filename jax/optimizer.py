@@ -87,8 +87,11 @@ def get_schedule(optimizer, port="canonical"):
     update, like the spec's step): the warm-up lr * (count + 1) / W is a line from lr / W to lr over W - 1 counts;
     join_schedules hands the schedule after it count - W. port="stock": Optax's usual warm-up, a line from 0 over
     W counts (what optax.warmup_cosine_decay_schedule(0.0, lr, W, total) computes), a rate of 0 on the first
-    update and one step behind the spec's all through the warm-up."""
+    update and one step behind the spec's all through the warm-up; and a constant rate as the number itself
+    (optax.sgd(0.02, ...)), which keeps no count: a state's structure is what a stock program restores into."""
     o = optimizer
+    if port == "stock" and o.schedule == "constant" and not o.warmup_steps:
+        return o.lr
     if o.schedule == "cosine":
         after = optax.cosine_decay_schedule(o.lr, max(o.decay_steps, 1))
     elif o.schedule == "step":   # both milestones may fall on one step in a short run: their factors multiply
@@ -172,14 +175,15 @@ def at(tree, path):
 def canonical_state(tree, paths):
     """The canonical state's entries in a pure dict of an nnx.Optimizer's state, arrays as stored (Flax's layout), the
     buffers found at `paths` (flax_paths'). Its counts (nnx.Optimizer's step and Optax's) must agree."""
-    if not isinstance(tree, dict) or not {"step", "opt_state"} <= set(tree):
-        raise ValueError("not an nnx.Optimizer's state (no step and opt_state): a model's weights, perhaps")
-    counts = {int(tree["step"]), *(int(c) for c in find(tree["opt_state"], "count"))}
+    if not isinstance(tree, dict) or "step" not in tree:
+        raise ValueError("not an nnx.Optimizer's state (no step): a model's weights, perhaps")
+    opt_state = tree.get("opt_state", {})   # none for plain SGD at a constant rate
+    counts = {int(tree["step"]), *(int(c) for c in find(opt_state, "count"))}
     if len(counts) != 1:
         raise ValueError(f"step counts {sorted(counts)} disagree")
     state = {"step": counts.pop()}
     for slot, field in FIELDS.items():
-        for buffers in find(tree["opt_state"], field):
+        for buffers in find(opt_state, field):
             state.update({f"{slot}.{name}": np.asarray(at(buffers, path)) for name, path in paths.items()})
     return state
 
@@ -202,7 +206,7 @@ def load_state(trainer, state, paths):
 
     pure = nnx.to_pure_dict(nnx.state(trainer))
     pure["step"] = jnp.asarray(state["step"], pure["step"].dtype)
-    replace(pure["opt_state"])
+    replace(pure.get("opt_state", {}))   # none at all for plain SGD at a constant rate: every part keeps nothing
     saved = nnx.state(trainer)
     nnx.replace_by_pure_dict(saved, pure)
     nnx.update(trainer, saved)

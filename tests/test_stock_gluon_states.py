@@ -1,9 +1,9 @@
 """Migrating a real Gluon program's optimizer: a stock gluon.Trainer trains, saves with save_parameters and
-save_states, the converter writes PyTorch's and Keras's files, and stock torch.optim and Keras code loads them and goes
-on. Its losses follow MXNet's own continuation. Both ends are written as the frameworks' tutorials write them: nothing
+save_states, the converter writes PyTorch's, Keras's and Flax's files, and stock torch.optim, Keras and Optax code loads
+them and goes on. Its losses follow MXNet's own continuation. Both ends are written as the frameworks' tutorials write them: nothing
 of the project but the network's definition (the LeNet) and the converter's command. MXNet's stock SGD and NAG keep
-the rate inside the momentum buffer and torch.optim outside it (Keras inside, like MXNet), so a buffer copied as it
-is, or left in the canonical convention for Keras, sends the continuation elsewhere."""
+the rate inside the momentum buffer and torch.optim outside it (Keras inside, like MXNet; Optax outside), so a buffer
+copied as it is, or left in the canonical convention for Keras, sends the continuation elsewhere."""
 import numpy as np
 import pytest
 
@@ -13,8 +13,9 @@ from conftest import framework_or_skip
 from harness.training import convert
 
 BATCH, BEFORE, AFTER = 32, 20, 10
-# (Gluon's optimizer and its parameters, torch.optim.SGD's and keras.optimizers.SGD's for the same program; Keras's
-# weight_decay is decoupled, so the Keras program adds Gluon's L2 to its loss, with the wd given here). Rates at which
+# (Gluon's optimizer and its parameters, torch.optim.SGD's, and keras.optimizers.SGD's and optax.sgd's, which take the
+# same names, for the same program; Keras's weight_decay is decoupled, so the Keras program adds Gluon's L2 to its
+# loss, and the Optax program chains optax.add_decayed_weights before optax.sgd, with the wd given here). Rates at which
 # the LeNet trains steadily on these batches: near the edge of stability (momentum 0.9 at 0.05) float32's round-off
 # of two frameworks' kernels grows past 1e-5 within 10 steps by itself, whatever the state.
 OPTIMIZERS = {
@@ -111,6 +112,33 @@ def keras_program(batches, folder, params, weight_decay):
     return losses
 
 
+def optax_program(batches, folder, params, weight_decay):
+    """Loads the converted files as Flax's checkpointing guide restores a model and an nnx.Optimizer (Orbax, into
+    their own state's structure) and trains on: the losses."""
+    framework_or_skip("jax")
+    import optax
+    import orbax.checkpoint as ocp
+    from flax import nnx
+    from jax_lenet import build_model
+    model = build_model(init_weights())
+    tx = optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(**params))
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    with ocp.StandardCheckpointer() as checkpointer:
+        for saved, file in ((model, "lenet-epoch1.orbax"), (optimizer, "lenet-epoch1.optimizer.orbax")):
+            state = nnx.state(saved)
+            nnx.replace_by_pure_dict(state, checkpointer.restore(folder.absolute() / file, nnx.to_pure_dict(state)))
+            nnx.update(saved, state)
+
+    def loss_fn(model, X, y):
+        return optax.softmax_cross_entropy_with_integer_labels(model(X), y).mean()
+    losses = []
+    for X, y in batches:
+        loss, grads = nnx.value_and_grad(loss_fn)(model, X, y)
+        optimizer.update(model, grads)
+        losses.append(float(loss))
+    return losses
+
+
 def keras_training(batches, folder, params):
     """A stock Keras program that trains on the batches and saves its weights and its optimizer as TensorFlow's guide
     does (a tf.train.Checkpoint of it), where the converter looks for it."""
@@ -137,19 +165,22 @@ def networks(monkeypatch):
     monkeypatch.setitem(sys.modules, "mxnet_lenet", load_module("mxnet", "lenet"))
     monkeypatch.setitem(sys.modules, "pytorch_lenet", load_module("pytorch", "lenet"))
     monkeypatch.setitem(sys.modules, "tensorflow_lenet", load_module("tensorflow", "lenet"))
+    monkeypatch.setitem(sys.modules, "jax_lenet", load_module("jax", "lenet"))
 
 
 @pytest.mark.parametrize("case", OPTIMIZERS)
-def test_stock_torch_and_keras_code_continue_a_stock_gluon_trainer(case, batches, tmp_path, networks, capsys):
+def test_stock_torch_keras_and_optax_code_continue_a_stock_gluon_trainer(case, batches, tmp_path, networks, capsys):
     optimizer, gluon_params, torch_params, keras_params = OPTIMIZERS[case]
     mxnet_losses = gluon_program(batches, tmp_path, optimizer, gluon_params)
-    for converted in ("lenet-epoch1.pt", "lenet-epoch1.weights.h5"):
+    for converted in ("lenet-epoch1.pt", "lenet-epoch1.weights.h5", "lenet-epoch1.orbax"):
         assert convert.main([str(tmp_path / "lenet-epoch1.params"), str(tmp_path / converted)]) == 0
         assert f"after {BEFORE} steps" in capsys.readouterr().out
     torch_losses = torch_program(batches[BEFORE:], tmp_path, torch_params)
     np.testing.assert_allclose(torch_losses, mxnet_losses, rtol=1e-5, err_msg=f"{case}: PyTorch's continued losses")
     keras_losses = keras_program(batches[BEFORE:], tmp_path, keras_params, gluon_params["wd"])
     np.testing.assert_allclose(keras_losses, mxnet_losses, rtol=1e-5, err_msg=f"{case}: Keras's continued losses")
+    optax_losses = optax_program(batches[BEFORE:], tmp_path, keras_params, gluon_params["wd"])
+    np.testing.assert_allclose(optax_losses, mxnet_losses, rtol=1e-5, err_msg=f"{case}: Optax's continued losses")
 
 
 def test_a_stock_keras_checkpoint_is_one_line(batches, tmp_path, networks, capsys):
