@@ -1,0 +1,147 @@
+"""Move a user's own network's parameters and BatchNorm statistics from one framework's model into another's,
+matched layer by layer in traversal order and role by role, through the layout changes each role needs
+(common/transfer.py; each framework's transfer.py lists a model's layers).
+
+    from harness.training.transfer import transfer
+    for row in transfer("mynet-epoch10.params", torch_model):   # a Gluon file, or the Gluon Block itself
+        print(row)
+
+The source is a model of any of the four frameworks, or a Gluon save_parameters file; the target is a built model
+(a torch.nn.Module, a built Keras model, a Flax NNX module, a Gluon Block) whose tensors are replaced. Returns the
+table of what went where (source name and shape -> target name and shape, and the layout change), for the user to
+check: Flax orders a module's attributes by name, the others by registration. A missing layer, roles that differ, or
+a shape that does not fit is one ValueError naming both sides, and nothing is changed.
+
+    python -m harness.training.transfer SRC.params DST --model mynet.py:build_model [--flat-shape C,H,W]
+
+builds the target model by calling build_model() from the user's file, transfers, prints the table, and saves the
+model natively (a .pt state_dict, a Keras .weights.h5, an Orbax directory for Flax: DST's name says which)."""
+import argparse
+import importlib.util
+import os
+import sys
+
+from common.interface import RosettaError
+from common.transfer import converted, flattened_shapes
+
+from ..loader import load_module
+
+MODULES = {"torch": "pytorch", "mxnet": "mxnet", "keras": "tensorflow", "tensorflow": "tensorflow", "flax": "jax"}
+
+
+def framework_of(model):
+    """The framework a model object (or a .params file) belongs to, from its classes' modules."""
+    if isinstance(model, (str, os.PathLike)):
+        if str(model).endswith(".params"):
+            return "mxnet"
+        raise ValueError(f"{model}: a source file must be a Gluon save_parameters file (.params)")
+    for cls in type(model).__mro__:
+        top = cls.__module__.split(".")[0]
+        if top in MODULES:
+            return MODULES[top]
+    raise ValueError(f"a {type(model).__name__} is no torch.nn.Module, Gluon Block, Keras model or Flax NNX module")
+
+
+def transfer(source, target, flat_shape=None):
+    """Copies `source`'s parameters and statistics into `target` (module docstring); returns the table's rows."""
+    source = os.fspath(source) if isinstance(source, os.PathLike) else source
+    src = load_module(framework_of(source), "transfer")
+    dst = load_module(framework_of(target), "transfer")
+    theirs, ours = src.layers(source), dst.layers(target)
+    for i in range(max(len(theirs), len(ours))):
+        if i >= len(theirs) or i >= len(ours):
+            extra, side = (ours[i], "target") if i >= len(theirs) else (theirs[i], "source")
+            raise ValueError(f"the source has {len(theirs)} layers with parameters and the target {len(ours)}: the "
+                             f"{side}'s {extra[0]} ({', '.join(extra[1])}) has no counterpart")
+        (a, a_roles), (b, b_roles) = theirs[i], ours[i]
+        if list(a_roles) != list(b_roles):
+            raise ValueError(f"layer {i}: the source's {a} has {', '.join(a_roles)}; the target's {b} has "
+                             f"{', '.join(b_roles)}")
+    flat = flattened_shapes([{r: a for r, (_, a) in roles.items()} for _, roles in theirs], src.CHANNELS_LAST,
+                            flat_shape)
+    arrays, rows = {}, []
+    for i, ((_, a_roles), (_, b_roles)) in enumerate(zip(theirs, ours)):
+        for role, (name, array) in a_roles.items():
+            key, current = b_roles[role]
+            value = converted(array, role, flat.get(i), src.CHANNELS_LAST, dst.CHANNELS_LAST)
+            if value.shape != current.shape:
+                raise ValueError(f"{name} {array.shape} -> {key} needs {current.shape}, not {value.shape} "
+                                 f"(layer {i}: is the target's layer order the source's?)")
+            arrays[key] = value.astype(current.dtype)
+            change = "" if src.CHANNELS_LAST == dst.CHANNELS_LAST or role != "weight" else \
+                "OIHW <-> HWIO" if array.ndim == 4 else "transposed, rows C,H,W <-> H,W,C" if i in flat else \
+                "transposed"
+            rows.append((name, array.shape, key, current.shape, change))
+    dst.assign(target, arrays)
+    return rows
+
+
+def table(rows):
+    """The rows as aligned text lines."""
+    cells = [(name, str(tuple(a)), "->", key, str(tuple(b)), change) for name, a, key, b, change in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(6)]
+    return [" ".join(c.ljust(w) for c, w in zip(cell, widths)).rstrip() for cell in cells]
+
+
+def user_function(spec):
+    """FILE.py:FUNCTION -> the function, imported from the user's file."""
+    path, _, name = spec.rpartition(":")
+    if not path or not os.path.exists(path):
+        raise RosettaError(f"{spec}: give the model as FILE.py:FUNCTION, a file that exists")
+    module_spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not callable(getattr(module, name, None)):
+        raise RosettaError(f"{path} has no function {name}")
+    return getattr(module, name)
+
+
+def save(model, path):
+    """The target model, saved as its framework saves one: DST's name says which."""
+    framework = framework_of(model)
+    if framework == "pytorch":
+        import torch
+        torch.save(model.state_dict(), path)
+    elif framework == "tensorflow":
+        model.save_weights(path)
+    elif framework == "jax":
+        import orbax.checkpoint as ocp
+        from flax import nnx
+        with ocp.StandardCheckpointer() as checkpointer:
+            checkpointer.save(os.path.abspath(path), nnx.to_pure_dict(nnx.state(model)))
+    else:
+        model.save_parameters(path)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m harness.training.transfer", description=__doc__.split("\n\n")[0])
+    p.add_argument("src", help="a Gluon save_parameters file (.params)")
+    p.add_argument("dst", help="where to save the target model (.pt, .weights.h5, a directory for Flax, .params)")
+    p.add_argument("--model", required=True, help="FILE.py:FUNCTION that builds the target model (built, for Keras)")
+    p.add_argument("--flat-shape", help="C,H,W of the feature map the first dense layer after a conv flattens "
+                                        "(default: square, C from the conv)")
+    p.error = lambda message: p.exit(2, f"error: {message} (see python -m harness.training.transfer --help)\n")
+    args = p.parse_args(argv)
+    try:
+        flat = tuple(int(n) for n in args.flat_shape.split(",")) if args.flat_shape else None
+        if flat is not None and len(flat) != 3:
+            raise RosettaError(f"--flat-shape {args.flat_shape}: give C,H,W")
+        if not os.path.exists(args.src):
+            raise RosettaError(f"{args.src}: no such file")
+        load_module(framework_of(args.src), "transfer")   # MXNet first, through the loader's numpy shim
+        model = user_function(args.model)()
+        try:
+            rows = transfer(args.src, model, flat)
+        except ValueError as err:
+            raise RosettaError(f"{args.src} -> {args.model}: {err}")
+        print("\n".join(table(rows)))
+        save(model, args.dst)
+        print(f"wrote {args.dst}")
+    except RosettaError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
