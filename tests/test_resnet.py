@@ -316,6 +316,41 @@ def test_gluon_static_shape_leaves_the_running_statistics_unread(case):
     assert_close(run_idiomatic("mxnet", net, X, False), spec.forward(weights, new_state, X, False))   # used: moved
 
 
+def test_gluon_saves_the_mean_of_its_contexts_running_statistics(tmp_path):
+    """A Gluon BatchNorm trained on several contexts without SyncBatchNorm keeps a set of running statistics per
+    context (each from its own shard); save_parameters writes their mean (Parameter._reduce), which load_parameters
+    gives every context. For equal shards that is the whole batch's running mean, but a running variance short of
+    the whole batch's by the shards' means' spread: one step from (0, 1), biased variance, momentum 0.9."""
+    framework_or_skip("mxnet")
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    contexts = [mx.cpu(0), mx.cpu(1)]
+    h = np.random.default_rng(3).normal(size=(8, 3, 2, 2)).astype(np.float32)
+    h[4:] += 3.0   # the second context's shard sits elsewhere
+    layer = gluon.nn.BatchNorm(in_channels=3)
+    layer.initialize(ctx=contexts)
+    with autograd.record():
+        outs = [layer(x) for x in gluon.utils.split_and_load(mx.nd.array(h), contexts)]
+    autograd.backward(outs)
+    shards = [h[:4], h[4:]]
+    means = [x.mean(axis=(0, 2, 3)) for x in shards]
+    variances = [x.var(axis=(0, 2, 3)) for x in shards]
+    for i, ctx in enumerate(contexts):   # each context's own
+        np.testing.assert_allclose(layer.running_mean.data(ctx).asnumpy(), 0.1 * means[i], rtol=1e-5)
+        np.testing.assert_allclose(layer.running_var.data(ctx).asnumpy(), 0.9 + 0.1 * variances[i], rtol=1e-5)
+    layer.save_parameters(str(tmp_path / "bn.params"))
+    saved = {k: v.asnumpy() for k, v in mx.nd.load(str(tmp_path / "bn.params")).items()}
+    np.testing.assert_allclose(saved["running_mean"], 0.1 * h.mean(axis=(0, 2, 3)), rtol=1e-5)   # the whole batch's
+    np.testing.assert_allclose(saved["running_var"], 0.9 + 0.1 * np.mean(variances, axis=0), rtol=1e-5)
+    spread = np.var(means, axis=0)   # what the whole batch's variance has besides the shards' mean variance
+    np.testing.assert_allclose(h.var(axis=(0, 2, 3)), np.mean(variances, axis=0) + spread, rtol=1e-5)
+    assert np.all(0.1 * spread > 0.05)   # so the saved running variance is visibly not the whole batch's
+    again = gluon.nn.BatchNorm(in_channels=3)
+    again.load_parameters(str(tmp_path / "bn.params"), ctx=contexts)
+    for ctx in contexts:
+        np.testing.assert_array_equal(again.running_var.data(ctx).asnumpy(), saved["running_var"])
+
+
 # ------------------------------------------------- each framework's own BatchNorm layer, one training step
 def native_layer_step(name, h, mean, var, backward=True, **arguments):
     """One training-mode step of `name`'s own BatchNorm layer (gamma 1, beta 0) on NCHW h, running statistics
