@@ -4,11 +4,13 @@ block 0, conv2 block 3, fc1 and fc2 (whose ReLU is inside the Dense) blocks 6 an
 
 The optimizer state is Gluon's Trainer.save_states file: the pickle of its first updater's states by parameter index
 (the Trainer's numbering, by sorted names: optimizer.trainer_order) and of the optimizer itself, which counts the
-updates made (num_update) and holds its schedule. Its classes are optimizer.py's: the file unpickles where that
-module is loaded (this one imports it), and Trainer.load_states reads it into a Trainer(net.collect_params()) of the
+updates made (num_update) and holds its schedule. Its classes are MXNet's stock ones where they compute the
+optimizer (save_state), so stock Gluon code loads the file alone; else optimizer.py's, and the file unpickles where
+that module is loaded (this one imports it). Trainer.load_states reads it into a Trainer(net.collect_params()) of the
 same network: the LeNet's numbers 8 parameters, a ResNet's all of its Parameters (the BatchNorms' running
 statistics too, which have no state)."""
 import mxnet as mx
+import numpy as np
 
 from common import resnet
 from common.lenet import PARAM_NAMES, init_weights
@@ -16,7 +18,7 @@ from common.lenet import PARAM_NAMES, init_weights
 from . import resnet as resnet_model
 from .idiomatic import canonical_names
 from .lenet import build_model
-from .optimizer import buffers, get_trainer, told, trainer_order, updater_state
+from .optimizer import EXACT, buffers, get_trainer, stock_port, told, trainer_order, updater_state
 
 KEYS = dict(zip(PARAM_NAMES, (f"{block}.{part}" for block in (0, 3, 6, 7) for part in ("weight", "bias"))))
 CHANNELS_LAST = False   # MXNet's layout is the canonical one
@@ -64,10 +66,16 @@ def state_network(state):
 
 
 def save_state(state, optimizer, path):
-    """The Trainer the built-in and idiomatic modes build for `optimizer` on the state's network (LeNet or ResNet, any
-    width), started from the canonical `state`, saves it: save_states(path)."""
+    """A Trainer for `optimizer` on the state's network (LeNet or ResNet, any width), started from the canonical
+    `state`, saves it: save_states(path). Its optimizer is MXNet's stock class where one computes `optimizer`
+    (optimizer.stock_port: SGD, the stock SGD with momentum and NAG, the rate in their buffers), so that stock Gluon
+    code loads the file with Trainer.load_states and no import of this project; else the class the built-in and
+    idiomatic modes build, which needs it. The canonical state rides along (optimizer.EXACT)."""
     net = state_network(state)   # any weights: the file holds the trainer's state, not the model's
-    get_trainer(net.collect_params(), optimizer, canonical_names(net), state=state).save_states(path)
+    port = "stock" if stock_port(optimizer) else "canonical"
+    trainer = get_trainer(net.collect_params(), optimizer, canonical_names(net), port=port, state=state)
+    setattr(trainer._optimizer, EXACT, {key: a if key == "step" else np.asarray(a) for key, a in state.items()})
+    trainer.save_states(path)
 
 
 def read_state(path):

@@ -5,6 +5,7 @@ which line of the stock class differs."""
 import math
 
 import mxnet as mx
+import numpy as np
 from mxnet import gluon, nd
 
 from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer
@@ -197,6 +198,21 @@ def canonical_buffer(mx_optimizer, array):
     return array
 
 
+def stock_buffer(mx_optimizer, array):
+    """The inverse of canonical_buffer: a canonical buffer (numpy) in `mx_optimizer`'s convention."""
+    if type(mx_optimizer) in RATE_INSIDE:
+        return array * -mx_optimizer.learning_rate
+    return array
+
+
+def stock_port(optimizer):
+    """Whether MXNet's stock classes compute `optimizer` (common.optim's) from where a state leaves it: SGD, and
+    momentum and nesterov as the stock SGD and NAG (the rate in the buffer: the same update while the rate stays,
+    each its own definition after a change), on the stock schedules (a constant rate, a warm-up, the step
+    schedule's MultiFactorScheduler). Not Adam (its epsilon), AdamW (no class) or the cosine (one update late)."""
+    return optimizer.name in ("sgd", "momentum", "nesterov") and optimizer.schedule != "cosine"
+
+
 def told(mx_optimizer):
     """The common.optim.Optimizer a pickled MXNet optimizer is (Trainer.save_states pickles it beside the states),
     told from its class and fields, never guessed from its buffers: this module's classes, or MXNet's stock SGD (with
@@ -261,9 +277,28 @@ def updater_state(updater, names):
         if len(arrays) != len(slot_names):
             raise ValueError(f"{len(arrays)} buffers for parameter {i}; {type(updater.optimizer).__name__} keeps "
                              f"{len(slot_names)}")
-        state.update({f"{slot}.{names[i]}": canonical_buffer(updater.optimizer, array.asnumpy())
-                      for slot, array in zip(slot_names, arrays)})
+        for slot, array in zip(slot_names, arrays):
+            key = f"{slot}.{names[i]}"
+            state[key] = exact_buffer(updater.optimizer, key, canonical_buffer(updater.optimizer, array.asnumpy()))
     return state
+
+
+# A stock optimizer's buffer in MXNet's convention is the canonical one times the rate, rounded: a file written from
+# a canonical state keeps that state too, as a dict of numpy arrays on the pickled optimizer (any pickled Python
+# object may carry one; stock MXNet never reads it), so that reading the file back is exact (a resumed run goes on
+# bit for bit).
+EXACT = "canonical_state"
+
+
+def exact_buffer(mx_optimizer, key, converted):
+    """The canonical buffer `key` as written, where the optimizer carries it (EXACT) and it is still the file's: at
+    the same step and within float32's rounding of `converted`, the buffer read from the states. Stock code that
+    loaded such a file, trained and saved it again pickles the stale copy too: then the states are the truth."""
+    exact = getattr(mx_optimizer, EXACT, None)
+    if not exact or exact["step"] != mx_optimizer.num_update or key not in exact \
+            or not np.allclose(exact[key], converted, rtol=1e-5, atol=1e-7):
+        return converted
+    return exact[key]
 
 
 class Trainer(gluon.Trainer):
@@ -304,7 +339,7 @@ def get_trainer(params, optimizer, names, port="canonical", state=None, **kwargs
                 continue
             weight = param.list_data()[context]
             updater.states[i] = (updater.optimizer.create_state_multi_precision(i, weight) if state is None
-                                 else mx_state(state, optimizer, name, weight.context))
+                                 else mx_state(state, optimizer, name, weight.context, updater.optimizer))
             updater.states_synced[i] = True
     return trainer
 
@@ -315,9 +350,10 @@ def canonical_state(trainer):
     return updater_state(trainer._updaters[0], trainer.names)
 
 
-def mx_state(state, optimizer, name, context):
+def mx_state(state, optimizer, name, context, mx_optimizer=None):
     """Parameter `name`'s buffers in the canonical `state` as MXNet's optimizers keep them (create_state's form):
     None, the momentum buffer, or Adam's (mean, var); copies on `context`, as they are (harness/training/checkpoints.py
-    checks a checkpoint's shapes)."""
-    arrays = tuple(nd.array(state[f"{slot}.{name}"], ctx=context) for slot in optimizer.slots)
+    checks a checkpoint's shapes), in `mx_optimizer`'s convention (stock_buffer)."""
+    arrays = tuple(nd.array(stock_buffer(mx_optimizer, state[f"{slot}.{name}"]), ctx=context)
+                   for slot in optimizer.slots)
     return arrays if len(arrays) > 1 else arrays[0] if arrays else None

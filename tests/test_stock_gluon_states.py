@@ -183,6 +183,67 @@ def test_stock_torch_keras_and_optax_code_continue_a_stock_gluon_trainer(case, b
     np.testing.assert_allclose(optax_losses, mxnet_losses, rtol=1e-5, err_msg=f"{case}: Optax's continued losses")
 
 
+# A stock Gluon program in a process of its own, nothing of this project importable: the LeNet written out, the
+# converted files loaded with load_parameters and Trainer.load_states, 10 more steps; it prints their losses.
+STOCK_GLUON = """
+import sys
+import numpy as np
+np.bool = bool   # MXNet 1.9.1 on numpy >= 1.24 needs the alias back, in any program
+import mxnet as mx
+from mxnet import autograd, gluon
+nn = gluon.nn
+net = nn.HybridSequential()
+net.add(nn.Conv2D(20, 3, in_channels=1), nn.Activation("relu"), nn.AvgPool2D(2),
+        nn.Conv2D(50, 5, in_channels=20), nn.Activation("relu"), nn.AvgPool2D(2),
+        nn.Dense(128, activation="relu", in_units=800), nn.Dense(10, in_units=128))
+net.load_parameters(sys.argv[1])
+# The optimizer the file holds: load_states replaces the Trainer's optimizer, rate and all, but its updater keeps
+# the aggregation mode of the one it was made with (a Trainer made with "sgd" fails on a NAG file)
+trainer = gluon.Trainer(net.collect_params(), sys.argv[4], {"learning_rate": 0.1})
+trainer.load_states(sys.argv[2])
+loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+batches = np.load(sys.argv[3])
+for X, y in zip(batches["X"], batches["y"]):
+    X, y = mx.nd.array(X), mx.nd.array(y)
+    with autograd.record():
+        loss = loss_fn(net(X), y)
+    loss.backward()
+    trainer.step(X.shape[0])
+    print(float(loss.mean().asscalar()))
+trainer.save_states(sys.argv[5])   # and saved again, as it would after its next epoch
+assert not [m for m in sys.modules if m.startswith(("rosetta", "harness", "common"))]
+"""
+
+
+@pytest.mark.parametrize("case", ["sgd-momentum", "nag"])
+def test_stock_gluon_code_loads_the_converter_s_mxnet_files_alone(case, batches, tmp_path, networks):
+    """The converter's MXNet files pickle MXNet's own optimizer classes where one computes the state's optimizer
+    (its buffers back in MXNet's convention), so a stock Gluon program loads and continues them without this
+    project. Here a stock Trainer's files go through the converter's canonical state and back."""
+    import subprocess
+    import sys
+    optimizer, gluon_params, _, _ = OPTIMIZERS[case]
+    mxnet_losses = gluon_program(batches, tmp_path, optimizer, gluon_params)
+    back = tmp_path / "back"
+    back.mkdir()
+    assert convert.main([str(tmp_path / "lenet-epoch1.params"), str(back / "lenet-epoch1.params")]) == 0
+    np.savez(tmp_path / "after.npz", X=np.stack([X for X, _ in batches[BEFORE:]]),
+             y=np.stack([y for _, y in batches[BEFORE:]]))
+    done = subprocess.run([sys.executable, "-c", STOCK_GLUON, str(back / "lenet-epoch1.params"),
+                           str(back / "lenet-epoch1.states"), str(tmp_path / "after.npz"), optimizer,
+                           str(back / "lenet-epoch2.states")],
+                          cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    losses = [float(line) for line in done.stdout.split()]
+    np.testing.assert_allclose(losses, mxnet_losses, rtol=1e-5, err_msg=f"{case}: stock Gluon's continued losses")
+    # Its optimizer still carries the converter's exact copy of the state it loaded, 10 steps stale: not read.
+    from harness.loader import load_module
+    checkpoint = load_module("mxnet", "checkpoint")
+    loaded, again = (checkpoint.read_state(str(back / f"lenet-epoch{k}.states")) for k in (1, 2))
+    assert (loaded["step"], again["step"]) == (BEFORE, BEFORE + AFTER)
+    assert not np.allclose(again["momentum_buffer.fc2.weight"], loaded["momentum_buffer.fc2.weight"])
+
+
 def test_a_stock_keras_checkpoint_is_one_line(batches, tmp_path, networks, capsys):
     """The other way is not carried yet: Keras's buffers hold the rate and are named after the model's variables
     (sequential_conv2d_kernel_momentum). Refused in one line, nothing written."""
