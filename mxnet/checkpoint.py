@@ -18,7 +18,7 @@ from common.lenet import PARAM_NAMES, init_weights
 from . import resnet as resnet_model
 from .idiomatic import canonical_names
 from .lenet import build_model
-from .optimizer import EXACT, buffers, get_trainer, stock_port, told, trainer_order, updater_state
+from .optimizer import EXACT, adam_gap, buffers, get_trainer, stock_port, told, trainer_order, updater_state
 
 KEYS = dict(zip(PARAM_NAMES, (f"{block}.{part}" for block in (0, 3, 6, 7) for part in ("weight", "bias"))))
 CHANNELS_LAST = False   # MXNet's layout is the canonical one
@@ -93,9 +93,16 @@ def read_state(path):
     return updater_state(updater, trainer_order(net.collect_params(), canonical_names(net)))
 
 
-def read_optimizer(path):
-    """The optimizer the file pickled (save_states dumps it with the states), as common.optim's: optimizer.told."""
-    return told(saved_updater(path).optimizer)
+def read_optimizer(path, accept_gap=False):
+    """The optimizer the file pickled (save_states dumps it with the states), as common.optim's (optimizer.told),
+    and the line that says what differs where it is read across a convention gap it was told to accept (else None)."""
+    updater = saved_updater(path)
+    optimizer = told(updater.optimizer, accept_gap)
+    if type(updater.optimizer) is not mx.optimizer.Adam:
+        return optimizer, None
+    return optimizer, (f"MXNet's stock Adam adds epsilon to the uncorrected sqrt(v): continued by torch's or Optax's "
+                       f"Adam, the next update differs by {adam_gap(updater.optimizer, updater.states):.1e} of its "
+                       "size (Keras's Adam computes MXNet's)")
 
 
 def saved_updater(path):

@@ -213,17 +213,35 @@ def stock_port(optimizer):
     return optimizer.name in ("sgd", "momentum", "nesterov") and optimizer.schedule != "cosine"
 
 
-def told(mx_optimizer):
+def adam_gap(mx_optimizer, states):
+    """What MXNet's stock Adam differs by from torch's (and Optax's): it adds epsilon to the uncorrected sqrt(v),
+    which is torch's epsilon times sqrt(1 - beta2^t). On the next update (t = num_update + 1) of the moments in
+    `states` (the Updater's: index -> (mean, var)), before the new gradient: |torch's step - MXNet's| / |MXNet's|
+    over the whole model, m / (sqrt(v) + eps * sqrt(1 - beta2^t)) against m / (sqrt(v) + eps) (the elements whose
+    moments are 0 move neither)."""
+    o = mx_optimizer
+    shrink = math.sqrt(1 - o.beta2 ** (o.num_update + 1))
+    difference = norm = 0.0
+    for mean, var in states.values():
+        m, root = mean.asnumpy().astype(np.float64), np.sqrt(var.asnumpy().astype(np.float64))
+        theirs, ours = m / (root + o.epsilon * shrink), m / (root + o.epsilon)
+        difference, norm = difference + np.sum((theirs - ours) ** 2), norm + np.sum(ours ** 2)
+    return math.sqrt(difference / norm) if norm else 0.0
+
+
+def told(mx_optimizer, accept_gap=False):
     """The common.optim.Optimizer a pickled MXNet optimizer is (Trainer.save_states pickles it beside the states),
     told from its class and fields, never guessed from its buffers: this module's classes, or MXNet's stock SGD (with
     momentum: the canonical momentum, its buffer converted by canonical_buffer) and NAG; with no schedule or this
-    module's (get_schedule's). What has no exact canonical equivalent is a ValueError that says what differs."""
+    module's (get_schedule's). What has no exact canonical equivalent is a ValueError that says what differs; with
+    `accept_gap`, MXNet's stock Adam is read as torch's (its moments are the same; its epsilon is not: adam_gap)."""
     o, kind = mx_optimizer, type(mx_optimizer)
     names = {Momentum: "momentum", Nesterov: "nesterov", Adam: "adam", AdamW: "adamw", mx.optimizer.NAG: "nesterov",
-             mx.optimizer.SGD: "momentum" if getattr(o, "momentum", 0.0) else "sgd"}
-    if kind is mx.optimizer.Adam:
+             mx.optimizer.SGD: "momentum" if getattr(o, "momentum", 0.0) else "sgd", mx.optimizer.Adam: "adam"}
+    if kind is mx.optimizer.Adam and not accept_gap:
         raise ValueError("MXNet's stock Adam adds epsilon to the uncorrected sqrt(v) (torch's epsilon times "
-                         "sqrt(1 - beta2^t), smaller in early steps): no stock Adam elsewhere continues it exactly")
+                         "sqrt(1 - beta2^t), smaller in early steps): no stock Adam elsewhere but Keras's continues it "
+                         "exactly (--accept-gap converts it anyway)")
     if kind not in names:
         raise ValueError(f"MXNet's {kind.__name__} is not one the converter carries (sgd, sgd with momentum, nag, and "
                          "this project's momentum, nesterov, adam, adamw)")

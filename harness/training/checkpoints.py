@@ -186,16 +186,17 @@ def has_state(framework, path):
     return os.path.exists(state_path(framework, path))
 
 
-def read_optimizer(framework, path):
-    """The optimizer (common.optim's, its hyperparameters and schedule) that the state beside `path` names itself, where
-    the file holds one: Gluon's save_states pickles it (mxnet/checkpoint.read_optimizer). None where a file holds
-    buffers only: they tell the optimizer, and --optimizer the rest. One line where it has no exact equivalent."""
+def read_optimizer(framework, path, accept_gap=False):
+    """(optimizer, gap): the optimizer (common.optim's, its hyperparameters and schedule) that the state beside `path`
+    names itself, where the file holds one: Gluon's save_states pickles it (mxnet/checkpoint.read_optimizer). None
+    where a file holds buffers only: they tell the optimizer, and --optimizer the rest. One line where it has no exact
+    equivalent; with `accept_gap`, that line as `gap` where the reader can carry it anyway."""
     checkpoint, file = load_module(framework, "checkpoint"), state_path(framework, path)
     reader = getattr(checkpoint, "read_optimizer", None)   # only a pickle of the optimizer itself says which it is
     if reader is None or not os.path.exists(file):
-        return None
+        return None, None
     try:
-        return reader(file)
+        return reader(file, accept_gap)
     except ValueError as err:   # what it is and why it cannot be carried
         raise RosettaError(f"{file}: {err}")
     except Exception as err:

@@ -35,6 +35,9 @@ def parse_args(argv):
     p.add_argument("--optimizer", choices=OPTIMIZERS,
                    help="the optimizer whose state SRC has beside it (default: told from its buffers); SRC must "
                         "have one")
+    p.add_argument("--accept-gap", action="store_true",
+                   help="convert an optimizer state that the target's stock optimizer continues only approximately "
+                        "(MXNet's stock Adam); a line says what differs and by how much")
     p.add_argument("--verify", action="store_true",
                    help=f"load both, compare logits on the test split (fails above {TOLERANCE:g})")
     p.add_argument("--dataset", default="digits", help="test split for --verify (default digits)")
@@ -72,11 +75,13 @@ def main(argv=None):
         data = load_dataset(args.dataset, args.data_dir) if args.verify else None   # bad data: fail before writing
         weights, bn_state = read_model(source, args.src)
         optimizer = Optimizer(args.optimizer) if args.optimizer else None
-        told = read_optimizer(source, args.src)   # a file that names its optimizer (Gluon's) is believed
+        told, gap = read_optimizer(source, args.src, args.accept_gap)   # a file that names its optimizer is believed
         if told and optimizer and told.name != optimizer.name:
             raise RosettaError(f"{args.src}: its optimizer state is {told.name}'s, not {optimizer.name}'s")
         optimizer = told or optimizer
         state = read_state(source, args.src, optimizer, weights) if optimizer or has_state(source, args.src) else None
+        if gap:
+            print(f"note: {gap}", file=sys.stderr)
         if state is not None:   # read and checked before anything is written
             optimizer = optimizer or Optimizer(optimizer_of(state))
             write_state(target, state, optimizer, args.dst)
