@@ -41,13 +41,17 @@ def batches():
             for i in range(0, BATCH * (BEFORE + AFTER), BATCH)]
 
 
-def gluon_program(batches, folder, optimizer, params, lr_scheduler=None):
-    """Trains BEFORE steps, saves both files, trains AFTER more: the losses of those."""
+def gluon_program(batches, folder, optimizer, params, lr_scheduler=None, contexts=1):
+    """Trains BEFORE steps, saves both files, trains AFTER more: the losses of those. On several contexts as d2l's
+    multi-GPU chapter trains (split_and_load), the Trainer's default for them: the kvstore updates
+    (update_on_kvstore), and save_states writes the kvstore's states."""
     framework_or_skip("mxnet")
     import mxnet as mx
     from mxnet import autograd, gluon
     from mxnet_lenet import build_model   # the network's definition, the user's own
+    devices = [mx.cpu(i) for i in range(contexts)]
     net = build_model(init_weights())
+    net.collect_params().reset_ctx(devices)
     if lr_scheduler is not None:
         params = {**params, "lr_scheduler": lr_scheduler(mx)}
     trainer = gluon.Trainer(net.collect_params(), optimizer, params)
@@ -56,15 +60,16 @@ def gluon_program(batches, folder, optimizer, params, lr_scheduler=None):
     def train(some):
         losses = []
         for X, y in some:
-            X, y = mx.nd.array(X), mx.nd.array(y)
+            Xs, ys = (gluon.utils.split_and_load(mx.nd.array(a), devices) for a in (X, y))
             with autograd.record():
-                loss = loss_fn(net(X), y)
-            loss.backward()
+                shards = [loss_fn(net(a), b) for a, b in zip(Xs, ys)]
+            autograd.backward(shards)
             trainer.step(X.shape[0])
-            losses.append(float(loss.mean().asscalar()))
+            losses.append(sum(float(loss.sum().asscalar()) for loss in shards) / X.shape[0])
         return losses
 
     train(batches[:BEFORE])
+    assert trainer._update_on_kvstore == (contexts > 1 or None)   # None: one context needs no kvstore
     net.save_parameters(str(folder / "lenet-epoch1.params"))
     trainer.save_states(str(folder / "lenet-epoch1.states"))
     return train(batches[BEFORE:])
@@ -172,10 +177,14 @@ def networks(monkeypatch):
     monkeypatch.setitem(sys.modules, "jax_lenet", load_module("jax", "lenet"))
 
 
-@pytest.mark.parametrize("case", OPTIMIZERS)
-def test_stock_torch_keras_and_optax_code_continue_a_stock_gluon_trainer(case, batches, tmp_path, networks, capsys):
+CASES = [(case, 1) for case in OPTIMIZERS] + [("sgd-momentum", 2)]
+
+
+@pytest.mark.parametrize("case, contexts", CASES, ids=[f"{case}-{n}ctx" for case, n in CASES])
+def test_stock_torch_keras_and_optax_code_continue_a_stock_gluon_trainer(case, contexts, batches, tmp_path, networks,
+                                                                        capsys):
     optimizer, gluon_params, torch_params, keras_params = OPTIMIZERS[case]
-    mxnet_losses = gluon_program(batches, tmp_path, optimizer, gluon_params)
+    mxnet_losses = gluon_program(batches, tmp_path, optimizer, gluon_params, contexts=contexts)
     for converted in ("lenet-epoch1.pt", "lenet-epoch1.weights.h5", "lenet-epoch1.orbax"):
         assert convert.main([str(tmp_path / "lenet-epoch1.params"), str(tmp_path / converted)]) == 0
         assert f"after {BEFORE} steps" in capsys.readouterr().out
