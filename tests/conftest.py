@@ -351,3 +351,46 @@ def gloo_group(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/gloo-store", rank=0, world_size=1)
     yield dist
     dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def scratch_runners():
+    """runner(spec): the harness's runner for `spec` (harness.training.loop.runner). A scratch runner is made once a
+    session per configuration (network, width, BatchNorm, exec level, layout, all-reduce, devices) and handed to
+    every test that trains that configuration: its compiled units (a tf.function, a jit) are built once, as one run
+    builds them once, while each train() starts it afresh (runner.start: new replicas, running statistics and
+    optimizer states), so tests share its compilation, never a result. The engines' runners build their model in
+    start(): made anew each time."""
+    from harness.training.loop import runner as runner_for
+    made = {}
+
+    def runner(spec):
+        fw = framework_or_skip(spec.framework)
+        if spec.mode != "scratch":
+            return runner_for(spec, fw, fw.get_devices(spec.devices))
+        key = (spec.framework, spec.model, spec.width, spec.bn, spec.exec, spec.layout, spec.allreduce, spec.devices)
+        if key not in made:
+            made[key] = runner_for(spec, fw, fw.get_devices(spec.devices))
+        return made[key]
+    return runner
+
+
+@pytest.fixture(scope="session")
+def recipe_runs(digits, scratch_runners):
+    """run(spec, optimizer): the scratch step's run of `spec` on digits in this process, each distinct (spec,
+    optimizer) once a session: (final weights, every replica's running statistics, the training record). Several
+    modules take the same recipe run as their reference (tests/test_resnet_modes.py and tests/test_resnet_engines.py
+    both start from the width-8 ResNet's first step on 97 digits); the result is shared, read-only."""
+    from harness.studies.stepcheck import copies
+    from harness.training.loop import train
+    done = {}
+
+    def run(spec, optimizer):
+        assert spec.mode == "scratch" and spec.dataset == "digits", spec
+        if (spec, optimizer) not in done:
+            runner = scratch_runners(spec)
+            record = train(runner, digits, spec, optimizer)
+            # copies: PyTorch's to_numpy hands out views of the live tensors, and the runner trains again later
+            done[spec, optimizer] = copies(runner.weights()), [copies(s) for s in runner.replica_bn_states()], record
+        return done[spec, optimizer]
+    return run

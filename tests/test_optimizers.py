@@ -18,7 +18,7 @@ from common.lenet import init_weights
 from harness.loader import load_module
 from harness.studies.stepcheck import step_errors, traced
 from harness.spec import RunSpec
-from harness.training.loop import runner as runner_for, steps_per_epoch
+from harness.training.loop import steps_per_epoch
 
 BATCH, EPOCHS, SEED = 64, 1, 0    # digits: 23 steps, the last one short (a batch of 29)
 WARMUP = 5
@@ -170,10 +170,12 @@ def cases():
 
 
 @pytest.mark.parametrize("framework,mode,n_devices,name", cases())
-def test_every_mode_computes_the_spec(framework, mode, n_devices, name, digits):
+def test_every_mode_computes_the_spec(framework, mode, n_devices, name, digits, scratch_runners):
+    """Scratch mode's runs of the five optimizers share one runner (conftest.scratch_runners: its compiled step made
+    once, each run started afresh from the initial weights and a zero state)."""
     fw = framework_or_skip(framework)
     optimizer = canonical(name, total_steps(digits, n_devices))
-    runner = runner_for(RunSpec(framework, mode=mode, devices=n_devices, batch_size=BATCH), fw, fw.get_devices(n_devices))
+    runner = scratch_runners(RunSpec(framework, mode=mode, devices=n_devices, batch_size=BATCH))
     trace, _ = traced(runner, digits, EPOCHS, BATCH, optimizer, SEED, n_devices)
     assert_follows_the_spec(fw, digits, optimizer, n_devices, trace, f"{framework} {mode} {n_devices}d {name}")
     if mode == "scratch":   # every replica keeps the same state, counted in steps

@@ -19,7 +19,6 @@ from common.models import init_bn_state
 from conftest import framework_or_skip, scratch
 from harness.spec import RunSpec
 from harness.studies.stepcheck import step_errors, traced
-from harness.training.loop import runner as runner_for
 
 pytestmark = pytest.mark.slow   # ResNet steps on several devices
 
@@ -53,10 +52,12 @@ def canonical(name, steps=STEPS, lr=None, weight_decay=None):
                            else weight_decay, "cosine", min(WARMUP, steps - 1), steps, CLIP)
 
 
-def run(framework, mode, n_devices, bn, optimizer, digits, steps, width=WIDTH, batch=BATCH):
+def run(runners, framework, mode, n_devices, bn, optimizer, digits, steps, width=WIDTH, batch=BATCH):
+    """(the framework, the runner, the weights before every step and after the last). `runners`: the session's
+    (conftest.scratch_runners), so runs of one scratch configuration with other optimizers share its compilation."""
     fw = framework_or_skip(framework)
     spec = RunSpec(framework, "resnet18", width=width, bn=bn, mode=mode, devices=n_devices, batch_size=batch)
-    runner = runner_for(spec, fw, fw.get_devices(n_devices))
+    runner = runners(spec)
     trace, _ = traced(runner, digits, EPOCHS, batch, optimizer, SEED, n_devices, steps)
     return fw, runner, trace
 
@@ -71,9 +72,9 @@ def before_batchnorm(parameter):
 
 @pytest.mark.parametrize("bn,name", SCRATCH, ids=[f"{bn}-{name}" for bn, name in SCRATCH])
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_the_one_scratch_step_trains_the_resnet_as_the_spec_says(framework, bn, name, digits):
+def test_the_one_scratch_step_trains_the_resnet_as_the_spec_says(framework, bn, name, digits, scratch_runners):
     optimizer = canonical(name)
-    fw, runner, trace = run(framework, "scratch", 2, bn, optimizer, digits, STEPS)
+    fw, runner, trace = run(scratch_runners, framework, "scratch", 2, bn, optimizer, digits, STEPS)
     model, _ = scratch(framework, "resnet", sync=bn == "sync")
     (error, where), _ = step_errors(fw, digits, optimizer, trace, EPOCHS, BATCH, SEED, 2, model,
                                     init_bn_state("resnet18", WIDTH), 2, STEPS, units=runner.settings.units)
@@ -87,11 +88,12 @@ def test_the_one_scratch_step_trains_the_resnet_as_the_spec_says(framework, bn, 
 
 
 @pytest.mark.parametrize("framework,mode,n_devices", ENGINES, ids=[f"{f}-{m}-{n}d" for f, m, n in ENGINES])
-def test_every_engine_trains_the_resnet_with_its_own_optimizer(framework, mode, n_devices, digits):
+def test_every_engine_trains_the_resnet_with_its_own_optimizer(framework, mode, n_devices, digits, scratch_runners):
     optimizer = canonical("momentum", STEPS_ENGINE, lr=0.1, weight_decay=0.05)
     shape = {"width": ENGINE_WIDTH, "batch": ENGINE_BATCH}
-    _, engine, got = run(framework, mode, n_devices, "local", optimizer, digits, STEPS_ENGINE, **shape)
-    _, recipe, want = run(framework, "scratch", n_devices, "local", optimizer, digits, STEPS_ENGINE, **shape)
+    _, engine, got = run(scratch_runners, framework, mode, n_devices, "local", optimizer, digits, STEPS_ENGINE, **shape)
+    _, recipe, want = run(scratch_runners, framework, "scratch", n_devices, "local", optimizer, digits, STEPS_ENGINE,
+                          **shape)
     tol = TOL
     relative = lambda a, b: float(np.max(np.abs(a - b) / np.maximum(1.0, np.abs(b))))   # noqa: E731
     for name, value in want[-1].items():
