@@ -9,6 +9,8 @@ import math
 
 import numpy as np
 
+from .layouts import canonical, channels_last
+
 # A layer's tensors, in this order: a conv or dense layer's weight and bias; a BatchNorm's scale, shift and
 # running statistics.
 ROLES = ("weight", "bias", "gamma", "beta", "running_mean", "running_var")
@@ -47,32 +49,8 @@ def square(features, channels):
     return channels, side, side
 
 
-def to_channels_last(role, a, flat=None):
-    """A canonical tensor in the channels-last layout: conv kernels OIHW -> HWIO; dense (out, in) -> (in, out),
-    and with `flat` (C, H, W) its inputs reordered from C, H, W to H, W, C. Forget the reorder and every shape
-    still fits while the logits differ: the classic silent trap."""
-    if role != "weight":
-        return a
-    if a.ndim == 4:
-        return a.transpose(2, 3, 1, 0)
-    if flat is not None:
-        return a.reshape(a.shape[0], *flat).transpose(2, 3, 1, 0).reshape(-1, a.shape[0])
-    return a.T
-
-
-def to_canonical(role, a, flat=None):
-    """The inverse of to_channels_last."""
-    if role != "weight":
-        return a
-    if a.ndim == 4:
-        return a.transpose(3, 2, 0, 1)
-    if flat is not None:
-        c, h, w = flat
-        return a.reshape(h, w, c, -1).transpose(3, 2, 0, 1).reshape(a.shape[1], -1)
-    return a.T
-
-
 def converted(a, role, flat, source_channels_last, target_channels_last):
-    """A tensor from the source's layout to the target's."""
-    a = to_canonical(role, a, flat) if source_channels_last else a
-    return np.ascontiguousarray(to_channels_last(role, a, flat) if target_channels_last else a)
+    """A tensor from the source's layout to the target's (common/layouts.py: only a layer's weight changes)."""
+    if role != "weight" or source_channels_last == target_channels_last:
+        return np.ascontiguousarray(a)
+    return np.ascontiguousarray(channels_last(a, flat) if target_channels_last else canonical(a, flat))

@@ -62,6 +62,15 @@ def installed_frameworks():
     return available
 
 
+@pytest.fixture(scope="module")
+def devices_first():
+    """TensorFlow and JAX fix their number of CPU devices when they first run anything, and later test files in this
+    process need several: get_devices() makes them before a file that runs either builds a model (its
+    `pytestmark = pytest.mark.usefixtures("devices_first")`)."""
+    for fw in installed_frameworks():
+        fw.get_devices()
+
+
 @functools.cache
 def scratch(name, network="lenet", layout="default", sync=False, level="default", bucket_bytes=None):
     """(model, settings) of a framework's scratch step: the network's Functional (lenet.py's, or resnet.py's with

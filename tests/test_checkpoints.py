@@ -21,13 +21,7 @@ from harness.spec import RunSpec
 from common.lenet import init_weights
 from conftest import framework_or_skip, installed_frameworks
 
-
-@pytest.fixture(autouse=True, scope="module")
-def devices_first():
-    """TensorFlow and JAX fix their number of CPU devices when they first run anything, and later test files
-    in this process need several: get_devices() makes them before this file builds a model."""
-    for fw in installed_frameworks():
-        fw.get_devices()
+pytestmark = pytest.mark.usefixtures("devices_first")   # conftest.devices_first says why
 
 
 def saved(framework, folder, weights=None, name="lenet"):

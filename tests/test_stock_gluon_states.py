@@ -12,6 +12,8 @@ from common.lenet import init_weights
 from conftest import framework_or_skip
 from harness.training import convert
 
+pytestmark = pytest.mark.usefixtures("devices_first")   # conftest.devices_first says why
+
 BATCH, BEFORE, AFTER = 32, 20, 10
 # Adam's normalised step turns float32 round-off of the kernels (MXNet's computes 1 - beta2 in float32) into up to
 # 3.6e-5 of these 10 losses (Optax; Keras 2.7e-5, torch 7e-6, measured at 0df5083+): past 1e-5 in every framework,

@@ -10,17 +10,11 @@ from common.lenet import PARAM_NAMES, init_weights
 from harness.training.checkpoints import SUFFIXES, read_weights
 from harness.training.convert import main as convert
 from harness.loader import load_module
-from conftest import framework_or_skip, installed_frameworks
+from conftest import framework_or_skip
 
 WEIGHTS = 7   # the seed of the wrapped model's weights
 
-
-@pytest.fixture(autouse=True, scope="module")
-def devices_first():
-    """TensorFlow and JAX fix their number of CPU devices when they first run anything (--verify below), and later
-    test files in this process need several: get_devices() makes them first."""
-    for fw in installed_frameworks():
-        fw.get_devices()
+pytestmark = pytest.mark.usefixtures("devices_first")   # conftest.devices_first says why
 
 
 def wrapped_file(tmp_path, wrapper, edit=None):
