@@ -7,11 +7,9 @@ import numpy as np
 import pytest
 
 from common import FRAMEWORKS
-from common import models
-from common.batches import epoch_batches
 from common.optim import Optimizer
-from conftest import framework_or_skip, scratch, train_steps
 from harness.processes.launch import run_workers
+from harness.spec import RunSpec
 
 pytestmark = pytest.mark.slow   # every test here starts real worker processes
 
@@ -27,32 +25,17 @@ TOL = 1e-3
 MOMENTUM = {"optimizer": "momentum", "weight_decay": 0.05}
 
 
-def in_process(framework, digits, devices, sync, optimizer=None):
-    """The recipe's first STEPS steps in this process: the reference weights. One device with local BatchNorm is
-    the whole batch's statistics without the all-reduce path that the synchronised rows test. With an optimizer
+@pytest.fixture
+def reference(recipe_runs):
+    """weights(framework, devices, optimizer): the recipe's first STEPS steps in this process, run once a session
+    (tests/test_resnet_modes.py's reference on one device is the same run). One device with local BatchNorm is the
+    whole batch's statistics without the all-reduce path that the synchronised rows test. With an optimizer
     (common.optim.Optimizer), its update and state in the one scratch step."""
-    fw, (model, _) = framework_or_skip(framework), scratch(framework, "resnet", sync=sync)
-    found = fw.get_devices(devices)
-    weights, state = models.init_weights("resnet18", SEED, width=WIDTH), models.init_bn_state("resnet18", WIDTH)
-    replicas = [model.get_params(weights, d) for d in found]
-    bn_states = [model.get_bn_state(state, d) for d in found]
-    states = None if optimizer is None else [fw.init_state(r, optimizer) for r in replicas]
-    for rows in epoch_batches(len(digits.y_train), BATCH, SEED, 0)[:STEPS]:
-        train_steps(fw, replicas, digits.X_train[rows], digits.y_train[rows], found, LR, bn_states=bn_states,
-                    states=states, network="resnet", sync=sync)
-    return model.to_numpy(replicas[0])
-
-
-@pytest.fixture(scope="module")
-def reference(digits):
-    cache = {}
-
-    def get(framework, devices, sync, optimizer=None):
-        key = framework, devices, sync, optimizer
-        if key not in cache:
-            cache[key] = in_process(framework, digits, devices, sync, optimizer)
-        return cache[key]
-    return get
+    def weights(framework, devices, optimizer=None):
+        spec = RunSpec(framework=framework, model="resnet18", width=WIDTH, bn="local", mode="scratch", devices=devices,
+                       dataset="digits", epochs=1, batch_size=BATCH, lr=LR, seed=SEED, threads=1, max_steps=STEPS)
+        return recipe_runs(spec, optimizer or Optimizer(lr=LR))[0]
+    return weights
 
 
 def workers(framework, mode, devices, processes, bn, tmp_path, **options):
@@ -101,7 +84,7 @@ def test_sync_batchnorm_across_processes_is_one_device(framework, reference, tmp
     """The recipe's all-reduce of the moments across 2 processes, differentiated through: the whole batch's step."""
     results, weights = workers(framework, "scratch", 2, 2, "sync", tmp_path)
     assert weights is not None, results
-    assert_weights(weights, reference(framework, 1, False), f"{framework} scratch sync 2 processes")
+    assert_weights(weights, reference(framework, 1), f"{framework} scratch sync 2 processes")
     assert states(results) == (1, 2)
 
 
@@ -113,7 +96,7 @@ def test_the_built_in_engine_computes_the_local_step(framework, reference, tmp_p
     results, weights = workers(framework, "builtin", 2, 2, "local", tmp_path, **MOMENTUM)
     assert weights is not None, results
     optimizer = Optimizer(MOMENTUM["optimizer"], LR, weight_decay=MOMENTUM["weight_decay"], total_steps=STEPS)
-    assert_weights(weights, reference(framework, 2, False, optimizer), f"{framework} builtin local momentum")
+    assert_weights(weights, reference(framework, 2, optimizer), f"{framework} builtin local momentum")
     assert states(results) == LOCAL_BUILTIN_STATES[framework]
 
 
@@ -126,7 +109,7 @@ def test_the_built_in_engine_synchronises_or_says_why_not(framework, reference, 
         assert weights is None and skip in results, results
         return
     assert weights is not None, results
-    assert_weights(weights, reference(framework, 1, False), f"{framework} builtin sync 2 processes")
+    assert_weights(weights, reference(framework, 1), f"{framework} builtin sync 2 processes")
     assert states(results) == (1, 2)
 
 
@@ -138,7 +121,6 @@ def test_a_resumed_run_ends_with_the_uninterrupted_run_s_weights_and_statistics(
     first epoch then cosine: the state's buffers and step count decide the second epoch's every update. Two full
     batches an epoch of synthetic images: no retrace for a last batch."""
     from harness.training.checkpoints import checkpoint_name, read_model
-    from harness.spec import RunSpec
     spec = RunSpec(framework=framework, model="resnet18", width=WIDTH, bn="local", mode="scratch", devices=2,
                    dataset="synthetic", n_synthetic=512, epochs=2, batch_size=256, lr=LR, seed=SEED, threads=1,
                    checkpoint_dir=str(tmp_path / "whole"), checkpoint_every=1, optimizer="momentum",

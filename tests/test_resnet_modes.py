@@ -20,24 +20,26 @@ TOL = 1e-3   # one step of BatchNorm in float32: see tests/test_resnet_engines.p
 ENGINE_TOL = {"mxnet": 3e-3}
 
 
+def run_spec(framework, mode, devices, bn):
+    return RunSpec(framework=framework, model="resnet18", width=WIDTH, bn=bn, mode=mode, devices=devices,
+                   dataset="digits", epochs=1, batch_size=BATCH, lr=LR, seed=SEED, threads=1, max_steps=1)
+
+
 def one_step(framework, mode, devices, bn, digits, optimizer=None):
     """(weights, the replicas' BatchNorm states, the record) after one step of `mode` on `devices` devices."""
     fw = framework_or_skip(framework)
-    spec = RunSpec(framework=framework, model="resnet18", width=WIDTH, bn=bn, mode=mode, devices=devices,
-                   dataset="digits", epochs=1, batch_size=BATCH, lr=LR, seed=SEED, threads=1, max_steps=1)
+    spec = run_spec(framework, mode, devices, bn)
     run = runner(spec, fw, fw.get_devices(devices))
     record = train(run, digits, spec, optimizer or Optimizer(lr=LR))
     return run.weights(), run.replica_bn_states(), record
 
 
-@pytest.fixture(scope="module")
-def reference(digits):
-    cache = {}
-
+@pytest.fixture
+def reference(recipe_runs):
+    """The recipe's first step on `devices` devices: shared for the session (tests/test_resnet_engines.py's
+    reference on one device is the same run)."""
     def get(framework, devices, bn):
-        if (framework, devices, bn) not in cache:
-            cache[framework, devices, bn] = one_step(framework, "scratch", devices, bn, digits)
-        return cache[framework, devices, bn]
+        return recipe_runs(run_spec(framework, "scratch", devices, bn), Optimizer(lr=LR))
     return get
 
 

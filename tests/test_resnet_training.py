@@ -39,6 +39,20 @@ def step(name, case, devices, sync, rows=None, batch_size=None):
     return (loss, [model.to_numpy(r) for r in replicas], [model.bn_state_to_numpy(s) for s in bn_states])
 
 
+@pytest.fixture(scope="module")
+def stepped(case):
+    """step() of the module's case, each distinct (framework, devices, BatchNorm, rows, batch size) taken once: the
+    one device's whole-batch step is three tests' reference, the local step on 2 devices two tests'. Read-only."""
+    done = {}
+
+    def get(name, devices, sync, rows=None, batch_size=None):
+        key = name, devices, sync, None if rows is None else (rows.start, rows.stop), batch_size
+        if key not in done:
+            done[key] = step(name, case, devices, sync, rows, batch_size)
+        return done[key]
+    return get
+
+
 def assert_close(got, want, tol=TOL, what=""):
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     assert got.shape == want.shape, (what, got.shape, want.shape)
@@ -60,8 +74,8 @@ def spec_on(case, rows):
 
 
 @pytest.mark.parametrize("name", ("pytorch", "mxnet", "tensorflow", "jax"))
-def test_one_device_is_the_spec_forward(name, case):
-    loss, _, (bn_state,) = step(name, case, 1, sync=False)
+def test_one_device_is_the_spec_forward(name, case, stepped):
+    loss, _, (bn_state,) = stepped(name, 1, sync=False)
     want_loss, want_state = spec_on(case, slice(None))
     assert_close(loss, want_loss / BATCH, what="loss")
     assert_dicts_close(bn_state, want_state, what="running statistics")
@@ -70,11 +84,11 @@ def test_one_device_is_the_spec_forward(name, case):
 @pytest.mark.slow
 @pytest.mark.parametrize("devices", (2, 3))
 @pytest.mark.parametrize("name", ("pytorch", "mxnet", "tensorflow", "jax"))
-def test_local_batchnorm_follows_each_shard(name, case, devices):
+def test_local_batchnorm_follows_each_shard(name, case, devices, stepped):
     """Replica i's running statistics are the spec's on shard i alone; the loss is the shards' summed; the new
     weights are the old ones moved by every shard's own gradient (each computed on one device with the global
     batch size), and equal on every replica."""
-    loss, replicas, bn_states = step(name, case, devices, sync=False)
+    loss, replicas, bn_states = stepped(name, devices, sync=False)
     shards = [slice(a, b) for a, b in shard_bounds(BATCH, devices)]
     assert_close(loss, sum(spec_on(case, rows)[0] for rows in shards) / BATCH, what="loss")
     for i, rows in enumerate(shards):
@@ -82,7 +96,7 @@ def test_local_batchnorm_follows_each_shard(name, case, devices):
     weights = case[0]
     moved = {k: w.astype(np.float64) for k, w in weights.items()}
     for rows in shards:
-        _, (alone,), _ = step(name, case, 1, sync=False, rows=rows, batch_size=BATCH)
+        _, (alone,), _ = stepped(name, 1, sync=False, rows=rows, batch_size=BATCH)
         for k in moved:
             moved[k] += alone[k] - weights[k]
     for i, replica in enumerate(replicas):
@@ -92,19 +106,19 @@ def test_local_batchnorm_follows_each_shard(name, case, devices):
 @pytest.mark.slow
 @pytest.mark.parametrize("devices", (2, 4))   # 4: shards of 2, 2, 2 and 1 row (3 devices: the local test's)
 @pytest.mark.parametrize("name", ("pytorch", "mxnet", "tensorflow", "jax"))
-def test_sync_batchnorm_on_n_devices_is_one_device(name, case, devices):
+def test_sync_batchnorm_on_n_devices_is_one_device(name, devices, stepped):
     """The reference is one device's step with the plain (local) BatchNorm: the batch's own statistics, differentiated
     by the framework, not the all-reduce path under test (which a slip such as statistics cut off from the gradient
     would make wrong on 1 device too). And the two are not one computation under two names: on several devices the
     local step's weights differ from it."""
-    one_loss, (one,), (one_state,) = step(name, case, 1, sync=False)
-    loss, replicas, bn_states = step(name, case, devices, sync=True)
+    one_loss, (one,), (one_state,) = stepped(name, 1, sync=False)
+    loss, replicas, bn_states = stepped(name, devices, sync=True)
     assert_close(loss, one_loss, what="loss")
     for i, (replica, bn_state) in enumerate(zip(replicas, bn_states)):
         assert_dicts_close(replica, one, what=f"replica {i}")
         assert_dicts_close(bn_state, one_state, what=f"replica {i}'s running statistics")
     if devices == 2:
-        _, (local, _), _ = step(name, case, 2, sync=False)
+        _, (local, _), _ = stepped(name, 2, sync=False)
         assert max(np.max(np.abs(local[k] - replicas[0][k])) for k in local) > 10 * TOL
 
 
