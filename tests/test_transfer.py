@@ -159,3 +159,6 @@ def test_the_command_writes_the_user_s_model_natively(gluon, tmp_path, capsys):
     np.testing.assert_allclose(torch_logits(model, MLP_INPUTS), want, atol=TOLERANCE)
     assert main([path, str(tmp_path / "x.pt"), "--model", f"{user}:nothing"]) == 1
     assert capsys.readouterr().err.strip() == f"error: {user} has no function nothing"
+    assert main([str(user), str(tmp_path / "x.pt"), "--model", f"{user}:build"]) == 1   # not a Gluon file
+    assert capsys.readouterr().err.strip() == f"error: {user}: a source file must be a Gluon save_parameters file " \
+                                              "(.params)"

@@ -137,7 +137,7 @@ def main(argv=None):
         print("\n".join(table(rows)))
         save(model, args.dst)
         print(f"wrote {args.dst}")
-    except RosettaError as err:
+    except (RosettaError, ValueError) as err:   # ValueError: a source that is not a Gluon .params file
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
