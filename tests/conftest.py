@@ -131,6 +131,12 @@ SLOW_REPEATS = {
     "test_resnet_checkpoints.py::test_every_conversion_runs_in_inference_mode_with_the_same_logits",
     "test_resnet_checkpoints.py::test_every_conversion_carries_the_resnet_s_optimizer_state[momentum]",
     "test_resnet_checkpoints.py::test_every_conversion_carries_the_resnet_s_optimizer_state[adam]",
+    # stock code continuing a stock Gluon Trainer: momentum's convention on one context is the fast case
+    "test_stock_gluon_states.py::test_stock_torch_keras_and_optax_code_continue_a_stock_gluon_trainer[sgd-1ctx]",
+    "test_stock_gluon_states.py::test_stock_torch_keras_and_optax_code_continue_a_stock_gluon_trainer[nag-1ctx]",
+    "test_stock_gluon_states.py::test_stock_torch_keras_and_optax_code_continue_a_stock_gluon_trainer"
+    "[sgd-momentum-2ctx]",
+    "test_stock_gluon_states.py::test_stock_gluon_code_loads_the_converter_s_mxnet_files_alone[nag]",
 }
 
 
