@@ -115,8 +115,8 @@ def read_state(path):
         kept = {key.split("/")[1].replace("..", "."): key for key in reader.get_variable_to_shape_map()
                 if key.startswith(f"{CANONICAL}/")}
         if not kept:
-            raise ValueError("momentum buffers in Keras's convention (the rate inside) without the canonical ones "
-                             "this project writes beside them: a checkpoint stock Keras code wrote, which the "
+            raise ValueError("momentum buffers without the canonical ones this project writes beside them: a "
+                             "checkpoint stock Keras code wrote (or this project before 2026-11-26), which the "
                              "converter does not read")
         state.update({f"momentum_buffer.{name}": reader.get_tensor(kept[name]) for name in kinds["momentum"]})
     return state
