@@ -2,8 +2,11 @@
 NNX's traversal order (nnx.iter_graph: a module's attributes by name, a list's items by index), a layer's
 variables named by role: kernel is the weight; a BatchNorm's scale and bias are its gamma and beta, its mean and
 var the running statistics."""
+import os
+
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 from flax import nnx
 
 from common.transfer import ordered
@@ -36,3 +39,9 @@ def assign(model, arrays):
             if arrays[key].shape != v.value.shape:
                 raise ValueError(f"{key}: {arrays[key].shape}, not {v.value.shape}")
             v.value = jnp.asarray(arrays[key])
+
+
+def save(model, path):
+    """As Flax's checkpointing guide saves a module: the pure dict of its state, with Orbax (a directory)."""
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(os.path.abspath(path), nnx.to_pure_dict(nnx.state(model)))

@@ -193,8 +193,8 @@ def canonical_buffer(mx_optimizer, array):
     """One of a parameter's buffers (numpy) in common.optim's convention: a stock SGD's or NAG's momentum divided by
     minus the last update's rate (learning_rate: the schedule's rate of num_update, the updates made); the classes
     above keep the canonical convention already."""
-    if type(mx_optimizer) in RATE_INSIDE:
-        return array / -mx_optimizer.learning_rate
+    if type(mx_optimizer) in RATE_INSIDE and mx_optimizer.learning_rate:   # 0 before a warm-up's first update,
+        return array / -mx_optimizer.learning_rate                          # when the buffer is 0 anyway
     return array
 
 
@@ -240,8 +240,8 @@ def told(mx_optimizer, accept_gap=False):
              mx.optimizer.SGD: "momentum" if getattr(o, "momentum", 0.0) else "sgd", mx.optimizer.Adam: "adam"}
     if kind is mx.optimizer.Adam and not accept_gap:
         raise ValueError("MXNet's stock Adam adds epsilon to the uncorrected sqrt(v) (torch's epsilon times "
-                         "sqrt(1 - beta2^t), smaller in early steps): no stock Adam elsewhere but Keras's continues it "
-                         "exactly (--accept-gap converts it anyway)")
+                         "sqrt(1 - beta2^t), smaller in early steps): no stock Adam elsewhere but Keras's computes it "
+                         "(--accept-gap converts it anyway)")
     if kind not in names:
         raise ValueError(f"MXNet's {kind.__name__} is not one the converter carries (sgd, sgd with momentum, nag, and "
                          "this project's momentum, nesterov, adam, adamw)")

@@ -29,3 +29,8 @@ def assign(model, arrays):
     params = model._collect_params_with_prefix()
     for key, a in arrays.items():
         params[key].set_data(mx.nd.array(a))
+
+
+def save(model, path):
+    """As Gluon saves a network: save_parameters."""
+    model.save_parameters(path)

@@ -25,3 +25,8 @@ def assign(model, arrays):
     state = model.state_dict()
     state.update({key: torch.from_numpy(a) for key, a in arrays.items()})
     model.load_state_dict(state)
+
+
+def save(model, path):
+    """As PyTorch saves a model: its state_dict, torch.save."""
+    torch.save(model.state_dict(), path)

@@ -22,3 +22,8 @@ def assign(model, arrays):
     for variable in model.weights:
         if variable.path in arrays:
             variable.assign(arrays[variable.path])
+
+
+def save(model, path):
+    """As Keras saves a model's weights: save_weights (a .weights.h5 file)."""
+    model.save_weights(path)

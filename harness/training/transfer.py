@@ -96,23 +96,6 @@ def user_function(spec):
     return getattr(module, name)
 
 
-def save(model, path):
-    """The target model, saved as its framework saves one: DST's name says which."""
-    framework = framework_of(model)
-    if framework == "pytorch":
-        import torch
-        torch.save(model.state_dict(), path)
-    elif framework == "tensorflow":
-        model.save_weights(path)
-    elif framework == "jax":
-        import orbax.checkpoint as ocp
-        from flax import nnx
-        with ocp.StandardCheckpointer() as checkpointer:
-            checkpointer.save(os.path.abspath(path), nnx.to_pure_dict(nnx.state(model)))
-    else:
-        model.save_parameters(path)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m harness.training.transfer", description=__doc__.split("\n\n")[0])
     p.add_argument("src", help="a Gluon save_parameters file (.params)")
@@ -135,7 +118,7 @@ def main(argv=None):
         except ValueError as err:
             raise RosettaError(f"{args.src} -> {args.model}: {err}")
         print("\n".join(table(rows)))
-        save(model, args.dst)
+        load_module(framework_of(model), "transfer").save(model, args.dst)
         print(f"wrote {args.dst}")
     except (RosettaError, ValueError) as err:   # ValueError: a source that is not a Gluon .params file
         print(f"error: {err}", file=sys.stderr)
