@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("devices_first")   # conftest.devices_first
 
 BATCH, BEFORE, AFTER = 32, 20, 10
 # Adam's normalised step turns float32 round-off of the kernels (MXNet's computes 1 - beta2 in float32) into up to
-# 3.6e-5 of these 10 losses (Optax; Keras 2.7e-5, torch 7e-6, measured at 0df5083+): past 1e-5 in every framework,
+# 3.6e-5 of these 10 losses (Optax; Keras 2.7e-5, torch 7e-6, measured at 4fb4c33, 2026-11-26): past 1e-5 in every framework,
 # so the epsilon gap's share cannot be told apart below this
 ADAM_TOLERANCE = 1e-4
 # (Gluon's optimizer and its parameters, torch.optim.SGD's, and keras.optimizers.SGD's and optax.sgd's, which take the
