@@ -289,6 +289,14 @@ def tag(monkeypatch):
 
 
 @pytest.fixture
+def stub_workers(monkeypatch):
+    """The workers this test starts train with tests/stub_training.py: no framework, a step of 50 ms, the ranks in
+    lockstep. For what does not depend on the framework: how processes start, report, stall, die and end."""
+    from harness.run.worker import STUB_VARIABLE
+    monkeypatch.setenv(STUB_VARIABLE, os.path.join(ROOT, "tests", "stub_training.py"))
+
+
+@pytest.fixture
 def start_compare(tag):
     """Start compare.py in the background, tagged; killed at the end of the test whatever happens."""
     started = []

@@ -119,8 +119,8 @@ def in_background(fn):
     return thread, result
 
 
-def test_a_dead_worker_stops_the_run_within_seconds(tag):
-    framework_or_skip("pytorch")
+def test_a_dead_worker_stops_the_run_within_seconds(tag, stub_workers):
+    """Its peer would wait in the next step's collective forever (the stub's lockstep: tests/stub_training.py)."""
     thread, result = in_background(lambda: run_workers(long_spec(), timeout=120))
     workers = wait_for_training(tag, 2)
     os.kill(workers[-1], signal.SIGKILL)
@@ -130,8 +130,7 @@ def test_a_dead_worker_stops_the_run_within_seconds(tag):
     assert result["value"][0]["status"] == "failed" and "killed by signal 9" in result["value"][0]["error"]
 
 
-def test_a_timeout_ends_every_process(tag):
-    framework_or_skip("pytorch")
+def test_a_timeout_ends_every_process(tag, stub_workers):
     start = time.monotonic()
     (result,) = run_workers(long_spec(), timeout=8)
     assert result["status"] == "failed" and "timed out after 8 s" in result["error"]

@@ -1,0 +1,88 @@
+"""A worker's training with no framework in it: the process lifecycle's tests (tests/test_endings.py, the dead-worker
+and timeout tests of tests/test_engines.py) need workers that start, report progress, wait for each other every step
+as a collective does, and write their records, not workers that import a framework and compile for 10 s first.
+`run(spec, started)` stands in for harness.run.worker.run when the worker's environment names this file
+(harness.run.worker.STUB_VARIABLE); everything around it is the real worker: its signals, its parent watch, its
+record, the real training loop (harness.training.loop.train) with this file's runner in place of a framework's.
+
+The runner takes STEP_SECONDS a step and returns a loss that falls with the step; the processes of a run go in
+lockstep (each step waits until every rank has done the one before), through files in the run's log folder, so that
+one stopped process stalls the others as a stopped peer of an all-reduce does."""
+import os
+import time
+
+import numpy as np
+
+STEP_SECONDS = 0.05
+
+
+class Lockstep:
+    """The runner interface of harness.training.loop (Scratch's), computing nothing: `weights` is the number of steps
+    taken, equal on every rank that took them all."""
+
+    def __init__(self, rank, world, folder):
+        self.rank, self.world, self.folder, self.steps = rank, world, folder, 0
+
+    def initial_weights(self, seed, init):
+        return {"steps": np.zeros(1, np.float32)}
+
+    def start(self, weights, optimizer, state=None):
+        self.steps = int(weights["steps"][0])
+
+    def feed(self, data, order, rank, world):
+        pass
+
+    def batches(self, epoch):
+        while True:
+            yield None
+
+    def done(self, rank):
+        try:
+            with open(os.path.join(self.folder, f"stub-rank{rank}")) as f:
+                return int(f.read() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def step(self, batch, lr, batch_size):
+        time.sleep(STEP_SECONDS)
+        self.steps += 1
+        if self.world > 1:   # written whole (a rename), then wait for every other rank to have taken this step
+            path = os.path.join(self.folder, f"stub-rank{self.rank}")
+            with open(path + ".part", "w") as f:
+                f.write(str(self.steps))
+            os.replace(path + ".part", path)
+            while min(self.done(r) for r in range(self.world)) < self.steps:
+                time.sleep(0.01)
+        return 2.3 * 0.97 ** self.steps
+
+    def weights(self):
+        return {"steps": np.array([self.steps], np.float32)}
+
+    def sync(self):
+        pass
+
+    def evaluate(self, X, y):
+        return 0.1
+
+    def spread(self):
+        return None
+
+    def replica_bn_states(self):
+        return []
+
+
+def run(spec, started):
+    from common.data import load_dataset
+    from harness.processes.launch import LOGS_VARIABLE
+    from harness.run.worker import progress
+    from harness.training.loop import Hooks, steps_per_epoch, train
+    data = load_dataset(spec.dataset, spec.data_dir, spec.n_synthetic, spec.seed)
+    rank, world = int(os.environ.get("RANK", 0)), spec.processes   # the variables of PyTorch's engine (torchrun's)
+    runner = Lockstep(rank, world, os.environ.get(LOGS_VARIABLE, "."))
+    optimizer = spec.canonical_optimizer(steps_per_epoch(len(data.y_train), spec.batch_size, spec.devices))
+    startup_seconds = time.perf_counter() - started
+    record = train(runner, data, spec, optimizer, rank, world, hooks=Hooks(progress))
+    return {**record, "spec": spec.to_dict(), "rank": rank, "world": world, "fingerprint": data.fingerprint(),
+            "exec": None, "compiles": None, "layout": None, "startup_seconds": startup_seconds,
+            "device_names": [f"stub {d}" for d in range(spec.per_process)], "peak_rss_bytes": 0,
+            "train_memory_bytes": None, "peak_device_memory_bytes": None}
