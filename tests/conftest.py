@@ -23,6 +23,15 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
 
+# XLA's CPU backend compiles the suite's JAX programs without LLVM's machine-code optimisation: the same HLO after the
+# same XLA passes (fusion, layout, the collectives), only the machine code less optimised, and compiling it takes
+# 2.5 times less (a width-8 ResNet test: 31 s at the default level, 12 s at 0). The suite's JAX time is compilation;
+# its programs run a few steps. Every tolerance holds at both levels; the README's main job runs at the default
+# (tests/test_parity.py's full default run is started without this flag, as a user starts it).
+FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAG}".strip()
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -288,12 +297,15 @@ def tag(monkeypatch):
     assert not processes_tagged(value), "a process of the run outlived it"
 
 
+STUB_TRAINING = os.path.join(ROOT, "tests", "stub_training.py")
+
+
 @pytest.fixture
 def stub_workers(monkeypatch):
     """The workers this test starts train with tests/stub_training.py: no framework, a step of 50 ms, the ranks in
     lockstep. For what does not depend on the framework: how processes start, report, stall, die and end."""
     from harness.run.worker import STUB_VARIABLE
-    monkeypatch.setenv(STUB_VARIABLE, os.path.join(ROOT, "tests", "stub_training.py"))
+    monkeypatch.setenv(STUB_VARIABLE, STUB_TRAINING)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_compare as compare
+from conftest import ROOT, STUB_TRAINING, run_compare as compare
 
 
 @pytest.mark.slow
@@ -42,11 +42,14 @@ def test_small_pytorch_run_writes_the_documented_json(tmp_path):
 
 @pytest.mark.slow
 def test_progress_bar_when_stdout_is_a_terminal():
+    """The bar follows the worker's progress lines, whatever trains: the stub worker's (tests/stub_training.py)."""
     import pty
     import re
+    from harness.run.worker import STUB_VARIABLE
     main, replica = pty.openpty()
     proc = subprocess.Popen([sys.executable, "compare.py", "--frameworks", "pytorch", "--devices", "1",
-                             "--epochs", "10"], cwd=ROOT, stdout=replica, stderr=subprocess.DEVNULL)
+                             "--epochs", "10"], cwd=ROOT, stdout=replica, stderr=subprocess.DEVNULL,
+                            env={**os.environ, STUB_VARIABLE: STUB_TRAINING})
     os.close(replica)
     chunks = []
     while True:
