@@ -3,10 +3,13 @@ sums the gradients of the Parameters' copies on every context; across processes 
 kvstore that distributed.py created also sums them over all workers (through the server).
 The ResNet's BatchNorm keeps its running statistics as aux Parameters (grad_req 'null'): the kvstore never sees
 them, so each context keeps its own. Synchronised BatchNorm is Gluon's contrib.nn.SyncBatchNorm, which shares the
-moments between the contexts of one process only, and hangs on CPU contexts (measured: the run is refused there)."""
+moments between the contexts of one process only; on CPU contexts it needs MXNet started with enough scratch
+buffers (common/cpu_scratch.py), or it hangs."""
+import os
 
 from mxnet import autograd, gluon, nd
 
+from common import cpu_scratch
 from common.interface import Model, Network, Unavailable
 
 from . import distributed as dist, resnet
@@ -30,13 +33,13 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     optimizer is optimizer.py's Trainer: MXNet's optimizer and schedule, and clipping by global norm, from the
     canonical `state` of a checkpoint if given (every context's updater, in every process, gets it), for either
     network (its parameters by their canonical names: idiomatic.canonical_names).
-    The ResNet's sync BatchNorm: SyncBatchNorm over this process's contexts (GPUs: written, not run here)."""
+    The ResNet's sync BatchNorm: SyncBatchNorm over this process's contexts (CPU contexts run here; GPUs: written,
+    not run here)."""
     if network.sync and dist.is_initialized():
         raise Unavailable("Gluon's contrib SyncBatchNorm synchronises the contexts of one process only, not a "
                           "kvstore's workers: run --bn sync in 1 process")
     if network.sync and devices[0].device_type == "cpu":
-        raise Unavailable("Gluon's contrib SyncBatchNorm hangs on CPU contexts (MXNet 1.9.1: each context's engine "
-                          "thread waits in each layer for the others; measured: 2 layers finish, 3 never do)")
+        check_scratch_buffers(len(devices), os.environ)
     net = build(weights, network, len(devices) if network.sync else None)   # hybridized, on the CPU
     net.collect_params().reset_ctx(devices)
     kvstore = {"kvstore": dist.KV if dist.is_initialized() else "device", "update_on_kvstore": False}
@@ -52,6 +55,16 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     trainer._init_params()
     nd.waitall()
     return Model(net, trainer, devices)
+
+
+def check_scratch_buffers(contexts, environ):
+    """Gluon's SyncBatchNorm on CPU contexts hangs unless MXNet started with a scratch buffer for each of its ops
+    (common/cpu_scratch.py): refuse in one line before it can."""
+    needed = cpu_scratch.copies(contexts, sync_batchnorm=True)
+    if cpu_scratch.configured(environ) < needed:
+        raise Unavailable(f"Gluon's contrib SyncBatchNorm on {contexts} CPU contexts hangs unless MXNet starts with "
+                          f"{cpu_scratch.VARIABLE}>={needed} (it has {cpu_scratch.configured(environ)}): set it before "
+                          "importing mxnet, as compare.py's workers do")
 
 
 def train_step(model, batch, lr, batch_size):

@@ -28,6 +28,8 @@ def test_a_core_per_device_gives_each_op_one_device_s_share_and_the_schedulers_a
     # what they buy depends on the machine: docs/profiling.md)
     assert env["MXNET_CPU_TEMP_COPY"] == cores.thread_env(2, "shared", local_devices=2)["MXNET_CPU_TEMP_COPY"] == "32"
     assert cores.thread_env(2, "shared", local_devices=1)["MXNET_CPU_TEMP_COPY"] == "16"
+    # Gluon's SyncBatchNorm hangs unless no two contexts' ops share a copy: 128 per context (common/cpu_scratch.py)
+    assert cores.thread_env(2, "shared", local_devices=4, sync_batchnorm=True)["MXNET_CPU_TEMP_COPY"] == "512"
 
 
 def test_each_worker_gets_cores_of_its_own():

@@ -7,28 +7,30 @@ per-device: each device gets cores of its own. Its process is pinned to them (th
   thread per device (MXNet's engine has a worker pool per context; TensorFlow's inter-op pool runs
   independent ops side by side). N devices on N cores can then run in parallel, if the framework runs its
   replicas concurrently: that is what the benchmark's per-device rows measure.
-In both, MXNet gets more scratch buffers: its ops draw their temporary space (a convolution's im2col, a
-reduction's workspace) round robin from one pool for all CPU contexts, 4 copies by default
-(MXNET_CPU_TEMP_COPY), and two ops given the same copy wait for each other. With two contexts of the LeNet that
-made them take turns (their engine workers' CPU time summed to the wall time: docs/profiling.md); 16 copies per
-context let them overlap.
+In both, MXNet gets more scratch buffers (common/cpu_scratch.py): its ops draw their temporary space round robin
+from one pool for all CPU contexts, 4 copies by default, and two ops given the same copy wait for each other. With
+two contexts of the LeNet that made them take turns (their engine workers' CPU time summed to the wall time:
+docs/profiling.md); 16 copies per context let them overlap, and Gluon's synchronised BatchNorm needs 128 not to hang.
 """
 import os
 
+from common import cpu_scratch
+
 CORES = ("shared", "per-device")
 CPUS_VARIABLE = "ROSETTA_CPUS"   # the cores a worker pins itself to, set by compare.py's launcher
-TEMP_COPIES_PER_DEVICE = 16   # MXNet's CPU scratch buffers (see above)
 
 
-def thread_env(threads, cores="shared", local_devices=1):
-    """The variables OpenMP, MKL, TensorFlow and MXNet read when they start (set them before the import)."""
+def thread_env(threads, cores="shared", local_devices=1, sync_batchnorm=False):
+    """The variables OpenMP, MKL, TensorFlow and MXNet read when they start (set them before the import).
+    sync_batchnorm: the run synchronises BatchNorm across its devices (--bn sync), which MXNet's scratch buffers
+    must allow for."""
     per_op = threads if cores == "shared" else max(1, threads // local_devices)
     env = {var: str(per_op) for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")}
     if cores == "shared":
         env.update(MXNET_CPU_WORKER_NTHREADS=str(threads), TF_NUM_INTEROP_THREADS="1" if threads == 1 else "2")
     else:
         env.update(MXNET_CPU_WORKER_NTHREADS="1", TF_NUM_INTEROP_THREADS=str(local_devices))
-    env["MXNET_CPU_TEMP_COPY"] = str(TEMP_COPIES_PER_DEVICE * local_devices)
+    env[cpu_scratch.VARIABLE] = str(cpu_scratch.copies(local_devices, sync_batchnorm))
     return env
 
 

@@ -19,7 +19,7 @@ import traceback
 def set_threads(spec):
     """Must happen before the framework is imported: OpenMP, MKL and TensorFlow read these at start-up."""
     from ..processes.cores import pin_from_env, thread_env
-    os.environ.update(thread_env(spec.threads or os.cpu_count(), spec.cores, spec.per_process))
+    os.environ.update(thread_env(spec.threads or os.cpu_count(), spec.cores, spec.per_process, spec.bn == "sync"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's start-up chatter
     pin_from_env()
 
