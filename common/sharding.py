@@ -1,4 +1,5 @@
-"""How a global batch is cut into per-device shards: the same arithmetic in every framework."""
+"""How a global batch is cut into per-device shards, and the test split into per-process parts: the same arithmetic
+in every framework."""
 from .interface import RosettaError
 
 
@@ -16,6 +17,16 @@ def shard_bounds(n, k):
         bounds.append((start, stop))
         start = stop
     return bounds
+
+
+def evaluation_rows(n, rank, world):
+    """(start, stop) of process `rank`'s part of an n-image test split that `world` processes evaluate together:
+    contiguous, sizes differing by at most one, every image counted once. The stock samplers pad or drop instead
+    (PyTorch's DistributedSampler repeats images to even the parts; docs/usage.md). A process gets no rows only
+    when there are more processes than images."""
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
 
 
 def check_device_count(n, available_gpus):

@@ -105,3 +105,9 @@ def all_reduce(x):
     rows = jax.make_array_from_single_device_arrays((mesh.size, *x.shape), NamedSharding(mesh, P("processes")),
                                                     [jax.device_put(x[None], mine)])
     return sum_over_processes()(rows).addressable_data(0)
+
+
+def sum_count(n):
+    """The integer n summed over every process (the test split's correct counts), by XLA's all-reduce as above (int32:
+    JAX's integers without x64)."""
+    return int(all_reduce(np.array([n], np.int32))[0])

@@ -69,3 +69,8 @@ def all_reduce(t):
     if len(STRATEGY.extended.worker_devices) != 1:
         raise RosettaError("the scratch mode across processes needs one visible GPU per TensorFlow worker")
     return STRATEGY.run(lambda v: tf.distribute.get_replica_context().all_reduce("sum", v), args=(t,))
+
+
+def sum_count(n):
+    """The integer n summed over every worker (the test split's correct counts), by the strategy's collective."""
+    return int(all_reduce(tf.constant([n], tf.int64)).numpy()[0])

@@ -112,6 +112,16 @@ def weights_of(fw, replica, **configuration):
     return scratch(fw.name, **configuration)[0].to_numpy(replica)
 
 
+def assert_evaluated_together(records, fw, weights, data):
+    """A multi-process run's test accuracy, which its processes share (harness.training.loop.shared_accuracy): every
+    record says how many shared it and gives the same accuracy, the LeNet's final `weights` evaluated on the whole test
+    split in this one process, to the image."""
+    model, _ = scratch(fw.name)
+    alone = fw.evaluate(model, model.get_params(weights, fw.get_devices(1)[0]), None, data.X_test, data.y_test)
+    assert [r["evaluated_by"] for r in records] == [len(records)] * len(records)
+    assert [r["test_accuracy"] for r in records] == [alone] * len(records)
+
+
 @pytest.fixture(params=FRAMEWORKS)
 def fw(request):
     return framework_or_skip(request.param)

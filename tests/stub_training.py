@@ -64,6 +64,9 @@ class Lockstep:
     def evaluate(self, X, y):
         return 0.1
 
+    def total(self, count):
+        return count * self.world   # every rank's part alike: evaluate computes nothing
+
     def spread(self):
         return None
 

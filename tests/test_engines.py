@@ -1,4 +1,5 @@
 """Every mode and process count computes the in-process scratch step, and every process ends."""
+import json
 import os
 import signal
 import sys
@@ -9,8 +10,8 @@ import pytest
 
 from common import FRAMEWORKS
 from harness.processes.launch import run_workers
-from conftest import follow, framework_or_skip, processes_by_role, run_compare, run_processes, skip_not_installed, \
-    wait_for_training
+from conftest import assert_evaluated_together, follow, framework_or_skip, processes_by_role, run_compare, \
+    run_processes, skip_not_installed, wait_for_training
 
 pytestmark = pytest.mark.slow   # every test here starts real worker processes
 
@@ -182,7 +183,6 @@ def hand_launched(tmp_path_factory):
 
 
 def merge(*paths):
-    import json
     out = os.path.join(os.path.dirname(paths[0]), "merged.json")
     proc = run_compare("--merge", *paths, "--json", out, timeout=120)
     runs = json.load(open(out))["runs"] if proc.returncode in (0, 1) else None
@@ -190,16 +190,19 @@ def merge(*paths):
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_hand_launched_workers_compute_the_same_step(framework, hand_launched, reference):
-    """The hand launch of docs/usage.md gives the in-process step, and --merge turns its files into the row."""
+def test_hand_launched_workers_compute_the_same_step(framework, hand_launched, reference, digits):
+    """The hand launch of docs/usage.md gives the in-process step, the test split evaluated by both processes
+    together, and --merge turns its files into the row."""
     files, weights = hand_launched(framework)
     ref_loss, ref_weights = reference(framework)
     for name, value in ref_weights.items():
         np.testing.assert_allclose(weights[name], value, atol=1e-5, err_msg=name)
+    records = [json.load(open(f)) for f in files]
+    assert_evaluated_together(records, framework_or_skip(framework), weights, digits)
     proc, runs = merge(*files)
     assert proc.returncode == 0, proc.stderr
     (run,) = runs
-    assert (run["framework"], run["processes"], run["status"]) == (framework, 2, "ok")
+    assert (run["framework"], run["processes"], run["status"], run["evaluated_by"]) == (framework, 2, "ok", 2)
     assert run["step_losses"][0] == pytest.approx(ref_loss, abs=1e-5)
     assert f"| {framework}" in proc.stdout
 

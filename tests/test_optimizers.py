@@ -13,7 +13,7 @@ import pytest
 
 from common import optim
 from common.interface import FRAMEWORKS
-from conftest import framework_or_skip, scratch
+from conftest import assert_evaluated_together, framework_or_skip, scratch
 from common.lenet import init_weights
 from harness.loader import load_module
 from harness.studies.stepcheck import step_errors, traced
@@ -236,3 +236,4 @@ def test_engines_compute_the_spec(framework, mode, name, digits, tmp_path):
         step, param = key.split("/")
         trace[int(step)][param] = arrays[key]
     assert_follows_the_spec(fw, digits, optimizer, 2, trace, f"{framework} {mode} 2 processes {name}")
+    assert_evaluated_together(results, fw, trace[-1], digits)

@@ -18,6 +18,7 @@ from common.buckets import bucket_bytes
 from common.interface import Network, StepSettings
 from common.models import has_batchnorm, init_bn_state, init_weights
 from common.optim import Optimizer
+from common.sharding import evaluation_rows
 
 from ..loader import load_module
 from .timing import Timer
@@ -71,6 +72,10 @@ class Scratch:
     def evaluate(self, X, y):
         return self.fw.evaluate(self.functional, self.replicas[0], self.bn_states[0], X, y)
 
+    def total(self, count):
+        """`count` summed over the run's processes by the run's own collective (its distributed.py's sum_count)."""
+        return count if self.world == 1 else load_module(self.fw.name, "distributed").sum_count(count)
+
     def spread(self):
         """Largest |difference| between any replica's weights and the first one's: 0 when in sync."""
         first = self.weights()
@@ -109,6 +114,7 @@ class Builtin(Scratch):
         self.model = self.engine.get_model(weights, self.devices, optimizer, state=state, network=self.network, **extra)
 
     def feed(self, data, order, rank, world):
+        self.world = world
         self.loader = self.pipeline.make_loader(data, order, rank, world, self.model, self.devices)
 
     def batches(self, epoch):
@@ -270,16 +276,30 @@ def train(runner, data, spec, optimizer, rank=0, world=1, start=Start(), hooks=H
         record["epoch_seconds"].append(epoch_timer.seconds)
         record["epoch_input_seconds"].append(waited)
         if spec.target_accuracy is not None:
-            record["epoch_test_accuracies"].append(runner.evaluate(data.X_test, data.y_test))
+            record["epoch_test_accuracies"].append(shared_accuracy(runner, data, rank, world))
         if after_epoch:
             after_epoch(epoch + 1, runner)
     finished = len(record["epoch_test_accuracies"]) == len(record["epoch_seconds"]) > 0   # evaluated already
-    record["test_accuracy"] = record["epoch_test_accuracies"][-1] if finished else runner.evaluate(data.X_test,
-                                                                                                  data.y_test)
+    record["test_accuracy"] = (record["epoch_test_accuracies"][-1] if finished
+                               else shared_accuracy(runner, data, rank, world))
+    record["evaluated_by"] = world
     record["replica_spread"] = runner.spread()
     record["digest"] = digest(runner.weights())
     record["bn_digests"] = [digest(s) for s in runner.replica_bn_states()]   # one per replica: equal, or not
     return record
+
+
+def shared_accuracy(runner, data, rank, world):
+    """The accuracy on the whole test split, which the run's processes share: each evaluates its own rows
+    (common.sharding.evaluation_rows: nothing counted twice, nothing dropped) and the correct counts are summed by the
+    run's collective, so every process gets the same accuracy, the one a single process would."""
+    n = len(data.y_test)
+    start, stop = evaluation_rows(n, rank, world)
+    # evaluate() gives the fraction of its rows that are right, count / rows: the count comes back exactly
+    correct = 0
+    if stop > start:
+        correct = round(runner.evaluate(data.X_test[start:stop], data.y_test[start:stop]) * (stop - start))
+    return runner.total(correct) / n
 
 
 def fed_rows(runner, data, epochs, batch_size, seed=0, rank=0, world=1, min_size=1):
@@ -327,6 +347,7 @@ def summarize(records):
         "epoch_losses": (add("epoch_loss_sums") / add("epoch_sizes")).tolist(),
         "step_losses": (add("step_loss_sums") / add("step_sizes")).tolist(),
         "test_accuracy": records[0]["test_accuracy"],
+        "evaluated_by": records[0].get("evaluated_by"),   # how many processes shared the test split (shared_accuracy)
         "epoch_test_accuracies": records[0].get("epoch_test_accuracies") or None,
         **time_to_accuracy(epoch_seconds, records[0].get("epoch_test_accuracies"),
                            (records[0].get("spec") or {}).get("target_accuracy")),
