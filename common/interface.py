@@ -52,8 +52,10 @@ CONTRACT = {
 # The run's settings of the scratch step (data_parallel.train_step's `settings`), passed, never set on a module:
 # bucket_bytes: how the gradients are all-reduced (None: one all-reduce per parameter; else in common.buckets.plan's
 # buckets of that many bytes: --allreduce bucketed); units: what runs compiled (execution.compile(level, model)'s dict,
-# every name of data_parallel.UNITS as the exec level makes it; None: every unit as written).
-StepSettings = collections.namedtuple("StepSettings", "bucket_bytes units", defaults=(None, None))
+# every name of data_parallel.UNITS as the exec level makes it; None: every unit as written); accumulate: the micro-batches
+# each device's shard is cut into, their gradients added up on the device before the one all-reduce (--accumulate K:
+# common.sharding.micro_batch_count gives each step's).
+StepSettings = collections.namedtuple("StepSettings", "bucket_bytes units accumulate", defaults=(None, None, 1))
 
 # The networks the scratch step trains: lenet.py and resnet.py of every framework folder each define a class
 # Functional, the network as the recipe writes it (weights as lists of tensors, forward as a function), with these

@@ -29,6 +29,19 @@ def evaluation_rows(n, rank, world):
     return start, start + base + (1 if rank < extra else 0)
 
 
+def micro_batch_count(global_size, devices, accumulate):
+    """Gradient accumulation (--accumulate K): how many micro-batches every device's shard of a global batch of
+    `global_size` rows over `devices` devices (of every process) is cut into: K, or the smallest shard's rows when a
+    batch (an epoch's last) gives some device fewer. The same on every device and process, so that a synchronised
+    BatchNorm's micro-batches meet in lock-step."""
+    return max(1, min(accumulate, global_size // devices))
+
+
+def micro_batches(n, count):
+    """(start, stop) of the `count` micro-batches of a shard of n rows: contiguous, sizes differing by at most one."""
+    return shard_bounds(n, count)
+
+
 def check_device_count(n, available_gpus):
     """Validate a requested device count: n < 1 is always an error, more GPUs than exist too.
     On a CPU-only machine any n >= 1 is fine: the devices are virtual."""

@@ -43,6 +43,7 @@ class RunSpec:
     exec: str = "default"            # the scratch step's exec level (each execution.py's LEVELS)
     layout: str = "default"          # the scratch step's memory layout (each execution.py's LAYOUTS)
     allreduce: str = "per-tensor"    # the scratch step's sum of the gradients: per-tensor | bucketed (common/buckets.py)
+    accumulate: int = 1              # the scratch step's micro-batches per device's shard, one all-reduce per update
     devices: int = 1                 # in all, over every process
     processes: int = 1
     cores: str = "shared"            # shared | per-device (harness/processes/cores.py)

@@ -11,7 +11,7 @@ import numpy as np
 
 from common.buckets import plan
 from common.interface import StepSettings
-from common.sharding import shard_bounds
+from common.sharding import micro_batches, shard_bounds
 
 from . import distributed as dist
 from . import optimizer
@@ -92,14 +92,35 @@ def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices):
     return model.loss_and_grads(replicas, bn_states, X_shards, y_shards, devices)
 
 
+def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, devices, count):
+    """Gradient accumulation: each device's shard cut into `count` micro-batches (common.sharding.micro_batches), a
+    forward and backward each, their summed losses and gradients added up on the device (new arrays); the BatchNorm
+    states go through the micro-batches in turn. Nothing crosses devices here: the all-reduce comes once, after it."""
+    if count == 1:
+        return loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices)
+    parts = [micro_batches(len(y), count) for y in y_shards]
+    losses = grads = None
+    for i in range(count):
+        X_micro = [X[part[i][0]:part[i][1]] for X, part in zip(X_shards, parts)]
+        y_micro = [y[part[i][0]:part[i][1]] for y, part in zip(y_shards, parts)]
+        micro_losses, micro_grads, bn_states = loss_and_grads(model, replicas, bn_states, X_micro, y_micro, devices)
+        if losses is None:
+            losses, grads = list(micro_losses), [list(g) for g in micro_grads]
+        else:
+            losses = [a + b for a, b in zip(losses, micro_losses)]
+            grads = [[a + b for a, b in zip(g, h)] for g, h in zip(grads, micro_grads)]
+    return losses, grads, bn_states
+
+
 def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
-                   bucket_bytes=None, units=None):
+                   bucket_bytes=None, units=None, accumulate=1):
     """The step on shards already on their devices: each device's loss and gradients, the gradients summed across
     devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same update on every replica (with
     states, optimizer.py's, each replica's state advancing); bn_states[:] gets the new running statistics. `units`:
     execution.compile's (None: UNITS, as written). Returns each device's summed loss."""
     units = units or UNITS
-    losses, grads, bn_states[:] = units["loss_and_grads"](model, replicas, bn_states, X_shards, y_shards, devices)
+    losses, grads, bn_states[:] = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
+                                              y_shards, devices, accumulate)
     grads = allreduce_gradients(grads, bucket_bytes)
     for i, (params, device_grads) in enumerate(zip(replicas, grads)):
         if states is None:
@@ -122,7 +143,7 @@ def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, s
     units = settings.units or UNITS
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses = units["step_on_shards"](model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size or len(X),
-                                     states, settings.bucket_bytes, units)
+                                     states, settings.bucket_bytes, units, settings.accumulate)
     return sum(float(loss) for loss in jax.device_get(losses)) / len(X)   # one wait for every device's loss
 
 

@@ -5,7 +5,7 @@ from mxnet import nd
 
 from common.buckets import plan
 from common.interface import StepSettings
-from common.sharding import shard_bounds
+from common.sharding import micro_batches, shard_bounds
 
 from . import distributed as dist
 from . import optimizer
@@ -73,14 +73,36 @@ def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices):
     return model.loss_and_grads(replicas, bn_states, X_shards, y_shards, devices)
 
 
+def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, devices, count):
+    """Gradient accumulation: each context's shard cut into `count` micro-batches (common.sharding.micro_batches), a
+    forward and backward each, their summed losses and gradients added up on the context (copied out of the
+    parameters' .grad, which the next backward overwrites); the BatchNorm states go through the micro-batches in
+    turn. Nothing crosses contexts here: the all-reduce comes once, after it."""
+    if count == 1:
+        return loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices)
+    parts = [micro_batches(len(y), count) for y in y_shards]
+    losses = grads = None
+    for i in range(count):
+        X_micro = [X[part[i][0]:part[i][1]] for X, part in zip(X_shards, parts)]
+        y_micro = [y[part[i][0]:part[i][1]] for y, part in zip(y_shards, parts)]
+        micro_losses, micro_grads, bn_states = loss_and_grads(model, replicas, bn_states, X_micro, y_micro, devices)
+        if losses is None:
+            losses, grads = list(micro_losses), [[g.copy() for g in device_grads] for device_grads in micro_grads]
+        else:
+            losses = [a + b for a, b in zip(losses, micro_losses)]
+            grads = [[a + b for a, b in zip(g, h)] for g, h in zip(grads, micro_grads)]
+    return losses, grads, bn_states
+
+
 def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
-                   bucket_bytes=None, units=None):
+                   bucket_bytes=None, units=None, accumulate=1):
     """The step on shards already on their contexts: each context's loss and gradients, the gradients summed across
     contexts (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same update on every replica (the
     recipe's sgd, or optimizer.apply with each replica's state). `units`: the step's units (None: UNITS). Returns each
     context's summed loss and each replica's new BatchNorm state."""
     units = units or UNITS
-    losses, grads, bn_states = units["loss_and_grads"](model, replicas, bn_states, X_shards, y_shards, devices)
+    losses, grads, bn_states = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
+                                           y_shards, devices, accumulate)
     allreduce_gradients(grads, bucket_bytes)
     if states is None:
         for params, device_grads in zip(replicas, grads):
@@ -100,7 +122,8 @@ def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, s
     units = settings.units or UNITS
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, bn_states[:] = units["step_on_shards"](model, replicas, bn_states, X_shards, y_shards, devices, lr,
-                                                   batch_size or len(X), states, settings.bucket_bytes, units)
+                                                   batch_size or len(X), states, settings.bucket_bytes, units,
+                                                   settings.accumulate)
     return sum(loss.asscalar() for loss in losses) / len(X)
 
 

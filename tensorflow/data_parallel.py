@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from common.buckets import plan
 from common.interface import StepSettings
-from common.sharding import shard_bounds
+from common.sharding import micro_batches, shard_bounds
 
 from . import distributed as dist, optimizer
 
@@ -83,8 +83,40 @@ def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices):
     return model.loss_and_grads(replicas, bn_states, X_shards, y_shards, devices)
 
 
+def micro_bounds(y, count):
+    """common.sharding.micro_batches of a shard: in Python integers where its size is known, else the same arithmetic
+    in the graph's (a retraced step's shards have no static size)."""
+    if y.shape[0] is not None:
+        return micro_batches(y.shape[0], count)
+    n = tf.shape(y)[0]
+    base, extra = n // count, n % count
+    edges = [i * base + tf.minimum(i, extra) for i in range(count + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, devices, count):
+    """Gradient accumulation: each device's shard cut into `count` micro-batches (common.sharding.micro_batches, in
+    the graph's integers where a traced step's shard sizes are unknown until it runs), a forward and backward each,
+    their summed losses and gradients added up on the device (in the step's graph, the loop unrolled); the BatchNorm
+    states go through the micro-batches in turn. Nothing crosses devices here: the all-reduce comes once, after it."""
+    if count == 1:
+        return loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices)
+    parts = [micro_bounds(y, count) for y in y_shards]
+    losses = grads = None
+    for i in range(count):
+        X_micro = [X[part[i][0]:part[i][1]] for X, part in zip(X_shards, parts)]
+        y_micro = [y[part[i][0]:part[i][1]] for y, part in zip(y_shards, parts)]
+        micro_losses, micro_grads, bn_states = loss_and_grads(model, replicas, bn_states, X_micro, y_micro, devices)
+        if losses is None:
+            losses, grads = list(micro_losses), [list(g) for g in micro_grads]
+        else:
+            losses = [a + b for a, b in zip(losses, micro_losses)]
+            grads = [[a + b for a, b in zip(g, h)] for g, h in zip(grads, micro_grads)]
+    return losses, grads, bn_states
+
+
 def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
-                   bucket_bytes=None, units=None):
+                   bucket_bytes=None, units=None, accumulate=1):
     """The step on shards already on their devices: each device's loss and gradients (units' loss_and_grads), the
     gradients summed across devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same
     update on every replica: the recipe's sgd, or with `states` (one per replica) optimizer.apply. Returns each
@@ -92,7 +124,8 @@ def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, 
     model, device list, optimizer, bucket size and units (Python values); lr and batch_size are tensors, and
     reduce_retracing turns the shard shapes into None after the first new shape."""
     units = units or UNITS
-    losses, grads, bn_states = units["loss_and_grads"](model, replicas, bn_states, X_shards, y_shards, devices)
+    losses, grads, bn_states = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
+                                           y_shards, devices, accumulate)
     grads = allreduce_gradients(grads, bucket_bytes)
     for i, (params, device_grads) in enumerate(zip(replicas, grads)):
         if states is None:
@@ -113,7 +146,7 @@ def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, s
     losses, bn_states[:] = units["step_on_shards"](
         model, replicas, list(bn_states), X_shards, y_shards, tuple(devices),
         tf.constant(lr, tf.float32), tf.constant(batch_size or len(X), tf.float32),   # tensors: no retrace per value
-        states, settings.bucket_bytes, units)
+        states, settings.bucket_bytes, units, settings.accumulate)
     return sum(float(loss) for loss in losses) / len(X)
 
 

@@ -69,7 +69,8 @@ def run_specs(args):
             world = devices if process_per_device(name, mode, processes) else processes
             threads = share * devices // world if cores == "per-device" else args.threads // world
             spec = RunSpec(framework=name, model=args.model, width=args.width, bn=bn, mode=mode, exec=level,
-                           layout=layout, allreduce=allreduce, devices=devices, processes=world,
+                           layout=layout, allreduce=allreduce, accumulate=args.accumulate, devices=devices,
+                           processes=world,
                            cores=cores, threads=max(1, threads), dataset=args.dataset, data_dir=args.data_dir,
                            n_synthetic=args.n_synthetic, epochs=args.epochs, lr=args.lr,
                            batch_size=per_device * devices if per_device else args.batch_size,
@@ -93,6 +94,9 @@ def skip_reason(spec, share, usable, most_devices, threads, seen):
     if spec.allreduce != "per-tensor" and spec.mode != "scratch" and not (
             spec.mode == "builtin" and spec.framework in BUCKETING_ENGINES):
         return f"--allreduce is the scratch step's; {spec.mode} sums the gradients its framework's own way"
+    if spec.accumulate > 1 and spec.mode != "scratch":
+        return (f"--accumulate runs in the scratch step so far; {spec.mode}'s own accumulation (DDP's no_sync, Keras's "
+                "gradient_accumulation_steps, Optax's MultiSteps, Gluon's grad_req 'add') is not written yet")
     if spec.mode == "idiomatic" and (spec.devices, spec.processes) != (1, 1):
         return "the idiomatic reference loop is single-device, single-process"
     if spec.cores == "per-device" and (share < 1 or share * spec.devices > usable):
@@ -107,6 +111,7 @@ def row_label(spec):
     model = "" if spec.model == "lenet" else f"{spec.model} w{spec.width} {spec.bn} BN, "
     layout = "" if spec.layout == "default" else f", {spec.layout}"
     layout += "" if spec.allreduce == "per-tensor" else f", {spec.allreduce}"
+    layout += "" if spec.accumulate == 1 else f", accumulate {spec.accumulate}"
     per_device = ", a core per device" if spec.cores == "per-device" else ""
     batch = "" if spec.batch_size == BATCH_SIZE else f", batch {spec.batch_size}"
     return (f"{spec.framework} {spec.mode} ({model}{spec.exec}{layout}), {spec.devices} device(s){batch}, "

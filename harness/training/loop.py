@@ -18,7 +18,7 @@ from common.buckets import bucket_bytes
 from common.interface import Network, StepSettings
 from common.models import has_batchnorm, init_bn_state, init_weights
 from common.optim import Optimizer
-from common.sharding import evaluation_rows
+from common.sharding import evaluation_rows, micro_batch_count
 
 from ..loader import load_module
 from .timing import Timer
@@ -59,8 +59,12 @@ class Scratch:
 
     def step(self, batch, lr, batch_size):
         X, y = batch
+        settings = self.settings
+        if settings.accumulate > 1:   # this batch's micro-batches, the same on every device of every process
+            count = micro_batch_count(batch_size, len(self.devices) * self.world, settings.accumulate)
+            settings = settings._replace(accumulate=count)
         return self.fw.train_step(self.functional, self.replicas, self.bn_states, X, y, self.devices, lr, batch_size,
-                                  self.states, self.settings)
+                                  self.states, settings)
 
     def weights(self):
         return self.functional.to_numpy(self.replicas[0])
@@ -195,7 +199,7 @@ def runner(spec, fw, devices):
         return MODES[spec.mode](fw, devices, network, bucket_bytes(spec.allreduce))
     model = functional(fw, network, spec.layout)
     units = load_module(fw.name, "execution").compile(spec.exec, model)
-    return Scratch(fw, devices, network, model, StepSettings(bucket_bytes(spec.allreduce), units))
+    return Scratch(fw, devices, network, model, StepSettings(bucket_bytes(spec.allreduce), units, spec.accumulate))
 
 
 def steps_per_epoch(n, batch_size, min_size=1):
