@@ -3,6 +3,7 @@ over all its GPUs. nn.DataParallel replicates onto CUDA devices only (on the CPU
 so the CPU's built-in engine is always DistributedDataParallel, even for a run of one device; on GPUs a one-process
 run is nn.DataParallel (harness/processes/launch.py's process_per_device decides). primitives_step is nn.DataParallel's step
 written out with its four primitives, side by side with the recipe (docs/rosetta.md)."""
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -10,6 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from common.interface import Model, Network, RosettaError, Unavailable
+from common.sharding import micro_batches
 
 from . import lenet, resnet
 from .data_parallel import sgd
@@ -57,20 +59,28 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     return Model(net, get_trainer(net.parameters(), optimizer, state, param_names(module)), device)
 
 
-def train_step(model, batch, lr, batch_size):
+def train_step(model, batch, lr, batch_size, accumulate=1):
     """DDP averages gradients over processes; scaling each summed loss by world / global batch makes that
     average the recipe's sum / global batch, exactly, even when the shards differ in size. nn.DataParallel
     gathers the replicas' outputs on the first device, so the loss is the whole batch's, and its backward sums
     the replicas' gradients into the module's parameters: world is 1. The batch is this process's part, on its
     (first) device, from pipeline.py's DataLoader. Both have the summed gradient by the end of backward, so a
     Trainer clips the global batch's mean gradient, the same on every process. A Trainer's scheduler sets the
-    rate; the recipe's SGD takes the harness's `lr`."""
+    rate; the recipe's SGD takes the harness's `lr`.
+    accumulate: the batch in that many micro-batches (common.sharding.micro_batches), each backward adding into the
+    parameters' .grad; DDP's no_sync keeps the first ones' backward from all-reducing, so the last one all-reduces the
+    whole sum, once (without it every backward would)."""
     net, trainer, _ = model
     X, y = batch
     world = dist.get_world_size() if dist.is_initialized() else 1
-    loss = loss_sum(net(X), y)
     trainer.zero_grad()
-    (loss * world / batch_size).backward()
+    parts, loss = micro_batches(len(y), accumulate), 0.0
+    for i, (start, stop) in enumerate(parts):
+        last = i == len(parts) - 1
+        with contextlib.nullcontext() if last or not isinstance(net, DistributedDataParallel) else net.no_sync():
+            micro_loss = loss_sum(net(X[start:stop]), y[start:stop])
+            (micro_loss * world / batch_size).backward()
+        loss = loss + micro_loss.detach()
     if not isinstance(trainer, Trainer):
         for group in trainer.param_groups:
             group["lr"] = lr

@@ -72,3 +72,30 @@ def test_one_all_reduce_per_update_not_one_per_micro_batch(framework, digits, sc
         train(scratch_runners(run), digits, run, Optimizer(lr=0.05))
         calls[accumulate] = len(counted)
     assert calls[4] == calls[1] == len(PARAM_NAMES), calls   # each of the LeNet's parameters summed once
+
+
+@pytest.mark.parametrize("accumulate", [4])
+def test_ddp_accumulates_under_no_sync_and_all_reduces_once_per_update(accumulate, digits, gloo_group):
+    """PyTorch's built-in engine, DistributedDataParallel (a process group of this one process): the micro-batches'
+    backward under no_sync but the last, so DDP all-reduces its bucket once per update (counted by a comm hook), and
+    the steps are the unaccumulated engine's."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from harness.training.loop import Hooks, runner as runner_for, train
+    fw = framework_or_skip("pytorch")
+    records, weights, calls = {}, {}, {}
+    for k in (1, accumulate):
+        run = spec("pytorch", 1, k, "momentum").replace(mode="builtin")
+        runner, counted = runner_for(run, fw, fw.get_devices(1)), []
+
+        def count_all_reduces(steps, runner):
+            if steps == 0:
+                runner.model.net.register_comm_hook(None, lambda group, bucket: counted.append(1) or allreduce_hook(
+                    group, bucket))
+        records[k] = train(runner, digits, run, optimizer("momentum"), hooks=Hooks(before_step=count_all_reduces))
+        weights[k], calls[k] = runner.weights(), len(counted)
+    want = [s / n for s, n in zip(records[1]["step_loss_sums"], records[1]["step_sizes"])]
+    got = [s / n for s, n in zip(records[accumulate]["step_loss_sums"], records[accumulate]["step_sizes"])]
+    assert got == pytest.approx(want, abs=TOL)
+    for key, value in weights[1].items():
+        assert abs(weights[accumulate][key] - value).max() <= TOL, key
+    assert calls[accumulate] == calls[1] == STEPS, calls   # the LeNet fits one bucket: one all-reduce a step

@@ -4,6 +4,7 @@ import itertools
 import os
 
 from common.buckets import BUCKETING_ENGINES
+from common.sharding import ACCUMULATING_ENGINES
 from common.interface import RosettaError
 
 from ..processes.cores import per_device_threads
@@ -94,9 +95,10 @@ def skip_reason(spec, share, usable, most_devices, threads, seen):
     if spec.allreduce != "per-tensor" and spec.mode != "scratch" and not (
             spec.mode == "builtin" and spec.framework in BUCKETING_ENGINES):
         return f"--allreduce is the scratch step's; {spec.mode} sums the gradients its framework's own way"
-    if spec.accumulate > 1 and spec.mode != "scratch":
-        return (f"--accumulate runs in the scratch step so far; {spec.mode}'s own accumulation (DDP's no_sync, Keras's "
-                "gradient_accumulation_steps, Optax's MultiSteps, Gluon's grad_req 'add') is not written yet")
+    if spec.accumulate > 1 and spec.mode != "scratch" and not (
+            spec.mode == "builtin" and spec.framework in ACCUMULATING_ENGINES):
+        return (f"--accumulate runs in the scratch step and DDP so far; {spec.framework} {spec.mode}'s own accumulation "
+                "(Keras's gradient_accumulation_steps, Optax's MultiSteps, Gluon's grad_req 'add') is not wired yet")
     if spec.mode == "idiomatic" and (spec.devices, spec.processes) != (1, 1):
         return "the idiomatic reference loop is single-device, single-process"
     if spec.cores == "per-device" and (share < 1 or share * spec.devices > usable):

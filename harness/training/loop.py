@@ -106,8 +106,9 @@ class Builtin(Scratch):
     train_step(model, batch, lr, batch_size) -> mean loss, to_numpy(model), optimizer_state(model) (canonical)
     and evaluate(model, X, y); with a stateful optimizer its own schedule sets the rate, and lr is the spec's."""
 
-    def __init__(self, fw, devices, network=Network(), bucket_bytes=None):
+    def __init__(self, fw, devices, network=Network(), bucket_bytes=None, accumulate=1):
         self.fw, self.devices, self.network, self.bucket_bytes = fw, devices, network, bucket_bytes
+        self.accumulate = accumulate
         self.engine = load_module(fw.name, "builtin")
         self.pipeline = load_module(fw.name, "pipeline")
 
@@ -125,7 +126,10 @@ class Builtin(Scratch):
         return self.pipeline.batches(self.loader, epoch)
 
     def step(self, batch, lr, batch_size):
-        return self.engine.train_step(self.model, batch, lr, batch_size)
+        if self.accumulate == 1:
+            return self.engine.train_step(self.model, batch, lr, batch_size)
+        count = micro_batch_count(batch_size, len(self.devices) * self.world, self.accumulate)   # as Scratch.step's
+        return self.engine.train_step(self.model, batch, lr, batch_size, accumulate=count)
 
     def weights(self):
         return self.engine.to_numpy(self.model)
@@ -158,8 +162,9 @@ class Idiomatic(Builtin):
     """The framework's minimal single-device loop (its folder's idiomatic.py: net, trainer, loss):
     the reference that shows what the from-scratch harness costs. Fed numpy batches, as the recipe is."""
 
-    def __init__(self, fw, devices, network=Network(), bucket_bytes=None):
+    def __init__(self, fw, devices, network=Network(), bucket_bytes=None, accumulate=1):
         self.fw, self.devices, self.network, self.bucket_bytes = fw, devices, network, None   # one device: no sum
+        self.accumulate = 1
         self.engine = load_module(fw.name, "idiomatic")
 
     feed, batches = Scratch.feed, Scratch.batches
@@ -196,7 +201,7 @@ def runner(spec, fw, devices):
     """The mode's runner for the spec's network; the scratch one with the spec's layout, exec level and all-reduce."""
     network = network_of(spec)
     if spec.mode != "scratch":
-        return MODES[spec.mode](fw, devices, network, bucket_bytes(spec.allreduce))
+        return MODES[spec.mode](fw, devices, network, bucket_bytes(spec.allreduce), spec.accumulate)
     model = functional(fw, network, spec.layout)
     units = load_module(fw.name, "execution").compile(spec.exec, model)
     return Scratch(fw, devices, network, model, StepSettings(bucket_bytes(spec.allreduce), units, spec.accumulate))
