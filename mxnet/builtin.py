@@ -11,6 +11,7 @@ from mxnet import autograd, gluon, nd
 
 from common import cpu_scratch
 from common.interface import Model, Network, Unavailable
+from common.sharding import micro_batches
 
 from . import distributed as dist, resnet
 from .idiomatic import build, canonical_names, evaluate as evaluate_gluon, is_resnet
@@ -67,20 +68,35 @@ def check_scratch_buffers(contexts, environ):
                           "importing mxnet, as compare.py's workers do")
 
 
-def train_step(model, batch, lr, batch_size):
+def train_step(model, batch, lr, batch_size, accumulate=1):
     """The Trainer sums the contexts' (and processes') gradients of their summed losses; step(global
     batch) then makes its update lr * sum / global batch, the recipe's, even when shards differ in size.
     The batch is one shard per context, from pipeline.py's DataLoader and split_and_load. A Trainer of
-    optimizer.py clips that sum, the same on every context, and its schedule sets the rate, not `lr`."""
+    optimizer.py clips that sum, the same on every context, and its schedule sets the rate, not `lr`.
+    accumulate: each shard in that many micro-batches (common.sharding.micro_batches), Gluon's way: the Parameters'
+    grad_req 'add', so each backward adds into their .grad, one trainer.step (its kvstore sums each key once), then
+    zero_grad for the next update."""
     net, trainer, _ = model
     X_shards, y_shards = batch
-    with autograd.record():                # queued asynchronously: the contexts work in parallel
-        losses = [loss_sum(net(X_shard), y_shard) for X_shard, y_shard in zip(X_shards, y_shards)]
-    autograd.backward(losses)
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    if accumulate > 1 and params[0].grad_req != "add":
+        for p in params:
+            p.grad_req = "add"             # new gradient buffers, zeroed
+    parts = [micro_batches(len(y), accumulate) for y in y_shards]
+    loss = 0.0
+    for i in range(accumulate):
+        with autograd.record():            # queued asynchronously: the contexts work in parallel
+            losses = [loss_sum(net(X[part[i][0]:part[i][1]]), y[part[i][0]:part[i][1]])
+                      for X, y, part in zip(X_shards, y_shards, parts)]
+        autograd.backward(losses)
+        loss += sum(micro.asscalar() for micro in losses)
     if not isinstance(trainer, Trainer):
         trainer.set_learning_rate(lr)
     trainer.step(batch_size)
-    return sum(loss.asscalar() for loss in losses) / sum(len(y) for y in y_shards)
+    if params[0].grad_req == "add":
+        for p in params:
+            p.zero_grad()
+    return loss / sum(len(y) for y in y_shards)
 
 
 def params(net):

@@ -99,3 +99,29 @@ def test_ddp_accumulates_under_no_sync_and_all_reduces_once_per_update(accumulat
     for key, value in weights[1].items():
         assert abs(weights[accumulate][key] - value).max() <= TOL, key
     assert calls[accumulate] == calls[1] == STEPS, calls   # the LeNet fits one bucket: one all-reduce a step
+
+
+def test_gluon_accumulates_with_grad_req_add_and_sums_each_key_once_per_update(digits):
+    """MXNet's built-in engine, a Trainer over 2 contexts: the Parameters' grad_req 'add', each micro-batch's backward
+    adding into .grad, one trainer.step per update, whose kvstore sums each parameter's key once (counted), and the
+    steps are the unaccumulated engine's."""
+    from harness.training.loop import Hooks, runner as runner_for, train
+    fw = framework_or_skip("mxnet")
+    records, weights, calls = {}, {}, {}
+    for k in (1, 4):
+        run = spec("mxnet", 2, k, "momentum").replace(mode="builtin")
+        runner, counted = runner_for(run, fw, fw.get_devices(2)), []
+
+        def count_sums(steps, runner):
+            if steps == 0:
+                kvstore = runner.model.trainer._kvstore
+                pushpull = kvstore.pushpull
+                kvstore.pushpull = lambda *args, **kwargs: counted.append(1) or pushpull(*args, **kwargs)
+        records[k] = train(runner, digits, run, optimizer("momentum"), hooks=Hooks(before_step=count_sums))
+        weights[k], calls[k] = runner.weights(), len(counted)
+    want = [s / n for s, n in zip(records[1]["step_loss_sums"], records[1]["step_sizes"])]
+    got = [s / n for s, n in zip(records[4]["step_loss_sums"], records[4]["step_sizes"])]
+    assert got == pytest.approx(want, abs=TOL)
+    for key, value in weights[1].items():
+        assert abs(weights[4][key] - value).max() <= TOL, key
+    assert calls[4] == calls[1] == STEPS * len(PARAM_NAMES), calls
