@@ -12,7 +12,7 @@ from common.optim import DEFAULT_LR, REFERENCE_BATCH, Optimizer, scaled_lr
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 # The fields that make a row of the table what it is (the rest say where the data and files are).
-ROW_FIELDS = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "devices", "processes", "cores", "epochs", "batch_size", "lr",
+ROW_FIELDS = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "accumulate", "devices", "processes", "cores", "epochs", "batch_size", "lr",
               "seed", "init", "threads", "optimizer", "momentum", "weight_decay", "lr_schedule", "warmup_epochs",
               "clip_norm", "lr_scaling", "reference_batch", "target_accuracy")
 

@@ -125,3 +125,19 @@ def test_gluon_accumulates_with_grad_req_add_and_sums_each_key_once_per_update(d
     for key, value in weights[1].items():
         assert abs(weights[4][key] - value).max() <= TOL, key
     assert calls[4] == calls[1] == STEPS * len(PARAM_NAMES), calls
+
+
+def test_the_option_is_a_row_each_and_a_column_of_the_table():
+    import compare
+    from harness.run.plan import row_label, run_specs
+    from harness.publishing.tables import format_table
+    rows = list(run_specs(compare.parse_args(["--frameworks", "pytorch,tensorflow", "--mode", "scratch,builtin",
+                                              "--accumulate", "1,4"])))
+    reasons = {(s.framework, s.mode, s.accumulate): reason for s, reason in rows}
+    assert len(reasons) == 8 and [key for key, reason in reasons.items() if reason] == [("tensorflow", "builtin", 4)]
+    assert "Keras's gradient_accumulation_steps" in reasons["tensorflow", "builtin", 4]
+    assert row_label(rows[2][0]) == "pytorch scratch (default, accumulate 4), 2 device(s), 1 process(es)"
+    run = {"framework": "jax", "mode": "scratch", "devices": 2, "processes": 1, "epochs": 1, "status": "ok"}
+    assert "accumulate" not in format_table([{**run, "accumulate": 1}])
+    table = format_table([{**run, "accumulate": 1}, {**run, "accumulate": 4}]).splitlines()
+    assert [line.split("|")[5].strip() for line in table] == ["accumulate", "-" * 12, "1", "4"]

@@ -170,6 +170,10 @@ def table_cells(runs, timing=False):
         at = columns.index("layout") + 1
         columns = (*columns[:at], "all-reduce", *columns[at:])
         rows = [[*row[:at], allreduce_cell(r), *row[at:]] for row, r in zip(rows, runs)]
+    if any((r.get("accumulate") or 1) > 1 for r in runs):   # after the layout: the micro-batches per update
+        at = columns.index("layout") + 1
+        columns = (*columns[:at], "accumulate", *columns[at:])
+        rows = [[*row[:at], str(r.get("accumulate") or 1), *row[at:]] for row, r in zip(rows, runs)]
     if has_resnet(runs):   # after the framework: the network, and the BatchNorm's distinct running states
         columns = (columns[0], *MODEL_COLUMNS, *columns[1:])
         rows = [[row[0], *model_cells(r), *row[1:]] for row, r in zip(rows, runs)]

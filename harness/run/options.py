@@ -75,9 +75,10 @@ def parse_args(argv, description=None):
                         "recipe: one all-reduce per parameter) or bucketed (DDP's way: flattened into buckets of "
                         f"{BUCKET_MB} MiB, one all-reduce each; common/buckets.py); also JAX's built-in step, whose "
                         "psum is written by hand (the others sum their own way); comma-separated")
-    g.add_argument("--accumulate", type=int, default=default("accumulate"), metavar="K",
+    g.add_argument("--accumulate", type=int_list, default="1", metavar="K",
                    help="gradient accumulation: each device's shard of a --batch-size batch cut into K micro-batches, "
-                        "their gradients added up on the device and all-reduced once per update (the scratch step)")
+                        "their gradients added up on the device and all-reduced once per update (the scratch step; "
+                        "PyTorch's and MXNet's engines their own way); comma-separated, a row each, e.g. 1,2,4")
     g.add_argument("--cores", type=name_list(CORES, "cores setting"), default=default("cores"),
                    help="shared (every op may use all of --threads) or per-device (each device pinned to cores "
                         "of its own: --threads / the most devices; see harness/processes/cores.py); comma-separated")
@@ -144,7 +145,7 @@ def parse_args(argv, description=None):
         args.epochs = default_epochs(args.dataset)
     if args.per_device_batch is not None:   # the largest row's, for the checks below
         args.batch_size = max(args.per_device_batch) * max(args.devices)
-    for name in ("epochs", "batch_size", "threads", "n_synthetic", "repeats", "reference_batch", "accumulate"):
+    for name in ("epochs", "batch_size", "threads", "n_synthetic", "repeats", "reference_batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     for name in ("lr", "timeout", "stall_timeout", "clip_norm"):

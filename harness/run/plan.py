@@ -64,13 +64,13 @@ def run_specs(args):
     usable = len(os.sched_getaffinity(0))
     seen = {}
     for mode, levels, shapes, cores, layouts, *allreduces in args.plan:
-        for level, layout, allreduce, bn, per_device, (devices, processes), name in itertools.product(
-                levels, layouts, allreduces[0] if allreduces else ("per-tensor",), args.bn,
+        for level, layout, allreduce, accumulate, bn, per_device, (devices, processes), name in itertools.product(
+                levels, layouts, allreduces[0] if allreduces else ("per-tensor",), args.accumulate, args.bn,
                 args.per_device_batch or [None], shapes, args.frameworks):
             world = devices if process_per_device(name, mode, processes) else processes
             threads = share * devices // world if cores == "per-device" else args.threads // world
             spec = RunSpec(framework=name, model=args.model, width=args.width, bn=bn, mode=mode, exec=level,
-                           layout=layout, allreduce=allreduce, accumulate=args.accumulate, devices=devices,
+                           layout=layout, allreduce=allreduce, accumulate=accumulate, devices=devices,
                            processes=world,
                            cores=cores, threads=max(1, threads), dataset=args.dataset, data_dir=args.data_dir,
                            n_synthetic=args.n_synthetic, epochs=args.epochs, lr=args.lr,
@@ -97,8 +97,8 @@ def skip_reason(spec, share, usable, most_devices, threads, seen):
         return f"--allreduce is the scratch step's; {spec.mode} sums the gradients its framework's own way"
     if spec.accumulate > 1 and spec.mode != "scratch" and not (
             spec.mode == "builtin" and spec.framework in ACCUMULATING_ENGINES):
-        return (f"--accumulate runs in the scratch step and DDP so far; {spec.framework} {spec.mode}'s own accumulation "
-                "(Keras's gradient_accumulation_steps, Optax's MultiSteps, Gluon's grad_req 'add') is not wired yet")
+        return (f"--accumulate runs in the scratch step and PyTorch's and MXNet's engines so far; {spec.framework} "
+                f"{spec.mode}'s own accumulation (Keras's gradient_accumulation_steps, Optax's MultiSteps) is not wired yet")
     if spec.mode == "idiomatic" and (spec.devices, spec.processes) != (1, 1):
         return "the idiomatic reference loop is single-device, single-process"
     if spec.cores == "per-device" and (share < 1 or share * spec.devices > usable):
