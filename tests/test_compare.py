@@ -201,6 +201,21 @@ def test_resume_restores_every_trial_of_a_kept_row():
     assert aggregate(restored[:2])["images_per_second"] == 200.0   # a partly run row goes on from its trials
 
 
+def test_resume_continues_a_file_written_before_a_setting_existed(tmp_path):
+    """A file without a setting added since (--accumulate) ran with its default: --resume continues it, and refuses
+    it for another value."""
+    import compare
+    from common.interface import RosettaError
+    from harness.run.resume import previous_run, settings
+    path = tmp_path / "run.json"
+    args = compare.parse_args(["--json", str(path), "--resume"])
+    written = {k: v for k, v in settings(args).items() if k != "accumulate"}
+    path.write_text(json.dumps({"settings": written, "runs": []}))
+    assert previous_run(args)["settings"] == written
+    with pytest.raises(RosettaError, match=r"accumulate \[1\] there, \[4\] here"):
+        previous_run(compare.parse_args(["--json", str(path), "--resume", "--accumulate", "4"]))
+
+
 def test_one_step_has_no_steady_state_throughput():
     from harness.training.loop import summarize
     record = {"epoch_loss_sums": [4.6], "epoch_sizes": [2], "epoch_seconds": [0.5], "step_loss_sums": [4.6],

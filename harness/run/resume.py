@@ -11,6 +11,9 @@ SETTINGS = ("frameworks", "model", "width", "bn", "mode", "exec", "layout", "all
             "epochs", "batch_size", "lr", "seed", "init", "threads", "repeats", "benchmark", "optimizer", "momentum",
             "weight_decay", "lr_schedule", "warmup_epochs", "clip_norm", "lr_scaling", "reference_batch", "per_device_batch", "target_accuracy")
 
+# Settings added since files were first written, and the value a file without one ran with.
+ADDED = {"accumulate": [1]}
+
 
 def settings(args):
     """This command's SETTINGS, as the JSON file stores them."""
@@ -30,8 +33,8 @@ def previous_run(args):
         raise RosettaError(f"--resume: cannot read {args.json} ({err})")
     if not isinstance(old, dict) or not isinstance(old.get("settings"), dict):
         raise RosettaError(f"--resume: {args.json} was not written by compare.py --json (it holds no settings)")
-    differ = [f"{k} {old['settings'].get(k)!r} there, {v!r} here" for k, v in settings(args).items()
-              if old["settings"].get(k) != v]
+    written = {**ADDED, **old["settings"]}
+    differ = [f"{k} {written.get(k)!r} there, {v!r} here" for k, v in settings(args).items() if written.get(k) != v]
     if differ:
         raise RosettaError(f"--resume: {args.json} holds a run with other settings ({'; '.join(differ)}); "
                            f"run without --resume to start afresh, or give another --json")
