@@ -60,11 +60,14 @@ class Scratch:
     def step(self, batch, lr, batch_size):
         X, y = batch
         settings = self.settings
-        if settings.accumulate > 1:   # this batch's micro-batches, the same on every device of every process
-            count = micro_batch_count(batch_size, len(self.devices) * self.world, settings.accumulate)
-            settings = settings._replace(accumulate=count)
+        if settings.accumulate > 1:
+            settings = settings._replace(accumulate=self.micro_batches(batch_size, settings.accumulate))
         return self.fw.train_step(self.functional, self.replicas, self.bn_states, X, y, self.devices, lr, batch_size,
                                   self.states, settings)
+
+    def micro_batches(self, batch_size, accumulate):
+        """This batch's micro-batches per device under --accumulate: the same on every device of every process."""
+        return micro_batch_count(batch_size, len(self.devices) * self.world, accumulate)
 
     def weights(self):
         return self.functional.to_numpy(self.replicas[0])
@@ -128,8 +131,8 @@ class Builtin(Scratch):
     def step(self, batch, lr, batch_size):
         if self.accumulate == 1:
             return self.engine.train_step(self.model, batch, lr, batch_size)
-        count = micro_batch_count(batch_size, len(self.devices) * self.world, self.accumulate)   # as Scratch.step's
-        return self.engine.train_step(self.model, batch, lr, batch_size, accumulate=count)
+        return self.engine.train_step(self.model, batch, lr, batch_size,
+                                      accumulate=self.micro_batches(batch_size, self.accumulate))
 
     def weights(self):
         return self.engine.to_numpy(self.model)
@@ -164,7 +167,6 @@ class Idiomatic(Builtin):
 
     def __init__(self, fw, devices, network=Network(), bucket_bytes=None, accumulate=1):
         self.fw, self.devices, self.network, self.bucket_bytes = fw, devices, network, None   # one device: no sum
-        self.accumulate = 1
         self.engine = load_module(fw.name, "idiomatic")
 
     feed, batches = Scratch.feed, Scratch.batches
