@@ -45,7 +45,8 @@ from .optimizer import optax_canonical, optax_state, get_trainer
 
 
 def EXEC(model):
-    """The form get_model chose: shard_map's for a bucketed psum or the local BatchNorm, else jit's."""
+    """The form the steps ran in: shard_map's for a bucketed psum, the local BatchNorm or the LeNet's accumulation,
+    else jit's."""
     return "jax.jit+shard_map" if model.trainer.form == "shard_map" else "jax.jit+NamedSharding"
 
 
@@ -90,17 +91,57 @@ def psum_gradients(grads, bucket_bytes):
     return jax.tree.unflatten(tree, summed)
 
 
+def micro_batch(arrays, mask, i, count):
+    """The i-th of `count` micro-batches of one device's shard under --accumulate: common.sharding.micro_batches of
+    its real rows (the mask counts them; pipeline.py puts them first, the padding after), as a window of a static
+    ceil(shard / count) rows whose mask keeps the micro-batch's own. A compiled step's shapes are static and a
+    device's real rows are not (97 rows: 49 and 48), so the cut is computed from the mask, not from the shape."""
+    size = -(-mask.shape[0] // count)
+    n = jnp.sum(mask).astype(jnp.int32)
+    base, extra = n // count, n % count
+    start, rows = i * base + jnp.minimum(i, extra), base + (i < extra)
+
+    def window(a):
+        return lax.dynamic_slice_in_dim(jnp.pad(a, [(0, size)] + [(0, 0)] * (a.ndim - 1)), start, size)
+    return [window(a) for a in arrays], window(mask) * (jnp.arange(size) < rows)
+
+
+def accumulated(loss_and_grads, X, y, mask, count, stats=None, cut=micro_batch):
+    """Gradient accumulation on one device (--accumulate): loss_and_grads(X, y, mask, stats) -> (rows, grads, stats)
+    for each of its shard's `count` micro-batches in turn (`cut` cuts them; the loop unrolled in the compiled step), the gradients
+    added up here and the BatchNorm statistics carried from one micro-batch to the next. No collective: the caller
+    all-reduces the sum once. Optax's MultiSteps accumulates across calls of the step instead, and under jit each
+    call's gradient is a global array that XLA all-reduces: once per micro-batch (docs/migration.md)."""
+    if count == 1:
+        return loss_and_grads(X, y, mask, stats)
+    rows, grads = [], None
+    for i in range(count):
+        (X_micro, y_micro), mask_micro = cut((X, y), mask, i, count)
+        micro_rows, micro_grads, stats = loss_and_grads(X_micro, y_micro, mask_micro, stats)
+        rows.append(micro_rows)
+        grads = micro_grads if grads is None else jax.tree.map(jnp.add, grads, micro_grads)
+    return jnp.concatenate(rows), grads, stats
+
+
 def jit_step(params, X, y, mask, scale):
     """Written for one device; the shardings of its inputs make it data-parallel."""
     (_, rows), grads = loss_rows_and_grads(params, X, y, mask)
     return [p - scale * g for p, g in zip(params, grads)], rows
 
 
-def shard_map_step(bucket_bytes, params, X, y, mask, scale):
-    """Runs on every device with its own rows. lax.pvary marks the parameters as this device's copy: without
-    it shard_map's gradient of a replicated input comes back already summed over the mesh, and the psum
-    below would count it twice (the shard_map gradient trap)."""
-    (_, rows), grads = loss_rows_and_grads(lax.pvary(params, "devices"), X, y, mask)
+def device_grads(params, X, y, mask, count):
+    """This device's rows' losses and their gradients' sum, over `count` micro-batches. lax.pvary marks the
+    parameters as this device's copy: without it shard_map's gradient of a replicated input comes back already
+    summed over the mesh, and the psum after would count it twice (the shard_map gradient trap)."""
+    def loss_and_grads(X, y, mask, _):
+        (_, rows), grads = loss_rows_and_grads(lax.pvary(params, "devices"), X, y, mask)
+        return rows, grads, None
+    return accumulated(loss_and_grads, X, y, mask, count)[:2]
+
+
+def shard_map_step(bucket_bytes, count, params, X, y, mask, scale):
+    """Runs on every device with its own rows (in `count` micro-batches), then the all-reduce."""
+    rows, grads = device_grads(params, X, y, mask, count)
     grads = psum_gradients(grads, bucket_bytes)     # the all-reduce, said explicitly
     return [p - scale * g for p, g in zip(params, grads)], rows
 
@@ -117,26 +158,26 @@ def jit_optax_step(tx, params, opt_state, X, y, mask, scale):
     return *optax_update(tx, params, opt_state, grads, scale), rows
 
 
-def shard_map_optax_step(tx, bucket_bytes, params, opt_state, X, y, mask, scale):
+def shard_map_optax_step(tx, bucket_bytes, count, params, opt_state, X, y, mask, scale):
     """shard_map_step with Optax's update, after the psum: clipping by the global norm sees the all-reduced
     gradient, never this device's own."""
-    (_, rows), grads = loss_rows_and_grads(lax.pvary(params, "devices"), X, y, mask)
+    rows, grads = device_grads(params, X, y, mask, count)
     return *optax_update(tx, params, opt_state, psum_gradients(grads, bucket_bytes), scale), rows
 
 
-def compile_step(mesh, form, bucket_bytes=None):
+def compile_step(mesh, form, bucket_bytes=None, count=1):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     if form == "jit":
         return jax.jit(jit_step, out_shardings=(replicated, rows))
-    return jax.jit(jax.shard_map(functools.partial(shard_map_step, bucket_bytes), mesh=mesh, in_specs=(
+    return jax.jit(jax.shard_map(functools.partial(shard_map_step, bucket_bytes, count), mesh=mesh, in_specs=(
         P(), P("devices"), P("devices"), P("devices"), P()), out_specs=(P(), P("devices"))))
 
 
-def compile_optax_step(mesh, form, tx, bucket_bytes=None):
+def compile_optax_step(mesh, form, tx, bucket_bytes=None, count=1):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     if form == "jit":
         return jax.jit(functools.partial(jit_optax_step, tx), out_shardings=(replicated, replicated, rows))
-    return jax.jit(jax.shard_map(functools.partial(shard_map_optax_step, tx, bucket_bytes), mesh=mesh, in_specs=(
+    return jax.jit(jax.shard_map(functools.partial(shard_map_optax_step, tx, bucket_bytes, count), mesh=mesh, in_specs=(
         P(), P(), P("devices"), P("devices"), P("devices"), P()), out_specs=(P(), P(), P("devices"))))
 
 
@@ -157,64 +198,108 @@ def descend(tx, params, opt_state, grads, scale):
     return optax_update(tx, params, opt_state, grads, scale)
 
 
-def jit_batchnorm_step(graphdef, tx, params, stats, opt_state, X, y, mask, scale):
-    """Written for one device: the global batch's statistics, whatever the shardings."""
-    (_, (rows, stats)), grads = jax.value_and_grad(batchnorm_loss, argnums=1, has_aux=True)(
-        graphdef, params, stats, X, y, mask)
+def micro_batch_of_every_device(devices, arrays, mask, i, count):
+    """micro_batch of each device's block of global arrays (jit's view: every device's rows back to back), the
+    blocks back to back again: the i-th micro-batch of every device, one global micro-batch, whose statistics a
+    synchronised BatchNorm takes."""
+    def blocks(a):
+        return a.reshape(devices, -1, *a.shape[1:])
+
+    def joined(a):
+        return a.reshape(-1, *a.shape[2:])
+    arrays, mask = jax.vmap(lambda arrays, mask: micro_batch(arrays, mask, i, count))(
+        [blocks(a) for a in arrays], blocks(mask))
+    return [joined(a) for a in arrays], joined(mask)
+
+
+def batchnorm_grads(graphdef, params, stats, X, y, mask, count, cut=micro_batch):
+    """The ResNet's rows' losses, their gradients' sum and the new statistics, over `count` micro-batches."""
+    def loss_and_grads(X, y, mask, stats):
+        (_, (rows, stats)), grads = jax.value_and_grad(batchnorm_loss, argnums=1, has_aux=True)(
+            graphdef, params, stats, X, y, mask)
+        return rows, grads, stats
+    return accumulated(loss_and_grads, X, y, mask, count, stats, cut)
+
+
+def jit_batchnorm_step(graphdef, tx, devices, count, params, stats, opt_state, X, y, mask, scale):
+    """Written for one device: the global batch's statistics (each micro-batch's, every device's rows of it),
+    whatever the shardings. Accumulating, each micro-batch's gradient is a global array that XLA all-reduces: the
+    synchronised BatchNorm pays one all-reduce per micro-batch (its statistics need them anyway)."""
+    rows, grads, stats = batchnorm_grads(graphdef, params, stats, X, y, mask, count,
+                                         functools.partial(micro_batch_of_every_device, devices))
     return *descend(tx, params, opt_state, grads, scale), stats, rows
 
 
-def shard_map_batchnorm_step(graphdef, tx, bucket_bytes, params, stats, opt_state, X, y, mask, scale):
+def shard_map_batchnorm_step(graphdef, tx, bucket_bytes, count, params, stats, opt_state, X, y, mask, scale):
     """Each device's shard, statistics and running statistics (its block of the stacked `stats`), then the psum and
     the update of the all-reduced gradient."""
     own = jax.tree.map(lambda s: s[0], stats)
-    (_, (rows, own)), grads = jax.value_and_grad(batchnorm_loss, argnums=1, has_aux=True)(
-        graphdef, lax.pvary(params, "devices"), own, X, y, mask)
+    rows, grads, own = batchnorm_grads(graphdef, lax.pvary(params, "devices"), own, X, y, mask, count)
     grads = psum_gradients(grads, bucket_bytes)
     return *descend(tx, params, opt_state, grads, scale), jax.tree.map(lambda s: s[None], own), rows
 
 
-def compile_batchnorm_step(mesh, graphdef, sync, tx=None, bucket_bytes=None):
+def compile_batchnorm_step(mesh, graphdef, sync, tx=None, bucket_bytes=None, count=1):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     if sync:
-        return jax.jit(functools.partial(jit_batchnorm_step, graphdef, tx),
+        return jax.jit(functools.partial(jit_batchnorm_step, graphdef, tx, mesh.size, count),
                        out_shardings=(replicated, replicated, replicated, rows))
-    return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef, tx, bucket_bytes), mesh=mesh,
-                                 in_specs=(P(), P("devices"), P(), P("devices"), P("devices"), P("devices"), P()),
+    return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef, tx, bucket_bytes, count),
+                                 mesh=mesh, in_specs=(P(), P("devices"), P(), P("devices"), P("devices"),
+                                                      P("devices"), P()),
                                  out_specs=(P(), P(), P("devices"), P("devices"))))
 
 
-class Step:
-    """The recipe's SGD step, compiled (lower() gives its program), and the form it was compiled in."""
+class Compiled:
+    """A trainer's compiled step, one per micro-batch count (--accumulate; an epoch's last batch may cut fewer), each
+    made once by make(form, count). `form` is get_model's, or shard_map's once the LeNet accumulates: under jit
+    every micro-batch's gradient would be all-reduced (accumulated's docstring). lower() gives a step's program."""
 
-    def __init__(self, step, form):
-        self.step, self.form, self.opt_state = step, form, None
-        self.lower = step.lower
+    def __init__(self, make, form, switches=True):
+        self.make, self.form, self.switches, self.made = make, form, switches, {}
 
-    def __call__(self, net, X, y, mask, scale):
-        return self.step(net, X, y, mask, scale)
+    def step(self, count=1):
+        if count not in self.made:
+            if count > 1 and self.switches:
+                self.form = "shard_map"
+            self.made[count] = self.make(self.form, count)
+        return self.made[count]
+
+    def lower(self, *args, count=1):
+        return self.step(count).lower(*args)
 
 
-class BatchNormTrainer:
+class Step(Compiled):
+    """The recipe's SGD step."""
+    opt_state = None
+
+    def __call__(self, net, X, y, mask, scale, count=1):
+        return self.step(count)(net, X, y, mask, scale)
+
+
+class BatchNormTrainer(Compiled):
     """The ResNet's step: the model is [parameters, BatchNorm statistics], two pytrees of global arrays; with an Optax
-    transformation its state (opt_state) goes through the step and comes back new, as OptaxTrainer's."""
+    transformation its state (opt_state) goes through the step and comes back new, as OptaxTrainer's. Its form
+    follows the BatchNorm, accumulating or not."""
 
-    def __init__(self, step, graphdef, sync, form, opt_state=None):
-        self.step, self.graphdef, self.sync, self.form, self.opt_state = step, graphdef, sync, form, opt_state
+    def __init__(self, make, graphdef, sync, form, opt_state=None):
+        super().__init__(make, form, switches=False)
+        self.graphdef, self.sync, self.opt_state = graphdef, sync, opt_state
 
-    def __call__(self, net, X, y, mask, scale):
-        params, self.opt_state, stats, rows = self.step(*net, self.opt_state, X, y, mask, scale)
+    def __call__(self, net, X, y, mask, scale, count=1):
+        params, self.opt_state, stats, rows = self.step(count)(*net, self.opt_state, X, y, mask, scale)
         return [params, stats], rows
 
 
-class OptaxTrainer:
+class OptaxTrainer(Compiled):
     """Optax's transformation is pure: this holds its state between steps and threads it through the step."""
 
-    def __init__(self, step, opt_state, form):
-        self.step, self.opt_state, self.form = step, opt_state, form
+    def __init__(self, make, opt_state, form):
+        super().__init__(make, form)
+        self.opt_state = opt_state
 
-    def __call__(self, net, X, y, mask, scale):
-        net, self.opt_state, rows = self.step(net, self.opt_state, X, y, mask, scale)
+    def __call__(self, net, X, y, mask, scale, count=1):
+        net, self.opt_state, rows = self.step(count)(net, self.opt_state, X, y, mask, scale)
         return net, rows
 
 
@@ -252,27 +337,30 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
         laid_out = lambda arrays: nnx.split(   # noqa: E731
             resnet.build_model(arrays, network.bn_state), nnx.Param, nnx.BatchStat)[1]
         opt_state = None if tx is None else optax_start(params, host, laid_out, RESNET_PARAMS)
-        step = compile_batchnorm_step(mesh, graphdef, network.sync, tx, None if network.sync else bucket_bytes)
-        trainer = BatchNormTrainer(step, graphdef, network.sync, "jit" if network.sync else "shard_map", opt_state)
+        make = lambda form, count: compile_batchnorm_step(   # noqa: E731
+            mesh, graphdef, network.sync, tx, None if network.sync else bucket_bytes, count)
+        trainer = BatchNormTrainer(make, graphdef, network.sync, "jit" if network.sync else "shard_map", opt_state)
         return Model([params, stats], trainer, mesh)
     host = [held(name, weights[name]) for name in PARAM_NAMES]
     params = [replicate(w) for w in host]
     if tx is None:
-        return Model(params, Step(compile_step(mesh, form, bucket_bytes), form), mesh)
+        return Model(params, Step(lambda form, count: compile_step(mesh, form, bucket_bytes, count), form), mesh)
     laid_out = lambda arrays: [held(name, arrays[name]) for name in PARAM_NAMES]   # noqa: E731
     opt_state = optax_start(params, host, laid_out, PARAM_NAMES)
-    return Model(params, OptaxTrainer(compile_optax_step(mesh, form, tx, bucket_bytes), opt_state, form), mesh)
+    return Model(params, OptaxTrainer(lambda form, count: compile_optax_step(mesh, form, tx, bucket_bytes, count),
+                                      opt_state, form), mesh)
 
 
-def train_step(model, batch, lr, batch_size):
+def train_step(model, batch, lr, batch_size, accumulate=1):
     """The summed loss of the global batch, its gradient all-reduced by XLA, the recipe's update
     lr * sum / global batch (an Optax trainer's own schedule sets the rate: lr is not used, the gradient is made
     the mean); this process's rows' mean loss comes back. The batch is pipeline.py's: global arrays sharded over
-    the mesh, padding masked."""
+    the mesh, padding masked. accumulate: each device's rows in that many micro-batches (common.sharding
+    .micro_batches), their gradients added up on the device before the one all-reduce (accumulated)."""
     net, trainer, _ = model                # the replicated parameters and the compiled step
     X, y, mask, rows = batch
     rate = lr if trainer.opt_state is None else 1.0
-    net[:], losses = trainer(net, X, y, mask, jnp.float32(rate / batch_size))
+    net[:], losses = trainer(net, X, y, mask, jnp.float32(rate / batch_size), accumulate)
     return sum(float(shard.data.sum()) for shard in losses.addressable_shards) / rows
 
 
