@@ -10,6 +10,7 @@ import tensorflow as tf
 from common.interface import Model, Network, RosettaError
 
 from . import distributed as dist, resnet
+from .data_parallel import micro_bounds
 from .idiomatic import build, evaluate as evaluate_keras, loss_fn, parameters, to_numpy as keras_to_numpy
 from .optimizer import follows_its_schedule, get_trainer, canonical_state, load_state
 
@@ -51,16 +52,17 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     return Model(net, trainer, strategy)
 
 
-# One graph for the whole step, traced per model; reduce_retracing: shard shapes become None after one change.
+# One graph for the whole step, traced per model and micro-batch count; reduce_retracing: shard shapes become None
+# after one change.
 @tf.function(reduce_retracing=True)
-def step_on_replicas(strategy, net, trainer, X, y, batch_size=None):
+def step_on_replicas(strategy, net, trainer, X, y, batch_size=None, accumulate=1):
     """batch_size (a tensor), for an optimizer's trainer: the replicas' gradients are summed here and divided by
     it, the global batch's mean on every replica, which the trainer clips and applies as it is (Keras would clip
-    each replica's own before its sum)."""
+    each replica's own before its sum). accumulate: each replica's shard in that many micro-batches, a forward and
+    backward each, their gradients added up on the replica before the one sum (Keras's own
+    gradient_accumulation_steps cannot run here: accumulated's docstring)."""
     def replica_step(X, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, net(X, training=True))   # summed over the replica's shard
-        grads = tape.gradient(loss, net.trainable_variables)
+        loss, grads = accumulated(net, X, y, accumulate)
         if batch_size is not None:
             grads = [g / batch_size for g in tf.distribute.get_replica_context().all_reduce("sum", grads)]
         trainer.apply_gradients(zip(grads, net.trainable_variables))   # the recipe's: all-reduce (sum), then SGD
@@ -68,17 +70,39 @@ def step_on_replicas(strategy, net, trainer, X, y, batch_size=None):
     return strategy.run(replica_step, args=(X, y))
 
 
-def train_step(model, batch, lr, batch_size):
+def accumulated(net, X, y, count):
+    """One replica's summed loss and gradients, over `count` micro-batches of its shard (common.sharding
+    .micro_batches: data_parallel.micro_bounds), the loop unrolled in the step's graph; the BatchNorm's moving
+    statistics go through them in turn. Keras 3's own accumulation, an optimizer's gradient_accumulation_steps,
+    applies the update inside a cond, and the all-reduce inside that cond is a merge_call that MirroredStrategy
+    refuses in a tf.function (RuntimeError "merge_call called while defining a new graph": keras-team/keras
+    17429, tensorflow/tensorflow 59487; tests/test_accumulation.py runs it). It also averages a fixed K calls where
+    an epoch's last batch may cut fewer, and its schedule counts micro-batches."""
+    loss = grads = None
+    parts = [(X, y)] if count == 1 else [(X[a:b], y[a:b]) for a, b in micro_bounds(y, count)]
+    for X_micro, y_micro in parts:
+        with tf.GradientTape() as tape:
+            micro_loss = loss_fn(y_micro, net(X_micro, training=True))   # summed over the rows
+        micro_grads = tape.gradient(micro_loss, net.trainable_variables)
+        if grads is None:
+            loss, grads = micro_loss, micro_grads
+        else:
+            loss, grads = loss + micro_loss, [a + b for a, b in zip(grads, micro_grads)]
+    return loss, grads
+
+
+def train_step(model, batch, lr, batch_size, accumulate=1):
     """The recipe's SGD: a learning rate of lr / global batch on the summed gradients makes the update the
     recipe's, computed in float32 like the scratch sgd, even when the shards differ in size. An optimizer's
-    trainer: the global batch's mean gradient, at the rate of its own schedule (lr is not needed). Returns the
-    mean loss of this process's rows."""
+    trainer: the global batch's mean gradient, at the rate of its own schedule (lr is not needed). accumulate: each
+    replica's shard in that many micro-batches, one all-reduce per update. Returns the mean loss of this process's
+    rows."""
     net, trainer, strategy = model
     if follows_its_schedule(trainer):
-        outputs = step_on_replicas(strategy, net, trainer, *batch, tf.constant(batch_size, tf.float32))
+        outputs = step_on_replicas(strategy, net, trainer, *batch, tf.constant(batch_size, tf.float32), accumulate)
     else:
         trainer.learning_rate = tf.constant(lr, tf.float32) / batch_size
-        outputs = step_on_replicas(strategy, net, trainer, *batch)
+        outputs = step_on_replicas(strategy, net, trainer, *batch, accumulate=accumulate)
     losses, sizes = (strategy.experimental_local_results(v) for v in outputs)
     return sum(float(loss) for loss in losses) / sum(int(n) for n in sizes)
 
