@@ -29,11 +29,6 @@ def evaluation_rows(n, rank, world):
     return start, start + base + (1 if rank < extra else 0)
 
 
-# The built-in engines whose train_step takes accumulate, each its framework's own way (PyTorch: DDP's no_sync; MXNet:
-# Gluon's grad_req 'add'). The others' (Keras's gradient_accumulation_steps, Optax's MultiSteps) are not wired yet.
-ACCUMULATING_ENGINES = ("pytorch", "mxnet")
-
-
 def micro_batch_count(global_size, devices, accumulate):
     """Gradient accumulation (--accumulate K): how many micro-batches every device's shard of a global batch of
     `global_size` rows over `devices` devices (of every process) is cut into: K, or the smallest shard's rows when a

@@ -77,8 +77,8 @@ def parse_args(argv, description=None):
                         "psum is written by hand (the others sum their own way); comma-separated")
     g.add_argument("--accumulate", type=int_list, default="1", metavar="K",
                    help="gradient accumulation: each device's shard of a --batch-size batch cut into K micro-batches, "
-                        "their gradients added up on the device and all-reduced once per update (the scratch step; "
-                        "PyTorch's and MXNet's engines their own way); comma-separated, a row each, e.g. 1,2,4")
+                        "their gradients added up on the device and all-reduced once per update (the scratch step and "
+                        "the built-in engines, each its framework's way); comma-separated, a row each, e.g. 1,2,4")
     g.add_argument("--cores", type=name_list(CORES, "cores setting"), default=default("cores"),
                    help="shared (every op may use all of --threads) or per-device (each device pinned to cores "
                         "of its own: --threads / the most devices; see harness/processes/cores.py); comma-separated")
