@@ -109,9 +109,11 @@ def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, 
         micro_losses, micro_grads, bn_states = loss_and_grads(model, replicas, bn_states, X_micro, y_micro, devices)
         if losses is None:
             losses, grads = list(micro_losses), [list(g) for g in micro_grads]
-        else:
-            losses = [a + b for a, b in zip(losses, micro_losses)]
-            grads = [[a + b for a, b in zip(g, h)] for g, h in zip(grads, micro_grads)]
+            continue
+        for d, device in enumerate(devices):   # each sum placed on its device: a collective across processes
+            with tf.device(device):            # takes its destination from the tensor's device
+                losses[d] = losses[d] + micro_losses[d]
+                grads[d] = [a + b for a, b in zip(grads[d], micro_grads[d])]
     return losses, grads, bn_states
 
 
