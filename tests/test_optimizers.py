@@ -205,18 +205,19 @@ def test_the_stock_classes_are_what_the_conventions_table_says(framework, digits
 
 # ---- the multi-process engines (real worker processes: slow tier) ----
 
-# 2 devices, 2 processes. The scratch step's sum across processes is test_engines.py's; its update after the sum is
-# the in-process cases' above.
-ENGINES = [("builtin", "adamw")]
+# 2 devices, 2 processes, accumulating (--accumulate K: each device's shard in K micro-batches, one all-reduce per
+# update), which for the LeNet is the spec's step of the whole batch. The scratch step's sum across processes without
+# accumulation is test_engines.py's; its update after the sum is the in-process cases' above.
+ENGINES = [("builtin", "adamw", 2), ("scratch", "adamw", 4)]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("mode,name", ENGINES, ids=[f"{m}-{n}" for m, n in ENGINES])
+@pytest.mark.parametrize("mode,name,accumulate", ENGINES, ids=[f"{m}-{n}-accumulate{k}" for m, n, k in ENGINES])
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_engines_compute_the_spec(framework, mode, name, digits, tmp_path):
+def test_engines_compute_the_spec(framework, mode, name, accumulate, digits, tmp_path):
     """DDP, MultiWorkerMirroredStrategy, the dist_sync kvstore and jax.distributed, and the scratch step across
-    processes, with the options a user gives compare.py: the same weights as the spec."""
+    processes, with the options a user gives compare.py, accumulating: the same weights as the spec."""
     from harness.processes.launch import run_workers
     fw = framework_or_skip(framework)
     per_epoch = steps_per_epoch(len(digits.y_train), BATCH, 2)
@@ -226,7 +227,7 @@ def test_engines_compute_the_spec(framework, mode, name, digits, tmp_path):
             "epochs": EPOCHS, "batch_size": BATCH, "seed": SEED, "threads": 1, "weights_trace": str(out),
             "optimizer": name, "lr": optimizer.lr, "momentum": optimizer.momentum,
             "weight_decay": optimizer.weight_decay, "lr_schedule": optimizer.schedule,
-            "warmup_epochs": WARMUP / per_epoch, "clip_norm": optimizer.clip_norm}
+            "warmup_epochs": WARMUP / per_epoch, "clip_norm": optimizer.clip_norm, "accumulate": accumulate}
     results = run_workers(spec, timeout=400)
     assert all(r["status"] == "ok" for r in results), results[0].get("error")
     assert len({r["digest"] for r in results}) == 1, "processes hold different weights"
