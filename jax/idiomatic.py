@@ -2,13 +2,17 @@
 nnx.Optimizer and an nnx.jit step on one device, no harness. The benchmark times it beside the scratch
 step to show what the from-scratch recipe costs."""
 
+import functools
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
 from common.interface import Model, Network, Unavailable
 from common.layouts import to_canonical
+from common.sharding import micro_batches
 
 from . import resnet
 from .lenet import build_model, model_to_numpy
@@ -53,33 +57,49 @@ def summed_loss(net, X, y):
     return optax.softmax_cross_entropy_with_integer_labels(net(X), y).sum()
 
 
-# The compiled steps; nnx.jit carries the module's and the optimizer's state in and out of them.
-@nnx.jit
-def fit_batch(net, trainer, X, y, lr):
-    loss, grads = nnx.value_and_grad(summed_loss)(net, X, y)
+def summed_loss_and_grads(net, X, y, count):
+    """The summed loss and its gradients, over `count` micro-batches of X, y (common.sharding.micro_batches), added
+    up in the compiled step (the loop unrolled); the ResNet's running statistics move once per micro-batch. Optax's
+    MultiSteps would take one micro-batch per call and apply the mean of a fixed K of them (an epoch's last batch may
+    cut fewer)."""
+    loss = grads = None
+    for start, stop in micro_batches(len(y), count):
+        micro_loss, micro_grads = nnx.value_and_grad(summed_loss)(net, X[start:stop], y[start:stop])
+        if grads is None:
+            loss, grads = micro_loss, micro_grads
+        else:
+            loss, grads = loss + micro_loss, jax.tree.map(jnp.add, grads, micro_grads)
+    return loss, grads
+
+
+# The compiled steps, one per micro-batch count; nnx.jit carries the module's and the optimizer's state in and out.
+@functools.partial(nnx.jit, static_argnames="count")
+def fit_batch(net, trainer, X, y, lr, count=1):
+    loss, grads = summed_loss_and_grads(net, X, y, count)
     trainer.opt_state.hyperparams["learning_rate"].value = lr
     trainer.update(net, grads)
     return loss
 
 
-@nnx.jit
-def fit_batch_mean(net, trainer, X, y, batch_size):
+@functools.partial(nnx.jit, static_argnames="count")
+def fit_batch_mean(net, trainer, X, y, batch_size, count=1):
     """The optimizer's own schedule sets the rate: its gradient is the global batch's mean."""
-    loss, grads = nnx.value_and_grad(summed_loss)(net, X, y)
+    loss, grads = summed_loss_and_grads(net, X, y, count)
     trainer.update(net, jax.tree.map(lambda g: g / batch_size, grads))
     return loss
 
 
-def train_step(model, X, y, devices, lr, batch_size=None):
+def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     """The recipe's update: a learning rate of lr / batch_size on the summed loss. Any other optimizer follows its
-    own schedule (lr is not used)."""
+    own schedule (lr is not used). accumulate: the batch in that many micro-batches, their gradients added up
+    before the one update (summed_loss_and_grads)."""
     net, trainer, _ = model
     X, y = jax.device_put(X, devices[0]), jax.device_put(y, devices[0])   # copies, as split_and_load
     batch_size = batch_size or len(X)
     if hasattr(trainer.opt_state, "hyperparams"):   # the recipe's inject_hyperparams(sgd)
-        loss = fit_batch(net, trainer, X, y, lr / batch_size)
+        loss = fit_batch(net, trainer, X, y, lr / batch_size, count=accumulate)
     else:
-        loss = fit_batch_mean(net, trainer, X, y, batch_size)
+        loss = fit_batch_mean(net, trainer, X, y, batch_size, count=accumulate)
     return float(loss) / len(X)
 
 

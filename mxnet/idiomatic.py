@@ -5,6 +5,7 @@ it beside the scratch step to show what the from-scratch recipe costs."""
 from mxnet import autograd, gluon, nd
 
 from common.interface import Model, Network, RosettaError, Unavailable
+from common.sharding import micro_batches
 
 from . import lenet, resnet
 from .lenet import build_model, to_numpy as params_to_numpy
@@ -54,20 +55,31 @@ def canonical_names(net):
     return (resnet if is_resnet(net) else lenet).canonical_names(net)
 
 
-def train_step(model, X, y, devices, lr, batch_size=None):
+def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     """backward() of the per-example losses sums their gradients; trainer.step(batch_size) divides
     the sum by the batch size: the recipe's update. A Trainer of optimizer.py clips that sum and its schedule
-    sets the rate, not `lr`."""
+    sets the rate, not `lr`. accumulate: the batch in that many micro-batches (common.sharding.micro_batches), the
+    tutorial's way: the Parameters' grad_req 'add', a backward each, one trainer.step, then zero_grad."""
     net, trainer, _ = model
     X = nd.array(X, ctx=devices[0], dtype=X.dtype)   # copies, as split_and_load
     y = nd.array(y, ctx=devices[0], dtype=y.dtype)
-    with autograd.record():
-        loss = loss_fn(net(X), y)
-    loss.backward()
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]   # not BatchNorm's statistics
+    if accumulate > 1 and params[0].grad_req != "add":
+        for p in params:
+            p.grad_req = "add"
+    loss = 0.0
+    for start, stop in micro_batches(len(y), accumulate):
+        with autograd.record():
+            micro = loss_fn(net(X[start:stop]), y[start:stop])
+        micro.backward()
+        loss += float(micro.sum().asscalar())
     if not isinstance(trainer, Trainer):
         trainer.set_learning_rate(lr)
     trainer.step(batch_size or len(X))
-    return float(loss.sum().asscalar()) / len(X)
+    if params[0].grad_req == "add":
+        for p in params:
+            p.zero_grad()
+    return loss / len(X)
 
 
 def to_numpy(model):

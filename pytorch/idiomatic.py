@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from common import lenet as lenet_spec, resnet as resnet_spec
 from common.interface import Model, Network, RosettaError, Unavailable
+from common.sharding import micro_batches
 
 from . import resnet
 from .execution import DEFAULT_LAYOUT, LAYOUTS
@@ -51,22 +52,25 @@ def param_names(net):
     return resnet_spec.PARAM_NAMES if is_resnet(net) else lenet_spec.PARAM_NAMES
 
 
-def train_step(model, X, y, devices, lr, batch_size=None):
+def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     """The tutorial's step, with the loss summed rather than averaged and a learning rate of
     lr / batch_size: the recipe's update, whatever part of the batch is here. A Trainer gets the global batch's
-    mean gradient instead and its scheduler sets the rate."""
+    mean gradient instead and its scheduler sets the rate. accumulate: the batch in that many micro-batches
+    (common.sharding.micro_batches), each backward adding into the parameters' .grad, one step after them."""
     net, trainer, _ = model
     X, y = to_layout(torch.tensor(X, device=devices[0])), torch.tensor(y, device=devices[0])   # as split_and_load
-    loss = F.cross_entropy(net(X), y, reduction="sum")
+    batch_size = batch_size or len(X)
     trainer.zero_grad()
-    if isinstance(trainer, Trainer):
-        (loss / (batch_size or len(X))).backward()
-    else:
-        loss.backward()
+    loss = 0.0
+    for start, stop in micro_batches(len(y), accumulate):
+        micro = F.cross_entropy(net(X[start:stop]), y[start:stop], reduction="sum")
+        (micro / batch_size if isinstance(trainer, Trainer) else micro).backward()
+        loss += micro.item()
+    if not isinstance(trainer, Trainer):
         for group in trainer.param_groups:
-            group["lr"] = lr / (batch_size or len(X))
+            group["lr"] = lr / batch_size
     trainer.step()
-    return loss.item() / len(X)
+    return loss / len(X)
 
 
 def to_numpy(model):

@@ -10,8 +10,7 @@ import tensorflow as tf
 from common.interface import Model, Network, RosettaError
 
 from . import distributed as dist, resnet
-from .data_parallel import micro_bounds
-from .idiomatic import build, evaluate as evaluate_keras, loss_fn, parameters, to_numpy as keras_to_numpy
+from .idiomatic import accumulated, build, evaluate as evaluate_keras, parameters, to_numpy as keras_to_numpy
 from .optimizer import follows_its_schedule, get_trainer, canonical_state, load_state
 
 EXEC = "tf.function"
@@ -68,27 +67,6 @@ def step_on_replicas(strategy, net, trainer, X, y, batch_size=None, accumulate=1
         trainer.apply_gradients(zip(grads, net.trainable_variables))   # the recipe's: all-reduce (sum), then SGD
         return loss, tf.shape(y)[0]
     return strategy.run(replica_step, args=(X, y))
-
-
-def accumulated(net, X, y, count):
-    """One replica's summed loss and gradients, over `count` micro-batches of its shard (common.sharding
-    .micro_batches: data_parallel.micro_bounds), the loop unrolled in the step's graph; the BatchNorm's moving
-    statistics go through them in turn. Keras 3's own accumulation, an optimizer's gradient_accumulation_steps,
-    applies the update inside a cond, and the all-reduce inside that cond is a merge_call that MirroredStrategy
-    refuses in a tf.function (RuntimeError "merge_call called while defining a new graph": keras-team/keras
-    17429, tensorflow/tensorflow 59487; tests/test_accumulation.py runs it). It also averages a fixed K calls where
-    an epoch's last batch may cut fewer, and its schedule counts micro-batches."""
-    loss = grads = None
-    parts = [(X, y)] if count == 1 else [(X[a:b], y[a:b]) for a, b in micro_bounds(y, count)]
-    for X_micro, y_micro in parts:
-        with tf.GradientTape() as tape:
-            micro_loss = loss_fn(y_micro, net(X_micro, training=True))   # summed over the rows
-        micro_grads = tape.gradient(micro_loss, net.trainable_variables)
-        if grads is None:
-            loss, grads = micro_loss, micro_grads
-        else:
-            loss, grads = loss + micro_loss, [a + b for a, b in zip(grads, micro_grads)]
-    return loss, grads
 
 
 def train_step(model, batch, lr, batch_size, accumulate=1):

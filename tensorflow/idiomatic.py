@@ -8,6 +8,7 @@ from common.interface import Model, Network, Unavailable
 from common.lenet import PARAM_NAMES
 
 from . import resnet
+from .data_parallel import micro_bounds
 from .lenet import build_model, to_numpy as params_to_numpy
 from .optimizer import follows_its_schedule, get_trainer, canonical_state, load_state
 
@@ -61,30 +62,51 @@ def parameters(net):
     return dict(zip(PARAM_NAMES, net.trainable_variables, strict=True))
 
 
-# One graph for the step; reduce_retracing: the last, smaller batch of an epoch does not retrace again.
+def accumulated(net, X, y, count):
+    """The Keras net's summed loss and its gradients, over `count` micro-batches of X, y (common.sharding
+    .micro_batches: data_parallel.micro_bounds), the loop unrolled in the step's graph; the BatchNorm's moving
+    statistics go through them in turn. Keras 3's own accumulation, an optimizer's gradient_accumulation_steps, averages
+    a fixed K calls (an epoch's last batch may cut fewer) with a schedule that counts micro-batches; and under
+    MirroredStrategy in a tf.function it cannot run: it applies the update inside a cond, and the all-reduce in that
+    cond is a merge_call, which the strategy refuses (RuntimeError "merge_call called while defining a new graph":
+    keras-team/keras 17429, tensorflow/tensorflow 59487; tests/test_accumulation.py runs it)."""
+    loss = grads = None
+    parts = [(X, y)] if count == 1 else [(X[a:b], y[a:b]) for a, b in micro_bounds(y, count)]
+    for X_micro, y_micro in parts:
+        with tf.GradientTape() as tape:
+            micro_loss = loss_fn(y_micro, net(X_micro, training=True))   # summed over the rows
+        micro_grads = tape.gradient(micro_loss, net.trainable_variables)
+        if grads is None:
+            loss, grads = micro_loss, micro_grads
+        else:
+            loss, grads = loss + micro_loss, [a + b for a, b in zip(grads, micro_grads)]
+    return loss, grads
+
+
+# One graph for the step, per micro-batch count; reduce_retracing: the last, smaller batch of an epoch does not
+# retrace again.
 @tf.function(reduce_retracing=True)
-def fit_batch(net, trainer, X, y, batch_size=None):
+def fit_batch(net, trainer, X, y, batch_size=None, accumulate=1):
     """batch_size (a tensor) divides the summed loss's gradients: the batch's mean, for an optimizer's trainer."""
-    with tf.GradientTape() as tape:
-        loss = loss_fn(y, net(X, training=True))
-    grads = tape.gradient(loss, net.trainable_variables)
+    loss, grads = accumulated(net, X, y, accumulate)
     if batch_size is not None:
         grads = [g / batch_size for g in grads]
     trainer.apply_gradients(zip(grads, net.trainable_variables))
     return loss
 
 
-def train_step(model, X, y, devices, lr, batch_size=None):
+def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     """The recipe's SGD: a learning rate of lr / batch_size on the summed loss. An optimizer's trainer: the batch's
-    mean gradient, at the rate of its own schedule (lr, the spec's, is not needed)."""
+    mean gradient, at the rate of its own schedule (lr, the spec's, is not needed). accumulate: the batch in that many
+    micro-batches, their gradients added up before the one update (accumulated)."""
     net, trainer, _ = model
     batch_size = batch_size or len(X)
     with tf.device(devices[0]):   # copies, as split_and_load
         X, y = tf.convert_to_tensor(X), tf.convert_to_tensor(y)
     if follows_its_schedule(trainer):
-        return float(fit_batch(net, trainer, X, y, tf.constant(batch_size, tf.float32))) / len(X)
+        return float(fit_batch(net, trainer, X, y, tf.constant(batch_size, tf.float32), accumulate)) / len(X)
     trainer.learning_rate = tf.constant(lr, tf.float32) / batch_size
-    return float(fit_batch(net, trainer, X, y)) / len(X)
+    return float(fit_batch(net, trainer, X, y, accumulate=accumulate)) / len(X)
 
 
 def to_numpy(model):

@@ -94,8 +94,6 @@ def skip_reason(spec, share, usable, most_devices, threads, seen):
     if spec.allreduce != "per-tensor" and spec.mode != "scratch" and not (
             spec.mode == "builtin" and spec.framework in BUCKETING_ENGINES):
         return f"--allreduce is the scratch step's; {spec.mode} sums the gradients its framework's own way"
-    if spec.accumulate > 1 and spec.mode == "idiomatic":
-        return "--accumulate runs in the scratch step and the built-in engines; the idiomatic loop takes whole batches"
     if spec.mode == "idiomatic" and (spec.devices, spec.processes) != (1, 1):
         return "the idiomatic reference loop is single-device, single-process"
     if spec.cores == "per-device" and (share < 1 or share * spec.devices > usable):

@@ -167,13 +167,17 @@ class Idiomatic(Builtin):
 
     def __init__(self, fw, devices, network=Network(), bucket_bytes=None, accumulate=1):
         self.fw, self.devices, self.network, self.bucket_bytes = fw, devices, network, None   # one device: no sum
+        self.accumulate = accumulate
         self.engine = load_module(fw.name, "idiomatic")
 
     feed, batches = Scratch.feed, Scratch.batches
 
     def step(self, batch, lr, batch_size):
         X, y = batch
-        return self.engine.train_step(self.model, X, y, self.devices, lr, batch_size)
+        if self.accumulate == 1:
+            return self.engine.train_step(self.model, X, y, self.devices, lr, batch_size)
+        return self.engine.train_step(self.model, X, y, self.devices, lr, batch_size,
+                                      accumulate=self.micro_batches(batch_size, self.accumulate))
 
 
 MODES = {"scratch": Scratch, "builtin": Builtin, "idiomatic": Idiomatic}
