@@ -107,6 +107,30 @@ def test_ddp_accumulates_under_no_sync_and_all_reduces_once_per_update(digits, g
     assert counts[4] == counts[1] == STEPS, counts   # the LeNet fits one bucket: one all-reduce a step
 
 
+@pytest.mark.slow   # the ResNet's six steps
+def test_ddp_broadcasts_rank_0_s_running_statistics_once_per_update_not_per_micro_batch(digits, gloo_group):
+    """DDP's broadcast_buffers sends rank 0's BatchNorm running statistics before a forward, but a forward under
+    no_sync turns the next one's off (torch/nn/parallel/distributed.py: _post_forward sets require_forward_param_sync
+    False): accumulating, the statistics go out once per update, before its first micro-batch, as without
+    accumulation. Counted on the ResNet in a process group of one."""
+    from harness.training.loop import Hooks, runner as runner_for, train
+    fw = framework_or_skip("pytorch")
+    calls = {}
+    for k in (1, 4):
+        run = RunSpec(framework="pytorch", model="resnet18", width=8, devices=1, accumulate=k, mode="builtin",
+                      dataset="digits", epochs=1, batch_size=BATCH, lr=0.1, seed=SEED, threads=1, max_steps=3)
+        runner, counted = runner_for(run, fw, fw.get_devices(1)), []
+
+        def count_broadcasts(steps, runner):
+            if steps == 0:
+                net = runner.model.net
+                broadcast = net._sync_buffers
+                net._sync_buffers = lambda: counted.append(1) or broadcast()
+        train(runner, digits, run, Optimizer(lr=0.1), hooks=Hooks(before_step=count_broadcasts))
+        calls[k] = len(counted)
+    assert calls[1] == calls[4] == 3, calls
+
+
 def test_gluon_accumulates_with_grad_req_add_and_sums_each_key_once_per_update(digits):
     """MXNet's built-in engine, a Trainer over 2 contexts: the Parameters' grad_req 'add', each micro-batch's backward
     adding into .grad, one trainer.step per update, whose kvstore sums each parameter's key once (counted)."""
