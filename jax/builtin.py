@@ -108,10 +108,10 @@ def micro_batch(arrays, mask, i, count):
 
 def accumulated(loss_and_grads, X, y, mask, count, stats=None, cut=micro_batch):
     """Gradient accumulation on one device (--accumulate): loss_and_grads(X, y, mask, stats) -> (rows, grads, stats)
-    for each of its shard's `count` micro-batches in turn (`cut` cuts them; the loop unrolled in the compiled step), the gradients
-    added up here and the BatchNorm statistics carried from one micro-batch to the next. No collective: the caller
-    all-reduces the sum once. Optax's MultiSteps accumulates across calls of the step instead, and under jit each
-    call's gradient is a global array that XLA all-reduces: once per micro-batch (docs/migration.md)."""
+    for each of its shard's `count` micro-batches in turn (`cut` cuts them; the loop unrolled in the compiled step),
+    the gradients added up here and the BatchNorm statistics carried from one micro-batch to the next. No collective:
+    the caller all-reduces the sum once. Optax's MultiSteps accumulates across calls of the step instead, and under
+    jit each call's gradient is a global array that XLA all-reduces: once per micro-batch (docs/migration.md)."""
     if count == 1:
         return loss_and_grads(X, y, mask, stats)
     rows, grads = [], None

@@ -213,7 +213,8 @@ RESNET_TOL = 1e-3
 
 
 @pytest.mark.slow   # a ResNet's compiled step each: 20 to 40 s
-@pytest.mark.parametrize("framework,bn", [("jax", "sync"), ("jax", "local"), ("tensorflow", "sync"), ("mxnet", "local")])
+@pytest.mark.parametrize("framework,bn", [("jax", "sync"), ("jax", "local"), ("tensorflow", "sync"),
+                                          ("mxnet", "local")])
 def test_an_engine_s_accumulated_resnet_step_is_the_scratch_step_s(framework, bn, digits, recipe_runs):
     """Under accumulation the BatchNorm normalises each micro-batch by its own statistics (local: one device's
     micro-batch; sync: the same micro-batch of every device), and its running statistics move once per micro-batch.

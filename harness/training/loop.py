@@ -129,8 +129,6 @@ class Builtin(Scratch):
         return self.pipeline.batches(self.loader, epoch)
 
     def step(self, batch, lr, batch_size):
-        if self.accumulate == 1:
-            return self.engine.train_step(self.model, batch, lr, batch_size)
         return self.engine.train_step(self.model, batch, lr, batch_size,
                                       accumulate=self.micro_batches(batch_size, self.accumulate))
 
@@ -174,8 +172,6 @@ class Idiomatic(Builtin):
 
     def step(self, batch, lr, batch_size):
         X, y = batch
-        if self.accumulate == 1:
-            return self.engine.train_step(self.model, X, y, self.devices, lr, batch_size)
         return self.engine.train_step(self.model, X, y, self.devices, lr, batch_size,
                                       accumulate=self.micro_batches(batch_size, self.accumulate))
 
