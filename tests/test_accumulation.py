@@ -73,9 +73,10 @@ def test_one_all_reduce_per_update_not_one_per_micro_batch(framework, digits, sc
 
 
 def engine_epochs(framework, devices, digits, install_counter, mode="builtin"):
-    """The built-in engine's epoch with K = 1 and 4 (momentum): its steps with accumulation are the unaccumulated
-    engine's (losses within TOL, the weights after the epoch too), and install_counter(runner, counted), called before
-    the first step, counts the engine's collectives into the list `counted`: their number per K comes back."""
+    """An engine's epoch (the built-in or, with mode, the idiomatic) with K = 1 and 4 (momentum): its steps with
+    accumulation are the unaccumulated engine's (losses within TOL, the weights after the epoch too), and
+    install_counter(runner, counted), called before the first step, counts the engine's collectives into the list
+    `counted`: their number per K comes back."""
     from harness.training.loop import Hooks, runner as runner_for, train
     fw = framework_or_skip(framework)
     losses, weights, counts = {}, {}, {}
