@@ -30,6 +30,7 @@ class Scratch:
     """The recipe from scratch: one replica per device, the network as its framework writes it (`model`, a Functional
     of lenet.py or resnet.py, in the run's layout) and the framework's one train_step, with the run's settings (the
     all-reduce's buckets, the compiled units: common.interface.StepSettings)."""
+    world = 1   # the processes sharing each batch: feed() says, and a runner stepped by hand is one process
 
     def __init__(self, fw, devices, network=Network(), model=None, settings=StepSettings()):
         self.fw, self.devices, self.network, self.settings = fw, devices, network, settings
