@@ -14,7 +14,7 @@ from common.interface import Model, Network, Unavailable
 from common.sharding import micro_batches
 
 from . import distributed as dist, resnet
-from .idiomatic import build, canonical_names, evaluate as evaluate_gluon, is_resnet
+from .idiomatic import build, canonical_names, clear_added, evaluate as evaluate_gluon, is_resnet, trained
 from .lenet import evaluate as evaluate_params, loss_sum, to_numpy as params_to_numpy
 from .optimizer import Trainer, get_trainer, canonical_state
 
@@ -78,10 +78,7 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     zero_grad for the next update."""
     net, trainer, _ = model
     X_shards, y_shards = batch
-    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
-    if accumulate > 1 and params[0].grad_req != "add":
-        for p in params:
-            p.grad_req = "add"             # new gradient buffers, zeroed
+    params = trained(net, accumulate)
     parts = [micro_batches(len(y), accumulate) for y in y_shards]
     loss = 0.0
     for i in range(accumulate):
@@ -93,9 +90,7 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     if not isinstance(trainer, Trainer):
         trainer.set_learning_rate(lr)
     trainer.step(batch_size)
-    if params[0].grad_req == "add":
-        for p in params:
-            p.zero_grad()
+    clear_added(params)
     return loss / sum(len(y) for y in y_shards)
 
 

@@ -55,6 +55,23 @@ def canonical_names(net):
     return (resnet if is_resnet(net) else lenet).canonical_names(net)
 
 
+def trained(net, accumulate):
+    """The net's trained Parameters (not BatchNorm's statistics), switched to grad_req 'add' (fresh, zeroed gradient
+    buffers) the first time a step accumulates: each micro-batch's backward then adds into .grad."""
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    if accumulate > 1 and params[0].grad_req != "add":
+        for p in params:
+            p.grad_req = "add"
+    return params
+
+
+def clear_added(params):
+    """After trainer.step: gradients that add up must be zeroed for the next update ('write' overwrites them)."""
+    if params[0].grad_req == "add":
+        for p in params:
+            p.zero_grad()
+
+
 def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     """backward() of the per-example losses sums their gradients; trainer.step(batch_size) divides
     the sum by the batch size: the recipe's update. A Trainer of optimizer.py clips that sum and its schedule
@@ -63,10 +80,7 @@ def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     net, trainer, _ = model
     X = nd.array(X, ctx=devices[0], dtype=X.dtype)   # copies, as split_and_load
     y = nd.array(y, ctx=devices[0], dtype=y.dtype)
-    params = [p for p in net.collect_params().values() if p.grad_req != "null"]   # not BatchNorm's statistics
-    if accumulate > 1 and params[0].grad_req != "add":
-        for p in params:
-            p.grad_req = "add"
+    params = trained(net, accumulate)
     loss = 0.0
     for start, stop in micro_batches(len(y), accumulate):
         with autograd.record():
@@ -76,9 +90,7 @@ def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     if not isinstance(trainer, Trainer):
         trainer.set_learning_rate(lr)
     trainer.step(batch_size or len(X))
-    if params[0].grad_req == "add":
-        for p in params:
-            p.zero_grad()
+    clear_added(params)
     return loss / len(X)
 
 
