@@ -42,14 +42,24 @@ def forward(params, X):
 
 
 def loss_sum(logits, y):
-    """Cross-entropy summed over the shard: shards add up to the global batch exactly."""
-    return F.cross_entropy(logits, y, reduction="sum")
+    """Cross-entropy summed over the shard, in fp32 whatever the logits' precision (common/precision.py): shards add
+    up to the global batch exactly."""
+    return F.cross_entropy(logits.float(), y, reduction="sum")
 
 
-def loss_and_grads(params, X, y, forward=forward):
+def autocast(device, precision):
+    """PyTorch's own mixed precision around a forward: torch.autocast runs the convolutions and linear layers in bf16
+    (their fp32 weights cast on the way in), every op after them on what they give; off at fp32. The backward runs
+    each op in its forward's precision, and the cast's backward widens a weight's bf16 gradient to fp32."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def loss_and_grads(params, X, y, forward=forward, precision="fp32"):
     """One device's part of the step: its shard's summed loss and the gradients (`forward` as written, or as a
-    compiled level makes it)."""
-    loss = loss_sum(forward(params, X), y)
+    compiled level makes it), the forward at `precision`."""
+    with autocast(X.device, precision):
+        logits = forward(params, X)
+    loss = loss_sum(logits, y)
     return loss.detach(), torch.autograd.grad(loss, params)
 
 
@@ -73,8 +83,10 @@ def accuracy(params, X, y, layout=DEFAULT_LAYOUT, batch_size=1000):
 @dataclasses.dataclass(frozen=True)
 class Functional:
     """The LeNet as the recipe's step trains it (common.interface.FUNCTIONAL): the functions above, in `layout`
-    (execution.layout's key). No BatchNorm: its state is None on every device."""
+    (execution.layout's key), computing at `precision` (common/precision.py). No BatchNorm: its state is None on
+    every device."""
     layout: str = DEFAULT_LAYOUT
+    precision: str = "fp32"
     name = "lenet"
     param_names = PARAM_NAMES
 
@@ -90,7 +102,8 @@ class Functional:
         compiled_forward where a level compiles it (execution.py), else as written."""
         losses, grads = [], []
         for params, X, y in zip(replicas, X_shards, y_shards):
-            loss, device_grads = loss_and_grads(params, to_layout(X, self.layout), y, compiled_forward or forward)
+            loss, device_grads = loss_and_grads(params, to_layout(X, self.layout), y, compiled_forward or forward,
+                                                self.precision)
             losses.append(loss)
             grads.append(device_grads)
         return losses, grads, bn_states

@@ -77,8 +77,11 @@ def all_sum(parts):
 
 def batch_norm(ps, ss, name, hs, training, bn, sync, new_states):
     """common.resnet.batch_norm written out, on every shard at once: F.batch_norm would update running_var in place
-    with the unbiased batch variance, PyTorch's convention, not necessarily `bn`'s."""
+    with the unbiased batch variance, PyTorch's convention, not necessarily `bn`'s. In fp32 whatever the input's
+    precision, the output in the input's (common/precision.py: nn.BatchNorm2d does the same under torch.autocast)."""
     c = (1, -1, 1, 1)
+    dtype = hs[0].dtype
+    hs = [h.float() for h in hs]
     running = [(s[f"{name}.running_mean"], s[f"{name}.running_var"]) for s in ss]
     if training:
         statistics = batch_statistics(hs, sync)
@@ -87,8 +90,8 @@ def batch_norm(ps, ss, name, hs, training, bn, sync, new_states):
             new[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * batch_mean.detach()
             new[f"{name}.running_var"] = (1 - bn.momentum) * var + bn.momentum * unbiased.detach()
         running = [(batch_mean, batch_var) for batch_mean, batch_var, _ in statistics]
-    return [(h - mean.view(c)) * torch.rsqrt(var.view(c) + bn.eps) * p[f"{name}.weight"].view(c)
-            + p[f"{name}.bias"].view(c) for p, h, (mean, var) in zip(ps, hs, running)]
+    return [((h - mean.view(c)) * torch.rsqrt(var.view(c) + bn.eps) * p[f"{name}.weight"].view(c)
+             + p[f"{name}.bias"].view(c)).to(dtype) for p, h, (mean, var) in zip(ps, hs, running)]
 
 
 def forward_shards(replicas, bn_states, X_shards, training, bn=CANONICAL_BN, sync=False, layout=LAYOUT):
@@ -129,11 +132,14 @@ def bn_state_to_numpy(bn_state):
     return {name: t.detach().cpu().numpy().astype(np.float32) for name, t in zip(BN_STATE_NAMES, bn_state)}
 
 
-def loss_and_grads(replicas, bn_states, X_shards, y_shards, sync=False, layout=LAYOUT, forward_shards=forward_shards):
+def loss_and_grads(replicas, bn_states, X_shards, y_shards, sync=False, layout=LAYOUT, forward_shards=forward_shards,
+                   precision="fp32"):
     """The devices' summed losses and each replica's gradients, from one backward through the whole lock-step
     forward: with sync, a replica's gradient includes what reaches it through the other shards' statistics. Also the
-    replicas' new BatchNorm states. `forward_shards` as written, or as a compiled level makes it."""
-    logits, new_states = forward_shards(replicas, bn_states, X_shards, True, CANONICAL_BN, sync, layout)
+    replicas' new BatchNorm states. `forward_shards` as written, or as a compiled level makes it, at `precision`
+    (lenet.autocast)."""
+    with lenet.autocast(X_shards[0].device, precision):
+        logits, new_states = forward_shards(replicas, bn_states, X_shards, True, CANONICAL_BN, sync, layout)
     losses = [loss_sum(out, y) for out, y in zip(logits, y_shards)]
     params = [p for replica in replicas for p in replica]
     grads = torch.autograd.grad(sum(loss.to(losses[0].device) for loss in losses), params)
@@ -156,10 +162,11 @@ def accuracy(params, bn_state, X, y, layout=LAYOUT, batch_size=1000):
 @dataclasses.dataclass(frozen=True)
 class Functional:
     """The ResNet as the recipe's step trains it (common.interface.FUNCTIONAL): the functions above, every shard in
-    lock-step, with local BatchNorm or (sync, --bn sync) the global batch's statistics. Its layout is NCHW whatever it
+    lock-step, with local BatchNorm or (sync, --bn sync) the global batch's statistics, at `precision`. Its layout is NCHW whatever it
     is given (see above): the field then says what runs, in the table's layout column too."""
     layout: str = LAYOUT
     sync: bool = False
+    precision: str = "fp32"
     name = "resnet18"
     param_names = PARAM_NAMES
 
@@ -176,7 +183,7 @@ class Functional:
         """The lock-step forward of every shard and one backward; compiled_forward is forward_shards where a level
         compiles it (execution.py)."""
         return loss_and_grads(replicas, bn_states, X_shards, y_shards, self.sync, self.layout,
-                              compiled_forward or forward_shards)
+                              compiled_forward or forward_shards, self.precision)
 
     def to_numpy(self, replica):
         return to_numpy(replica)

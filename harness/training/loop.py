@@ -190,14 +190,17 @@ def width_of(network):
     return None if network.bn_state is None else len(network.bn_state["stem.bn.running_mean"])
 
 
-def functional(fw, network, layout="default"):
+def functional(fw, network, layout="default", precision="fp32"):
     """The network as the scratch step trains it: its framework's Functional (lenet.py's, or resnet.py's with the
     run's BatchNorm), in `layout` (execution.layout's key; 'default': the network's own default, which is the
-    framework's usual layout but for PyTorch's ResNet, NCHW: its resnet.py says why)."""
-    laid_out = {} if layout == "default" else {"layout": load_module(fw.name, "execution").layout(layout)}
+    framework's usual layout but for PyTorch's ResNet, NCHW: its resnet.py says why), computing at `precision`
+    (common/precision.py)."""
+    fields = {"precision": precision}
+    if layout != "default":
+        fields["layout"] = load_module(fw.name, "execution").layout(layout)
     if has_batchnorm(network.name):
-        return load_module(fw.name, "resnet").Functional(sync=network.sync, **laid_out)
-    return load_module(fw.name, "lenet").Functional(**laid_out)
+        return load_module(fw.name, "resnet").Functional(sync=network.sync, **fields)
+    return load_module(fw.name, "lenet").Functional(**fields)
 
 
 def runner(spec, fw, devices):
@@ -205,7 +208,7 @@ def runner(spec, fw, devices):
     network = network_of(spec)
     if spec.mode != "scratch":
         return MODES[spec.mode](fw, devices, network, bucket_bytes(spec.allreduce), spec.accumulate)
-    model = functional(fw, network, spec.layout)
+    model = functional(fw, network, spec.layout, spec.precision)
     units = load_module(fw.name, "execution").compile(spec.exec, model)
     return Scratch(fw, devices, network, model, StepSettings(bucket_bytes(spec.allreduce), units, spec.accumulate))
 

@@ -1,0 +1,69 @@
+"""Mixed precision, written once: which tensors of the step are held in a low precision, how a value is rounded to
+it, and how close a framework's low-precision step can come to the numpy reference (common/backprop.py).
+
+--precision fp32 is the recipe as it always ran. --precision bf16 is what every framework's own mixed precision
+(torch.autocast, Keras's mixed_bfloat16 policy, MXNet's contrib.amp, JAX's casts by hand) computes:
+- the master weights stay fp32; the convolutions and dense layers take their inputs and weights (and biases) cast
+  to bf16, accumulate in fp32 and round their output to bf16, so every activation between them is bf16 (ReLU,
+  pooling and the residual add run on bf16 values and round what they make);
+- BatchNorm takes its bf16 input into fp32: statistics, normalisation and the running statistics in fp32, its
+  output rounded to bf16 (the statistics of bf16 values summed in bf16 lose ~3 digits: a convention slip the tests
+  catch);
+- the loss (log-softmax and its sum) in fp32 from the bf16 logits;
+- the backward mirrors it: a gradient reaching a bf16 tensor is rounded to bf16, so a convolution's or dense
+  layer's weight gradient is a bf16 value when it is widened to fp32 for its master weight (BatchNorm's gamma and
+  beta get fp32 gradients); the all-reduce and the update run in fp32.
+"""
+import ml_dtypes
+import numpy as np
+
+from .interface import RosettaError
+
+PRECISIONS = ("fp32", "bf16")
+DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16}
+
+# bf16 keeps 8 significant bits (7 stored): a value rounded to it is off by up to 2**-9 of itself. Each op rounds
+# its output, and where a framework sums in another order than the reference, a few of its outputs round to the
+# neighbouring bf16 value; over the networks' depth the loss of a step stays within BOUND of the reference's, and
+# every gradient within GRADIENT_BOUND in norm (measured: tests/test_precision.py).
+UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -9}
+BOUND = {"fp32": 1e-5, "bf16": 2e-2}
+GRADIENT_BOUND = {"fp32": 1e-4, "bf16": 5e-2}
+
+# What each framework's own mixed precision runs in bf16, op by op (docs/rosetta.md's precision table). "bf16": the
+# op computes on bf16 inputs and rounds its output to bf16; "fp32": it runs in fp32 whatever its input; "input": it
+# runs in its input's precision (bf16 after a bf16 op).
+OPS = {
+    "convolution, dense": {"pytorch": "bf16", "mxnet": "bf16", "tensorflow": "bf16", "jax": "bf16"},
+    "ReLU, pooling, add": {"pytorch": "input", "mxnet": "input", "tensorflow": "bf16", "jax": "input"},
+    "BatchNorm statistics": {"pytorch": "fp32", "mxnet": "fp32", "tensorflow": "fp32", "jax": "fp32"},
+    "softmax, loss": {"pytorch": "fp32", "mxnet": "fp32", "tensorflow": "fp32", "jax": "fp32"},
+    "master weights, update": {"pytorch": "fp32", "mxnet": "fp32", "tensorflow": "fp32", "jax": "fp32"},
+}
+
+
+def check(precision):
+    if precision not in PRECISIONS:
+        raise RosettaError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
+
+
+def is_low(precision):
+    """Whether the step computes in a precision below its fp32 master weights."""
+    check(precision)
+    return precision != "fp32"
+
+
+def rounded(x, precision):
+    """x (any float array) as the precision holds it, in float64: rounded to bf16 through fp32 (the frameworks round
+    from an fp32 accumulator, and rounding float64 to bf16 directly differs where fp32's rounding lands on a tie);
+    fp32 values are the reference's float64 ones, unrounded."""
+    x = np.asarray(x, np.float64)
+    if not is_low(precision):
+        return x
+    return x.astype(np.float32).astype(DTYPES[precision]).astype(np.float64)
+
+
+def is_representable(x, precision):
+    """Whether every value of x is exactly a value of the precision: what a gradient made by a bf16 op must be."""
+    x = np.asarray(x, np.float32)
+    return bool(np.array_equal(x.astype(DTYPES[precision]).astype(np.float32), x))
