@@ -100,8 +100,10 @@ FUNCTIONAL = {
 #   replica_bn_states(model) -> one canonical numpy BatchNorm state per replica this process holds, as the engine
 #                      keeps them (equal where it synchronises or broadcasts them, each its own where it does not);
 # and evaluate(model, X, y) runs in inference mode. `bn_state` is the canonical initial state; `sync` asks for
-# the framework's own synchronised BatchNorm (Unavailable, with the framework's reason, where it cannot run).
-Network = collections.namedtuple("Network", "name bn_state sync", defaults=("lenet", None, False))
+# the framework's own synchronised BatchNorm (Unavailable, with the framework's reason, where it cannot run);
+# `precision` is what the network computes in (common/precision.py: fp32, or bf16 with fp32 master weights), by the
+# framework's own mixed precision. The scratch step's Functional carries the same precision as a field.
+Network = collections.namedtuple("Network", "name bn_state sync precision", defaults=("lenet", None, False, "fp32"))
 
 
 class RosettaError(Exception):
@@ -123,6 +125,8 @@ def choose(option, names, default, framework, what="mode", reasons=None):
 
 
 # What get_model returns in every builtin.py and idiomatic.py: the network and what trains it (named as Dive into
-# Deep Learning names them in every framework) and, for a built-in engine, its handle on the devices the replicas
-# live on (a device, the contexts, the strategy, the mesh); None for the single-device loop.
-Model = collections.namedtuple("Model", "net trainer placement", defaults=(None,))
+# Deep Learning names them in every framework), for a built-in engine its handle on the devices the replicas live on
+# (a device, the contexts, the strategy, the mesh; None for the single-device loop), and the network's precision
+# where the loop, not the network, applies it (torch.autocast wraps the forward; a Keras or Flax network carries its
+# own dtype policy).
+Model = collections.namedtuple("Model", "net trainer placement precision", defaults=(None, "fp32"))

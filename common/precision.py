@@ -17,7 +17,7 @@ it, and how close a framework's low-precision step can come to the numpy referen
 import ml_dtypes
 import numpy as np
 
-from .interface import RosettaError
+from .interface import RosettaError, Unavailable
 
 PRECISIONS = ("fp32", "bf16")
 DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16}
@@ -67,3 +67,9 @@ def is_representable(x, precision):
     """Whether every value of x is exactly a value of the precision: what a gradient made by a bf16 op must be."""
     x = np.asarray(x, np.float32)
     return bool(np.array_equal(x.astype(DTYPES[precision]).astype(np.float32), x))
+
+
+def refuse_until_written(precision, engine):
+    """An engine whose mixed precision is not written yet runs fp32 only: its bf16 row is skipped, saying so."""
+    if is_low(precision):
+        raise Unavailable(f"{engine} does not run --precision {precision} yet (the scratch step does)")

@@ -34,6 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from common.buckets import plan
 from common.interface import Model, Network, RosettaError
 from common.lenet import PARAM_NAMES
+from common.precision import refuse_until_written
 from common.resnet import PARAM_NAMES as RESNET_PARAMS
 
 from . import resnet
@@ -309,6 +310,7 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
     checkpoint (buffers laid out as the parameters, every count at its step): global arrays replicated over the
     mesh, across processes too. The form: jit's, or shard_map's where the all-reduce is bucketed (bucket_bytes, the
     run's --allreduce: common.buckets.bucket_bytes)."""
+    refuse_until_written(network.precision, "JAX's built-in engine")
     mesh, form = mesh_of(devices), form or ("shard_map" if bucket_bytes else "jit")
     bucket_bytes = bucket_bytes if form == "shard_map" else None
     replicated = NamedSharding(mesh, P())   # every device holds the whole parameter
@@ -357,7 +359,7 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     the mean); this process's rows' mean loss comes back. The batch is pipeline.py's: global arrays sharded over
     the mesh, padding masked. accumulate: each device's rows in that many micro-batches (common.sharding
     .micro_batches), their gradients added up on the device before the one all-reduce (accumulated)."""
-    net, trainer, _ = model                # the replicated parameters and the compiled step
+    net, trainer = model.net, model.trainer                # the replicated parameters and the compiled step
     X, y, mask, rows = batch
     rate = lr if trainer.opt_state is None else 1.0
     net[:], losses = trainer(net, X, y, mask, jnp.float32(rate / batch_size), accumulate)

@@ -12,6 +12,7 @@ from flax import nnx
 
 from common.interface import Model, Network, Unavailable
 from common.layouts import to_canonical
+from common.precision import refuse_until_written
 from common.sharding import micro_batches
 
 from . import resnet
@@ -31,6 +32,7 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
     counts: the next update is step state["step"]); port="stock", what a straightforward port builds (optimizer.py).
     The network is the LeNet, or the ResNet with nnx.BatchNorm (network.sync changes nothing on one device), with any
     optimizer: Optax's over its nnx.Param (BatchNorm's scale and bias decay too; its BatchStat are no parameters)."""
+    refuse_until_written(network.precision, "JAX's idiomatic loop")
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     recipe = optimizer is None or optimizer.is_recipe
@@ -93,7 +95,7 @@ def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     """The recipe's update: a learning rate of lr / batch_size on the summed loss. Any other optimizer follows its
     own schedule (lr is not used). accumulate: the batch in that many micro-batches, their gradients added up
     before the one update (summed_loss_and_grads)."""
-    net, trainer, _ = model
+    net, trainer = model.net, model.trainer
     X, y = jax.device_put(X, devices[0]), jax.device_put(y, devices[0])   # copies, as split_and_load
     batch_size = batch_size or len(X)
     if hasattr(trainer.opt_state, "hyperparams"):   # the recipe's inject_hyperparams(sgd)

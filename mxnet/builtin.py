@@ -11,6 +11,7 @@ from mxnet import autograd, gluon, nd
 
 from common import cpu_scratch
 from common.interface import Model, Network, Unavailable
+from common.precision import refuse_until_written
 from common.sharding import micro_batches
 
 from . import distributed as dist, resnet
@@ -36,6 +37,7 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     network (its parameters by their canonical names: idiomatic.canonical_names).
     The ResNet's sync BatchNorm: SyncBatchNorm over this process's contexts (CPU contexts run here; GPUs: written,
     not run here)."""
+    refuse_until_written(network.precision, "MXNet's built-in engine")
     if network.sync and dist.is_initialized():
         raise Unavailable("Gluon's contrib SyncBatchNorm synchronises the contexts of one process only, not a "
                           "kvstore's workers: run --bn sync in 1 process")
@@ -76,7 +78,7 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     accumulate: each shard in that many micro-batches (common.sharding.micro_batches), Gluon's way: the Parameters'
     grad_req 'add', so each backward adds into their .grad, one trainer.step (its kvstore sums each key once), then
     zero_grad for the next update."""
-    net, trainer, _ = model
+    net, trainer = model.net, model.trainer
     X_shards, y_shards = batch
     params = trained(net, accumulate)
     parts = [micro_batches(len(y), accumulate) for y in y_shards]

@@ -5,6 +5,7 @@ it beside the scratch step to show what the from-scratch recipe costs."""
 from mxnet import autograd, gluon, nd
 
 from common.interface import Model, Network, RosettaError, Unavailable
+from common.precision import refuse_until_written
 from common.sharding import micro_batches
 
 from . import lenet, resnet
@@ -27,6 +28,7 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
     Trainer, as in builtin.py, from the canonical `state` of a checkpoint if given, for either network (its
     parameters by their canonical names: canonical_names). The network is the LeNet, or the ResNet with nn.BatchNorm
     (network.sync changes nothing on one context)."""
+    refuse_until_written(network.precision, "MXNet's idiomatic loop")
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     if port not in PORTS:
@@ -77,7 +79,7 @@ def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     the sum by the batch size: the recipe's update. A Trainer of optimizer.py clips that sum and its schedule
     sets the rate, not `lr`. accumulate: the batch in that many micro-batches (common.sharding.micro_batches), the
     tutorial's way: the Parameters' grad_req 'add', a backward each, one trainer.step, then zero_grad."""
-    net, trainer, _ = model
+    net, trainer = model.net, model.trainer
     X = nd.array(X, ctx=devices[0], dtype=X.dtype)   # copies, as split_and_load
     y = nd.array(y, ctx=devices[0], dtype=y.dtype)
     params = trained(net, accumulate)

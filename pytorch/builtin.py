@@ -55,8 +55,8 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
                            "GPUs nn.DataParallel in one process: start it through compare.py or torchrun "
                            "(docs/usage.md)")
     if optimizer is None or optimizer.is_recipe:
-        return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), device)
-    return Model(net, get_trainer(net.parameters(), optimizer, state, param_names(module)), device)
+        return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), device, network.precision)
+    return Model(net, get_trainer(net.parameters(), optimizer, state, param_names(module)), device, network.precision)
 
 
 def train_step(model, batch, lr, batch_size, accumulate=1):
@@ -69,8 +69,9 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     rate; the recipe's SGD takes the harness's `lr`.
     accumulate: the batch in that many micro-batches (common.sharding.micro_batches), each backward adding into the
     parameters' .grad; DDP's no_sync keeps the first ones' backward from all-reducing, so the last one all-reduces the
-    whole sum, once (without it every backward would)."""
-    net, trainer, _ = model
+    whole sum, once (without it every backward would). The forward runs under torch.autocast at the network's
+    precision (lenet.autocast): DDP all-reduces the fp32 gradients of the fp32 parameters either way."""
+    net, trainer = model.net, model.trainer
     X, y = batch
     world = dist.get_world_size() if dist.is_initialized() else 1
     trainer.zero_grad()
@@ -78,7 +79,9 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     for i, (start, stop) in enumerate(parts):
         last = i == len(parts) - 1
         with contextlib.nullcontext() if last or not isinstance(net, DistributedDataParallel) else net.no_sync():
-            micro_loss = loss_sum(net(X[start:stop]), y[start:stop])
+            with lenet.autocast(model.placement, model.precision):
+                logits = net(X[start:stop])
+            micro_loss = loss_sum(logits, y[start:stop])
             (micro_loss * world / batch_size).backward()
         loss = loss + micro_loss.detach()
     if not isinstance(trainer, Trainer):

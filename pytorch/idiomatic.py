@@ -33,8 +33,8 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
         raise RosettaError(f"unknown port {port!r}; choose from {', '.join(PORTS)}")
     net = build(weights, network).to(devices[0])
     if optimizer is None or optimizer.is_recipe:
-        return Model(net, torch.optim.SGD(net.parameters(), lr=0.0))
-    return Model(net, get_trainer(net.parameters(), optimizer, state, param_names(net)))
+        return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), precision=network.precision)
+    return Model(net, get_trainer(net.parameters(), optimizer, state, param_names(net)), precision=network.precision)
 
 
 def build(weights, network):
@@ -56,14 +56,16 @@ def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     """The tutorial's step, with the loss summed rather than averaged and a learning rate of
     lr / batch_size: the recipe's update, whatever part of the batch is here. A Trainer gets the global batch's
     mean gradient instead and its scheduler sets the rate. accumulate: the batch in that many micro-batches
-    (common.sharding.micro_batches), each backward adding into the parameters' .grad, one step after them."""
-    net, trainer, _ = model
+    (common.sharding.micro_batches), each backward adding into the parameters' .grad, one step after them. At bf16
+    the tutorial's torch.autocast wraps the forward and the loss (cross_entropy is on autocast's fp32 list)."""
+    net, trainer = model.net, model.trainer
     X, y = to_layout(torch.tensor(X, device=devices[0])), torch.tensor(y, device=devices[0])   # as split_and_load
     batch_size = batch_size or len(X)
     trainer.zero_grad()
     loss = 0.0
     for start, stop in micro_batches(len(y), accumulate):
-        micro = F.cross_entropy(net(X[start:stop]), y[start:stop], reduction="sum")
+        with torch.autocast(devices[0].type, dtype=torch.bfloat16, enabled=model.precision == "bf16"):
+            micro = F.cross_entropy(net(X[start:stop]), y[start:stop], reduction="sum")
         (micro / batch_size if isinstance(trainer, Trainer) else micro).backward()
         loss += micro.item()
     if not isinstance(trainer, Trainer):

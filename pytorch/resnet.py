@@ -81,7 +81,7 @@ def batch_norm(ps, ss, name, hs, training, bn, sync, new_states):
     precision, the output in the input's (common/precision.py: nn.BatchNorm2d does the same under torch.autocast)."""
     c = (1, -1, 1, 1)
     dtype = hs[0].dtype
-    hs = [h.float() for h in hs]
+    hs = [lenet.widened(h) for h in hs]
     running = [(s[f"{name}.running_mean"], s[f"{name}.running_var"]) for s in ss]
     if training:
         statistics = batch_statistics(hs, sync)

@@ -8,6 +8,7 @@ of common/optim.py the step sums them itself, before the Keras optimizer clips t
 import tensorflow as tf
 
 from common.interface import Model, Network, RosettaError
+from common.precision import refuse_until_written
 
 from . import distributed as dist, resnet
 from .idiomatic import accumulated, build, evaluate as evaluate_keras, parameters, to_numpy as keras_to_numpy
@@ -29,6 +30,7 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     checkpoint's canonical `state` if given (its mirrored variables assigned on every replica). The ResNet's
     BatchNormalization normalises each replica's shard by its own moments, or with network.sync by the moments
     summed over every replica of the strategy (synchronized=True: across processes too)."""
+    refuse_until_written(network.precision, "TensorFlow's built-in engine")
     if dist.is_initialized():
         strategy = dist.STRATEGY
     elif tf.DeviceSpec.from_string(devices[0]).device_type == "GPU":
@@ -75,7 +77,7 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     trainer: the global batch's mean gradient, at the rate of its own schedule (lr is not needed). accumulate: each
     replica's shard in that many micro-batches, one all-reduce per update. Returns the mean loss of this process's
     rows."""
-    net, trainer, strategy = model
+    net, trainer, strategy = model.net, model.trainer, model.placement
     if follows_its_schedule(trainer):
         outputs = step_on_replicas(strategy, net, trainer, *batch, tf.constant(batch_size, tf.float32), accumulate)
     else:

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from common.interface import Model, Network, Unavailable
 from common.lenet import PARAM_NAMES
+from common.precision import refuse_until_written
 
 from . import resnet
 from .data_parallel import micro_bounds
@@ -26,6 +27,7 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
     optimizer.get_trainer says what differs); from a checkpoint's canonical `state` if given. The network is the
     LeNet, or the ResNet with BatchNormalization (network.sync changes nothing on one device); Keras's optimizer trains
     every trainable variable, the ResNet's BatchNorm gamma and beta and every bias included (weight decay too)."""
+    refuse_until_written(network.precision, "TensorFlow's idiomatic loop")
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     with tf.device(devices[0]):
@@ -99,7 +101,7 @@ def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     """The recipe's SGD: a learning rate of lr / batch_size on the summed loss. An optimizer's trainer: the batch's
     mean gradient, at the rate of its own schedule (lr, the spec's, is not needed). accumulate: the batch in that many
     micro-batches, their gradients added up before the one update (accumulated)."""
-    net, trainer, _ = model
+    net, trainer = model.net, model.trainer
     batch_size = batch_size or len(X)
     with tf.device(devices[0]):   # copies, as split_and_load
         X, y = tf.convert_to_tensor(X), tf.convert_to_tensor(y)

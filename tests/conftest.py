@@ -81,17 +81,17 @@ def devices_first():
 
 
 @functools.cache
-def scratch(name, network="lenet", layout="default", sync=False, level="default", bucket_bytes=None):
+def scratch(name, network="lenet", layout="default", sync=False, level="default", bucket_bytes=None, precision="fp32"):
     """(model, settings) of a framework's scratch step: the network's Functional (lenet.py's, or resnet.py's with
-    --bn sync or local) in `layout`, and the run's settings (execution.compile's units at `level`, the all-reduce's
-    buckets). Cached: a tf.function or a jit is made once per configuration, as a run makes it once."""
+    --bn sync or local) in `layout` at `precision`, and the run's settings (execution.compile's units at `level`,
+    the all-reduce's buckets). Cached: a tf.function or a jit is made once per configuration, as a run makes it once."""
     from common.interface import StepSettings
     from harness.loader import load_module
     from common.interface import Network
     from harness.training.loop import functional
     execution = load_module(name, "execution")
-    model = functional(load_framework(name), Network("lenet" if network == "lenet" else "resnet18", None, sync),
-                       layout)
+    model = functional(load_framework(name),
+                       Network("lenet" if network == "lenet" else "resnet18", None, sync, precision), layout)
     return model, StepSettings(bucket_bytes, execution.compile(level, model))
 
 

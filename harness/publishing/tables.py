@@ -28,7 +28,8 @@ def add_parity(runs):
     weights, the same first global batch), so anything above float32 round-off is a translation bug. With
     BatchNorm, the statistics are part of the arithmetic: local BatchNorm on N devices normalises N shards apart,
     so its rows are compared among rows of N devices; synchronised BatchNorm, and any BatchNorm on 1 device, is
-    the whole batch's."""
+    the whole batch's. A bf16 row is compared among bf16 rows, whose first steps agree within bf16's rounding
+    (common.precision.BOUND), not float32's."""
     ok = [r for r in runs if r["status"] == "ok" and r.get("step_losses") and not r.get("first_epoch")]   # a resumed
     # run's first step is another batch's
     references = {}
@@ -41,9 +42,10 @@ def add_parity(runs):
 
 def same_first_step(r):
     """What decides a run's first-step loss beyond the weights: the first batch (its size: --per-device-batch rows
-    differ), the network and how its BatchNorm cuts the batch (add_parity)."""
+    differ), the network, how its BatchNorm cuts the batch and the precision it computes in (add_parity)."""
     local = r.get("bn") == "local" and r["devices"] > 1
-    return r.get("batch_size"), r.get("model") or "lenet", r.get("width"), r["devices"] if local else "whole batch"
+    return (r.get("batch_size"), r.get("model") or "lenet", r.get("width"), r["devices"] if local else "whole batch",
+            r.get("precision") or "fp32")
 
 
 def target_cell(r):
@@ -170,6 +172,10 @@ def table_cells(runs, timing=False):
         at = columns.index("layout") + 1
         columns = (*columns[:at], "all-reduce", *columns[at:])
         rows = [[*row[:at], allreduce_cell(r), *row[at:]] for row, r in zip(rows, runs)]
+    if any((r.get("precision") or "fp32") != "fp32" for r in runs):   # after the layout: what the network computes in
+        at = columns.index("layout") + 1
+        columns = (*columns[:at], "precision", *columns[at:])
+        rows = [[*row[:at], r.get("precision") or "fp32", *row[at:]] for row, r in zip(rows, runs)]
     if any((r.get("accumulate") or 1) > 1 for r in runs):   # after the layout: the micro-batches per update
         at = columns.index("layout") + 1
         columns = (*columns[:at], "accumulate", *columns[at:])

@@ -10,6 +10,7 @@ from common.interface import FRAMEWORKS, RosettaError
 from common.lenet import INITS
 from common.models import BN_MODES, DEFAULT_WIDTH, MODELS, RESNET_SGD_LR, check
 from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, SCHEDULES
+from common.precision import PRECISIONS
 
 from ..cli import HelpFormatter, Parser, host_list, int_list, name_list
 from ..processes.cluster import DEFAULT_PORT, ONE_HOST, Cluster
@@ -89,6 +90,10 @@ def parse_args(argv, description=None):
     g.add_argument("--layout", type=name_list(LAYOUT_OPTIONS, "layout"), default="default",
                    help="the scratch step's memory layout of images and conv kernels: default (the faster one "
                         "here: nhwc, MXNet's only nchw), nchw (channels first), nhwc (channels last)")
+    g.add_argument("--precision", type=name_list(PRECISIONS, "precision"), default=default("precision"),
+                   help="what the networks compute in: fp32, or bf16 mixed precision (fp32 master weights, "
+                        "convolutions and dense layers in bf16, BatchNorm and the loss in fp32: common/precision.py), "
+                        "each framework's own way; comma-separated, a row each")
     g.add_argument("--threads", type=int, default=os.cpu_count(), help="threads per run: all cores")
     g.add_argument("--repeats", type=int, default=1, help="trials per row, interleaved; medians are reported")
     g.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")

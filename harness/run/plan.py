@@ -63,13 +63,13 @@ def run_specs(args):
     usable = len(os.sched_getaffinity(0))
     seen = {}
     for mode, levels, shapes, cores, layouts, *allreduces in args.plan:
-        for level, layout, allreduce, accumulate, bn, per_device, (devices, processes), name in itertools.product(
-                levels, layouts, allreduces[0] if allreduces else ("per-tensor",), args.accumulate, args.bn,
+        for level, layout, allreduce, accumulate, precision, bn, per_device, (devices, processes), name in itertools.product(
+                levels, layouts, allreduces[0] if allreduces else ("per-tensor",), args.accumulate, args.precision, args.bn,
                 args.per_device_batch or [None], shapes, args.frameworks):
             world = devices if process_per_device(name, mode, processes) else processes
             threads = share * devices // world if cores == "per-device" else args.threads // world
             spec = RunSpec(framework=name, model=args.model, width=args.width, bn=bn, mode=mode, exec=level,
-                           layout=layout, allreduce=allreduce, accumulate=accumulate, devices=devices,
+                           layout=layout, allreduce=allreduce, accumulate=accumulate, precision=precision, devices=devices,
                            processes=world,
                            cores=cores, threads=max(1, threads), dataset=args.dataset, data_dir=args.data_dir,
                            n_synthetic=args.n_synthetic, epochs=args.epochs, lr=args.lr,
@@ -109,6 +109,7 @@ def row_label(spec):
     layout = "" if spec.layout == "default" else f", {spec.layout}"
     layout += "" if spec.allreduce == "per-tensor" else f", {spec.allreduce}"
     layout += "" if spec.accumulate == 1 else f", accumulate {spec.accumulate}"
+    layout += "" if spec.precision == "fp32" else f", {spec.precision}"
     per_device = ", a core per device" if spec.cores == "per-device" else ""
     batch = "" if spec.batch_size == BATCH_SIZE else f", batch {spec.batch_size}"
     return (f"{spec.framework} {spec.mode} ({model}{spec.exec}{layout}), {spec.devices} device(s){batch}, "

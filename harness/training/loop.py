@@ -181,8 +181,9 @@ MODES = {"scratch": Scratch, "builtin": Builtin, "idiomatic": Idiomatic}
 
 
 def network_of(spec):
-    """The network a run trains (common.interface.Network): its name, its initial BatchNorm state, its --bn."""
-    return Network(spec.model, init_bn_state(spec.model, spec.width), spec.bn == "sync")
+    """The network a run trains (common.interface.Network): its name, its initial BatchNorm state, its --bn, its
+    --precision."""
+    return Network(spec.model, init_bn_state(spec.model, spec.width), spec.bn == "sync", spec.precision)
 
 
 def width_of(network):
@@ -190,12 +191,12 @@ def width_of(network):
     return None if network.bn_state is None else len(network.bn_state["stem.bn.running_mean"])
 
 
-def functional(fw, network, layout="default", precision="fp32"):
+def functional(fw, network, layout="default"):
     """The network as the scratch step trains it: its framework's Functional (lenet.py's, or resnet.py's with the
-    run's BatchNorm), in `layout` (execution.layout's key; 'default': the network's own default, which is the
-    framework's usual layout but for PyTorch's ResNet, NCHW: its resnet.py says why), computing at `precision`
-    (common/precision.py)."""
-    fields = {"precision": precision}
+    run's BatchNorm), computing at the network's precision, in `layout` (execution.layout's key; 'default': the
+    network's own default, which is the framework's usual layout but for PyTorch's ResNet, NCHW: its resnet.py says
+    why)."""
+    fields = {"precision": network.precision}
     if layout != "default":
         fields["layout"] = load_module(fw.name, "execution").layout(layout)
     if has_batchnorm(network.name):
@@ -208,7 +209,7 @@ def runner(spec, fw, devices):
     network = network_of(spec)
     if spec.mode != "scratch":
         return MODES[spec.mode](fw, devices, network, bucket_bytes(spec.allreduce), spec.accumulate)
-    model = functional(fw, network, spec.layout, spec.precision)
+    model = functional(fw, network, spec.layout)
     units = load_module(fw.name, "execution").compile(spec.exec, model)
     return Scratch(fw, devices, network, model, StepSettings(bucket_bytes(spec.allreduce), units, spec.accumulate))
 
