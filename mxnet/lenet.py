@@ -10,6 +10,8 @@ from common.lenet import LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
 
 CONV1, CONV2, FC1 = (LAYERS[name][1] for name in ("conv1", "conv2", "fc1"))   # weight shapes
 DEFAULT_LAYOUT = "nchw"   # execution.LAYOUTS' only key, here so that the networks' files need not import execution.py
+# MXNet's name for bfloat16 (contrib/amp/amp.py's): numpy has no such type, so MXNet 1.9.1 takes this structured dtype
+DTYPES = {"bf16": np.dtype([("bfloat16", np.uint16)])}
 
 
 def to_layout(X, layout=DEFAULT_LAYOUT):
@@ -25,14 +27,29 @@ def get_params(weights, device):
     return params
 
 
-def forward(params, X, F=nd, layout=DEFAULT_LAYOUT):
+def low(F, x, precision):
+    """x as a convolution or dense layer at `precision` takes it (common/precision.py): cast to bf16 as contrib.amp
+    casts its BF16_FUNCS' inputs, by amp_cast, whose backward casts the gradient back (an fp32 master weight gets
+    an fp32 gradient, a bf16 value). x itself at fp32: the fp32 graph is as it always was."""
+    return x if precision == "fp32" else F.amp_cast(x, dtype=DTYPES[precision])
+
+
+def fp32(F, x, precision):
+    """x, made at `precision`, widened to fp32 for what runs in fp32 whatever its input (common/precision.py): the
+    ResNet's BatchNorm and global mean (mean, like log_softmax, is one of contrib.amp's FP32_FUNCS); x itself at
+    fp32."""
+    return x if precision == "fp32" else F.amp_cast(x, dtype=np.float32)
+
+
+def forward(params, X, F=nd, layout=DEFAULT_LAYOUT, precision="fp32"):
     """F is where the ops come from: mx.nd runs them one by one, mx.sym builds a graph of them, which is how
     hybridize traces this function (hybridized, below). A traced graph has no shapes to read: kernel sizes and
-    widths come from the spec."""
-    w1, b1, w2, b2, w3, b3, w4, b4 = params
+    widths come from the spec. At bf16 the convolutions and dense layers take X and the weights cast (low), and
+    every op after them runs on the bf16 values they make, as contrib.amp runs them: the logits are bf16."""
+    w1, b1, w2, b2, w3, b3, w4, b4 = (low(F, p, precision) for p in params)
     relu = {"act_type": "relu"}            # Activation, not F.relu: its oneDNN kernel is faster (docs/results.md)
     pool = {"kernel": (POOL, POOL), "stride": (POOL, POOL), "pool_type": "avg"}
-    h = F.Convolution(to_layout(X, layout), w1, b1, kernel=CONV1[2:], num_filter=CONV1[0])
+    h = F.Convolution(low(F, to_layout(X, layout), precision), w1, b1, kernel=CONV1[2:], num_filter=CONV1[0])
     h = F.Pooling(F.Activation(h, **relu), **pool)
     h = F.Convolution(h, w2, b2, kernel=CONV2[2:], num_filter=CONV2[0])
     h = F.Pooling(F.Activation(h, **relu), **pool)
@@ -65,7 +82,10 @@ cross_entropy = gluon.loss.SoftmaxCrossEntropyLoss()   # one loss per example
 
 
 def loss_sum(logits, y):
-    """Cross-entropy summed over the shard: shards add up to the global batch exactly."""
+    """Cross-entropy summed over the shard, in fp32 whatever the logits' precision (common/precision.py; log_softmax
+    is one of contrib.amp's FP32_FUNCS): shards add up to the global batch exactly."""
+    if logits.dtype != np.float32:
+        logits = nd.amp_cast(logits, dtype=np.float32)
     return cross_entropy(logits, y).sum()
 
 
@@ -122,8 +142,10 @@ def canonical_names(net):
 @dataclasses.dataclass(frozen=True)
 class Functional:
     """The LeNet as the scratch step trains it (common.interface.FUNCTIONAL): replicas as lists of NDArrays, the
-    forward as a function of them. Its one setting is the layout (NCHW, the only one here)."""
+    forward as a function of them. Its settings: the layout (NCHW, the only one here) and the precision the step
+    computes at (common/precision.py; evaluate runs in fp32, as PyTorch's)."""
     layout: str = DEFAULT_LAYOUT
+    precision: str = "fp32"
     name = "lenet"
     param_names = PARAM_NAMES
 
@@ -134,7 +156,7 @@ class Functional:
         return None   # no BatchNorm
 
     def forward(self, params, X, F=nd):
-        return forward(params, X, F, self.layout)
+        return forward(params, X, F, self.layout, self.precision)
 
     def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices):
         return (*loss_and_grads(replicas, X_shards, y_shards, self.forward), bn_states)
@@ -153,4 +175,4 @@ class Functional:
         return {}
 
     def evaluate(self, replica, bn_state, X, y):
-        return evaluate(replica, X, y, self.forward)
+        return evaluate(replica, X, y, lambda params, X: forward(params, X, nd, self.layout))

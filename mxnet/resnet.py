@@ -12,7 +12,7 @@ from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, NUM_CLAS
                            by_canonical_name, has_projection, layer_arguments, layers, width_of)
 
 from . import distributed as dist
-from .lenet import DEFAULT_LAYOUT, hybridized, loss_sum
+from .lenet import DEFAULT_LAYOUT, fp32, hybridized, loss_sum, low
 
 
 def to_layout(X, layout=DEFAULT_LAYOUT):
@@ -35,9 +35,11 @@ def get_bn_state(state, device):
 # The ops below take F, where they come from (lenet.forward): mx.nd runs them, mx.sym builds hybridize's graph. A
 # traced graph has no shapes to read: channel counts come from the spec's layers(width), a shard's size from
 # shape_array, an op of the graph.
-def conv(F, p, name, h, width):
+def conv(F, p, name, h, width, precision="fp32"):
+    """At `precision`: its input, weight and bias cast (lenet.low), its output too."""
     kernel, stride, pad = CONVS[name]
-    return F.Convolution(h, p[f"{name}.weight"], p[f"{name}.bias"], kernel=(kernel, kernel), stride=(stride, stride),
+    return F.Convolution(low(F, h, precision), low(F, p[f"{name}.weight"], precision),
+                         low(F, p[f"{name}.bias"], precision), kernel=(kernel, kernel), stride=(stride, stride),
                          pad=(pad, pad), num_filter=layers(width)[name][1][0])
 
 
@@ -88,13 +90,16 @@ def all_sum(parts, name):
     return [total.as_in_context(part.context) for part in parts]
 
 
-def batch_norm(F, p, s, name, h, keep, training, bn, width):
+def batch_norm(F, p, s, name, h, keep, training, bn, width, precision="fp32"):
     """common.resnet.batch_norm on one shard, a generator (replica_forward's). Training mode normalises by the batch's
     mean and biased variance, taken in two passes as on one device: the shard's per-channel sums and count give the
     mean, its squared deviations from it the variance, each handed to the caller (yield) and summed with the other
     shards' there, or not (lock_step: sync or local). Inference mode by the running statistics. Returns the normalised
-    h and `keep`, the tensors its caller needs later, which pass through each yield (taken back as sent)."""
+    h and `keep`, the tensors its caller needs later, which pass through each yield (taken back as sent). In fp32
+    whatever h's precision, the output cast back to it (common/precision.py: statistics of bf16 values summed in bf16
+    would lose ~3 digits)."""
     c = layers(width)[name][1][0]
+    h = fp32(F, h, precision)
     if training:
         total, (h, *keep) = yield name, F.concat(channel_sum(F, h), count(F, h), dim=0), (h, *keep)
         n = F.slice_axis(total, axis=0, begin=c, end=c + 1)
@@ -105,25 +110,30 @@ def batch_norm(F, p, s, name, h, keep, training, bn, width):
     else:
         mean, var = s[f"{name}.running_mean"], s[f"{name}.running_var"]
         d = affine(F, h, F.ones_like(mean), -mean, c)
-    return affine(F, d, p[f"{name}.weight"] * F.rsqrt(var + bn.eps), p[f"{name}.bias"], c), tuple(keep)
+    out = affine(F, d, p[f"{name}.weight"] * F.rsqrt(var + bn.eps), p[f"{name}.bias"], c)
+    return low(F, out, precision), tuple(keep)
 
 
-def replica_forward(F, p, s, X, training, width, bn=CANONICAL_BN, layout=DEFAULT_LAYOUT):
+def replica_forward(F, p, s, X, training, width, bn=CANONICAL_BN, layout=DEFAULT_LAYOUT, precision="fp32"):
     """d2l's ResNet-18 on one replica's shard (p, s: its parameters and running statistics by canonical name), as a
     generator: in training mode each BatchNorm yields its shard's moments and goes on with the sums sent back (its
     own, or every shard's: lock_step drives every replica's forward at once). What a layer needs after a yield (the
     block's input, for the shortcut) passes through it, so that the ops between two yields depend on nothing else:
-    there the graph level can cut the forward into graphs (segments). Returns the logits."""
+    there the graph level can cut the forward into graphs (segments). Returns the logits. At bf16 the convolutions
+    and the dense layer run in bf16 (conv), BatchNorm in fp32 (batch_norm), the ReLUs and adds on the bf16 values
+    they give, the global mean in fp32 (one of contrib.amp's FP32_FUNCS): the logits are bf16."""
     def norm(name, h, keep=()):
-        return batch_norm(F, p, s, name, h, keep, training, bn, width)
-    h, _ = yield from norm("stem.bn", conv(F, p, "stem.conv", to_layout(X, layout), width))
+        return batch_norm(F, p, s, name, h, keep, training, bn, width, precision)
+    h, _ = yield from norm("stem.bn", conv(F, p, "stem.conv", to_layout(X, layout), width, precision))
     h = F.relu(h)
     for block, stride in BLOCKS:
-        y, (h,) = yield from norm(f"{block}.bn1", conv(F, p, f"{block}.conv1", h, width), (h,))
-        y, (h,) = yield from norm(f"{block}.bn2", conv(F, p, f"{block}.conv2", F.relu(y), width), (h,))
-        shortcut = conv(F, p, f"{block}.conv3", h, width) if has_projection(stride) else h
-        h = F.relu(y + shortcut)
-    return F.FullyConnected(F.mean(h, axis=(2, 3)), p["fc.weight"], p["fc.bias"], num_hidden=NUM_CLASSES)   # pool, fc
+        y, (h,) = yield from norm(f"{block}.bn1", conv(F, p, f"{block}.conv1", h, width, precision), (h,))
+        y, (h,) = yield from norm(f"{block}.bn2", conv(F, p, f"{block}.conv2", F.relu(y), width, precision), (h,))
+        shortcut = conv(F, p, f"{block}.conv3", h, width, precision) if has_projection(stride) else h
+        h = F.relu(F.elemwise_add(y, shortcut))   # NDArray's + is broadcast_add, whose bf16 kernel truncates
+    pooled = F.mean(fp32(F, h, precision), axis=(2, 3))
+    return F.FullyConnected(low(F, pooled, precision), low(F, p["fc.weight"], precision),   # pool, fc
+                            low(F, p["fc.bias"], precision), num_hidden=NUM_CLASSES)
 
 
 def lock_step(F, advance, bn_states, sync, bn, width):
@@ -166,14 +176,15 @@ def generators(runs):
     return advance
 
 
-def forward_shards(replicas, bn_states, X_shards, training, bn=CANONICAL_BN, sync=False, layout=DEFAULT_LAYOUT):
+def forward_shards(replicas, bn_states, X_shards, training, bn=CANONICAL_BN, sync=False, layout=DEFAULT_LAYOUT,
+                   precision="fp32"):
     """Every replica on its own shard, in lock-step, layer by layer: a synchronised BatchNorm needs every shard's
-    moments before any shard is normalised. Logits per shard; in training mode also each replica's new BatchNorm
-    state (a list in BN_STATE_NAMES order). Nothing is updated in place. MXNet queues the ops asynchronously on each
-    context."""
+    moments before any shard is normalised. Logits per shard (at `precision`'s: replica_forward); in training mode
+    also each replica's new BatchNorm state (a list in BN_STATE_NAMES order). Nothing is updated in place. MXNet
+    queues the ops asynchronously on each context."""
     width = width_of({"stem.conv.weight": replicas[0][0]})
     runs = [replica_forward(nd, dict(zip(PARAM_NAMES, r)), dict(zip(BN_STATE_NAMES, s)), X, training, width, bn,
-                            layout) for r, s, X in zip(replicas, bn_states, X_shards)]
+                            layout, precision) for r, s, X in zip(replicas, bn_states, X_shards)]
     logits, new_states = lock_step(nd, generators(runs), bn_states, sync, bn, width)
     return (logits, new_states) if training else logits
 
@@ -192,12 +203,14 @@ def bn_state_to_numpy(bn_state):
     return {name: t.asnumpy().astype(np.float32) for name, t in zip(BN_STATE_NAMES, bn_state)}
 
 
-def loss_and_grads(replicas, bn_states, X_shards, y_shards, sync, layout=DEFAULT_LAYOUT, forward_shards=forward_shards):
+def loss_and_grads(replicas, bn_states, X_shards, y_shards, sync, layout=DEFAULT_LAYOUT, forward_shards=forward_shards,
+                   precision="fp32"):
     """The contexts' summed losses and each replica's gradients (in its parameters' .grad), from one backward through
     the whole lock-step forward: with sync, a replica's gradient includes what reaches it through the other shards'
-    statistics. Also the replicas' new BatchNorm states. `forward_shards`: the written one, or segments'."""
+    statistics. Also the replicas' new BatchNorm states. `forward_shards`: the written one, or segments', at
+    `precision`."""
     with autograd.record():
-        logits, new_states = forward_shards(replicas, bn_states, X_shards, True, CANONICAL_BN, sync, layout)
+        logits, new_states = forward_shards(replicas, bn_states, X_shards, True, CANONICAL_BN, sync, layout, precision)
         losses = [loss_sum(out, y) for out, y in zip(logits, y_shards)]
     autograd.backward(losses)
     if sync and dist.is_initialized():
@@ -211,11 +224,11 @@ def loss_and_grads(replicas, bn_states, X_shards, y_shards, sync, layout=DEFAULT
 # record and a backward per replica as the LeNet's. With sync, no graph spans the contexts and the kvstore: the
 # forward is cut at every yield into segments, each a cached graph per replica (forward and backward), lock_step
 # summing the moments between them op by op. Graphs are made per width: a graph's symbols have no shapes to read.
-def traced_replica(width, layout=DEFAULT_LAYOUT):
+def traced_replica(width, layout=DEFAULT_LAYOUT, precision="fp32"):
     """One replica's training-mode forward as one hybridized block: ([params, bn_state], X) -> (logits, new state)."""
     def function(inputs, X, F):
         params, bn_state = inputs
-        run = replica_forward(F, dict(zip(PARAM_NAMES, params)), {}, X, True, width, CANONICAL_BN, layout)
+        run = replica_forward(F, dict(zip(PARAM_NAMES, params)), {}, X, True, width, CANONICAL_BN, layout, precision)
         (logits,), (new_state,) = lock_step(F, generators([run]), [bn_state], False, CANONICAL_BN, width)
         return logits, new_state
     return hybridized(function)
@@ -223,7 +236,8 @@ def traced_replica(width, layout=DEFAULT_LAYOUT):
 
 class Segment:
     """The ops of replica_forward between two yields, one hybridized SymbolBlock: its inputs are parameters (by
-    canonical name), X and what earlier yields sent back (cut names); its outputs the next yield's moments and what
+    canonical name), X and what earlier yields sent back (cut names), the graph's own variables with the dtypes
+    segments gave them (SymbolBlock infers its types from them); its outputs the next yield's moments and what
     passes through it (an output that is an input of the segment is handed on without the graph), or the logits."""
 
     def __init__(self, name, outputs):
@@ -232,7 +246,8 @@ class Segment:
         computed = [out for out in outputs if out.get_children() is not None]
         group = mx.sym.Group(computed)
         self.inputs = group.list_inputs()
-        self.block = gluon.SymbolBlock(computed, [mx.sym.var(name, dtype="float32") for name in self.inputs])
+        variables = group.get_internals()
+        self.block = gluon.SymbolBlock(computed, [variables[name] for name in self.inputs])
         self.block.hybridize(static_alloc=True, static_shape=True)
 
     def __call__(self, values):
@@ -241,11 +256,13 @@ class Segment:
         return [values[name] if name is not None else next(computed) for name in self.outputs]
 
 
-def segments(width, layout=DEFAULT_LAYOUT):
+def segments(width, layout=DEFAULT_LAYOUT, precision="fp32"):
     """replica_forward cut at every yield: each yield's outputs are a segment's, and what is sent back are fresh
-    symbols, the next segment's inputs."""
-    p = {name: mx.sym.var(name) for name in PARAM_NAMES}
-    run = replica_forward(mx.sym, p, {}, mx.sym.var("X"), True, width, CANONICAL_BN, layout)
+    symbols, the next segment's inputs, each of the dtype of what it stands for (the moments fp32; at bf16 a block's
+    input kept for its shortcut is bf16)."""
+    p = {name: mx.sym.var(name, dtype="float32") for name in PARAM_NAMES}
+    run = replica_forward(mx.sym, p, {}, mx.sym.var("X", dtype="float32"), True, width, CANONICAL_BN, layout,
+                          precision)
     found, sent = [], None
     while True:
         try:
@@ -254,7 +271,9 @@ def segments(width, layout=DEFAULT_LAYOUT):
             return found + [Segment(None, [done.value])]
         found.append(Segment(name, [moments, *keep]))
         k = len(found)
-        sent = (mx.sym.var(f"cut{k}"), tuple(mx.sym.var(f"cut{k}.keep{i}") for i in range(len(keep))))
+        _, dtypes, _ = mx.sym.Group([moments, *keep]).infer_type()
+        sent = (mx.sym.var(f"cut{k}", dtype=dtypes[0]),
+                tuple(mx.sym.var(f"cut{k}.keep{i}", dtype=dtype) for i, dtype in enumerate(dtypes[1:])))
 
 
 def run_segments(cut, replicas, X_shards):
@@ -274,23 +293,24 @@ def run_segments(cut, replicas, X_shards):
     return advance
 
 
-def hybridized_loss_and_grads(sync, layout=DEFAULT_LAYOUT):
-    """loss_and_grads with the forward as hybridize's graphs (above), made on a width's first step."""
+def hybridized_loss_and_grads(sync, layout=DEFAULT_LAYOUT, precision="fp32"):
+    """loss_and_grads with the forward as hybridize's graphs (above), made on a width's first step, at `precision`."""
     graphs = {}
 
     def traced(width):
         if width not in graphs:
-            graphs[width] = segments(width, layout) if sync else traced_replica(width, layout)
+            graphs[width] = (segments(width, layout, precision) if sync else
+                             traced_replica(width, layout, precision))
         return graphs[width]
 
-    def segmented(replicas, bn_states, X_shards, training, bn, sync, layout):
+    def segmented(replicas, bn_states, X_shards, training, bn, sync, layout, precision):   # traced at precision
         width = width_of({"stem.conv.weight": replicas[0][0]})
         logits, new_states = lock_step(nd, run_segments(traced(width), replicas, X_shards), bn_states, sync, bn, width)
         return logits, new_states
 
     def compiled(replicas, bn_states, X_shards, y_shards):
         if sync:
-            return loss_and_grads(replicas, bn_states, X_shards, y_shards, sync, layout, segmented)
+            return loss_and_grads(replicas, bn_states, X_shards, y_shards, sync, layout, segmented, precision)
         losses, new_states = [], []
         for params, bn_state, X, y in zip(replicas, bn_states, X_shards, y_shards):
             with autograd.record():
@@ -317,9 +337,11 @@ def evaluate(params, bn_state, X, y, layout=DEFAULT_LAYOUT, batch_size=1000):
 class Functional:
     """The ResNet-18 as the scratch step trains it (common.interface.FUNCTIONAL): replicas and BatchNorm states as
     lists of NDArrays, the lock-step forward (forward_shards) as a function of them. Settings: the layout (NCHW, the
-    only one here) and sync, --bn sync."""
+    only one here), sync, --bn sync, and the precision the step computes at (common/precision.py; evaluate runs in
+    fp32, as PyTorch's)."""
     layout: str = DEFAULT_LAYOUT
     sync: bool = False
+    precision: str = "fp32"
     name = "resnet18"
     param_names = PARAM_NAMES
 
@@ -330,12 +352,13 @@ class Functional:
         return get_bn_state(state, device)
 
     def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices):
-        return loss_and_grads(replicas, bn_states, X_shards, y_shards, self.sync, self.layout)
+        return loss_and_grads(replicas, bn_states, X_shards, y_shards, self.sync, self.layout, forward_shards,
+                              self.precision)
 
     def hybridized(self):
         """loss_and_grads as hybridize's graphs (execution.py's graph level): with local BatchNorm each replica's
         forward and backward one graph; with sync, its segments between the moments' all-reduces."""
-        compiled = hybridized_loss_and_grads(self.sync, self.layout)
+        compiled = hybridized_loss_and_grads(self.sync, self.layout, self.precision)
         return lambda replicas, bn_states, X_shards, y_shards, devices: compiled(replicas, bn_states, X_shards,
                                                                                  y_shards)
 
