@@ -11,6 +11,8 @@ resnet.process_sum, a collective of its own outside any mesh: there it runs op b
 Its layout: lax convolutions run in the layout their dimension numbers name: NCHW/OIHW, the canonical one,
 or NHWC/HWIO with the weights converted (common/layouts.py) and the batch transposed inside the step. XLA's
 CPU convolutions are faster in NHWC here (the transpose included; docs/results.md), so it is the default.
+At bf16 (the model's precision field) the compiled step keeps every rounding to bf16 the forward and backward
+write (compiler_options).
 Nothing here sets anything on another module: compile returns the units, and the layout is the model's field."""
 import dataclasses
 import functools
@@ -21,6 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from common.interface import choose
+from common.precision import is_low
 
 from . import data_parallel
 from . import distributed as dist
@@ -29,13 +32,20 @@ from .lenet import DEFAULT_LAYOUT
 NAMES = {"eager": "eager", "graph": "jax.jit"}
 
 
+def compiler_options(model):
+    """XLA's options for compiling the model's step: at bf16, no excess precision. XLA allows it by default
+    (xla_allow_excess_precision) and drops a rounding to bf16 that is widened again: the weight gradients of the bf16
+    convolutions reached their fp32 master weights unrounded, not the bf16 values common/precision.py says."""
+    return {"xla_allow_excess_precision": False} if is_low(getattr(model, "precision", "fp32")) else None
+
+
 def per_device(unit, model):
     """jax.jit of a loss_and_grads unit, one device's part at a time: the unit compiled for a one-device call (its
     lists of one replica, one BatchNorm state, one shard; the model static), called for each device in turn. A
     lock-step forward (the ResNet's synchronised BatchNorm: model.sync) needs every shard at once: lock_step."""
     if getattr(model, "sync", False):
         return lock_step(unit, model)
-    compiled = jax.jit(unit, static_argnums=0)
+    compiled = jax.jit(unit, static_argnums=0, compiler_options=compiler_options(model))
 
     def each_device(model, replicas, bn_states, X_shards, y_shards, devices):
         parts = [compiled(model, [params], [bn_state], [X], [y], [None])   # one device: nothing to place
@@ -58,7 +68,8 @@ def lock_step(unit, model):
         if tuple(devices) not in programs:
             mesh = Mesh(np.array(devices), ("devices",))
             programs[tuple(devices)] = mesh, jax.jit(jax.shard_map(
-                functools.partial(one_block, unit, meshed), mesh=mesh, in_specs=P("devices"), out_specs=P("devices")))
+                functools.partial(one_block, unit, meshed), mesh=mesh, in_specs=P("devices"), out_specs=P("devices")),
+                compiler_options=compiler_options(model))
         mesh, program = programs[tuple(devices)]
         rows = max(len(X) for X in X_shards)
         X_shards = [jnp.pad(X, ((0, rows - len(X)),) + ((0, 0),) * (X.ndim - 1)) for X in X_shards]

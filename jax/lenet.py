@@ -1,7 +1,9 @@
 """LeNet in jax.lax ops. A replica is the list of jax arrays on one device, in common.lenet.PARAM_NAMES
 order. lax convolutions take any layout they are told (dimension numbers): in the canonical one, NCHW/OIHW,
 the weights need no conversion; in the channels-last one, NHWC/HWIO, common/layouts.py converts them.
-JAX arrays are immutable: an update makes new arrays, and the replica's list slots are re-pointed at them."""
+JAX arrays are immutable: an update makes new arrays, and the replica's list slots are re-pointed at them.
+JAX has no automatic mixed precision: at bf16 (common/precision.py) the casts are written here, in the traced
+forward, and jax.grad transposes them (a cast's transpose widens the gradient back to the fp32 master weight)."""
 import dataclasses
 import functools
 
@@ -13,6 +15,7 @@ from jax import lax
 
 from common.layouts import to_canonical, to_channels_last
 from common.lenet import LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
+from common.precision import is_low
 
 # execution.py names and chooses the layouts (LAYOUTS; its DEFAULT_LAYOUT is this one, kept here for the models).
 DIMENSIONS = {"nchw": ("NCHW", "OIHW", "NCHW"), "nhwc": ("NHWC", "HWIO", "NHWC")}   # input, kernel, output
@@ -35,37 +38,90 @@ def get_params(weights, device, layout=DEFAULT_LAYOUT):
 
 
 def avg_pool(h, layout):
+    """Summed in fp32 whatever h's precision, rounded back to it once (common/precision.py): XLA rounds every partial
+    sum of a bf16 reduce_window to bf16."""
     window = tuple(POOL if axis in "HW" else 1 for axis in DIMENSIONS[layout][0])
-    return lax.reduce_window(h, 0.0, lax.add, window, window, "VALID") / (POOL * POOL)
+    return (lax.reduce_window(h.astype(jnp.float32), 0.0, lax.add, window, window, "VALID")
+            / (POOL * POOL)).astype(h.dtype)
 
 
-def conv(h, w, b, layout):
-    """Convolution plus bias, the bias broadcast along the layout's channel axis."""
-    dims = DIMENSIONS[layout]
-    h = lax.conv_general_dilated(h, w, (1, 1), "VALID", dimension_numbers=dims)
+def low(x, precision):
+    """x as a convolution or dense layer at `precision` takes it: cast to bf16 at bf16, unchanged at fp32."""
+    return x.astype(jnp.bfloat16) if is_low(precision) else x
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def accumulated_conv(h, w, strides, padding, dims):
+    """The bf16 convolution given in fp32 (preferred_element_type), for its bias to be added before the one rounding.
+    Its own backward: JAX 0.7's transpose of it convolves the fp32 cotangent with a bf16 operand, which lax rejects
+    ("requires arguments to have the same dtypes"; jax-ml/jax#31592, fixed after 0.7.1)."""
+    return lax.conv_general_dilated(h, w, strides, padding, dimension_numbers=dims, preferred_element_type=jnp.float32)
+
+
+def accumulated_conv_forward(h, w, strides, padding, dims):
+    return accumulated_conv(h, w, strides, padding, dims), (h, w)
+
+
+def accumulated_conv_backward(strides, padding, dims, operands, g):
+    """The cotangent comes back through the output's cast to bf16: a bf16 value, cast to bf16 exactly, and the
+    backward convolutions are bf16 ones (XLA's CPU computes each in fp32 and rounds its output once)."""
+    h, w = operands
+    _, transpose = jax.vjp(lambda h, w: lax.conv_general_dilated(h, w, strides, padding, dimension_numbers=dims), h, w)
+    return transpose(g.astype(h.dtype))
+
+
+accumulated_conv.defvjp(accumulated_conv_forward, accumulated_conv_backward)
+
+
+def convolution(h, w, b, strides, padding, dims, precision="fp32"):
+    """Convolution plus bias, the bias broadcast along the output's channel axis. At bf16 input, weight and bias in
+    bf16, the products and the bias summed in fp32 and rounded to bf16 once (common/precision.py)."""
+    if is_low(precision):
+        h = accumulated_conv(low(h, precision), low(w, precision), strides, padding, dims)
+        b = low(b, precision).astype(jnp.float32)   # widened before broadcasting: its gradient summed in fp32
+        h = h + lax.broadcast_in_dim(b, h.shape, (dims[2].index("C"),))
+        return h.astype(jnp.bfloat16)
+    h = lax.conv_general_dilated(h, w, strides, padding, dimension_numbers=dims)
     return h + lax.broadcast_in_dim(b, h.shape, (dims[2].index("C"),))
 
 
-def forward(params, X, layout=DEFAULT_LAYOUT):
-    """Logits of the NCHW batch X on one replica held in `layout` (a Python value: static under jax.jit)."""
+def conv(h, w, b, layout, precision="fp32"):
+    """LeNet's convolutions: stride 1, no padding."""
+    return convolution(h, w, b, (1, 1), "VALID", DIMENSIONS[layout], precision)
+
+
+def dense(h, w, b, precision="fp32"):
+    """h @ w + b; at bf16 on bf16 values, the products and the bias summed in fp32 (preferred_element_type) and
+    rounded to bf16 once."""
+    if is_low(precision):
+        h = jnp.matmul(low(h, precision), low(w, precision), preferred_element_type=jnp.float32) + low(b, precision)
+        return h.astype(jnp.bfloat16)
+    return h @ w + b
+
+
+def forward(params, X, layout=DEFAULT_LAYOUT, precision="fp32"):
+    """Logits of the NCHW batch X on one replica held in `layout`, computed at `precision` (Python values: static
+    under jax.jit); at bf16 every activation is bf16, the logits too."""
     w1, b1, w2, b2, w3, b3, w4, b4 = params
     if layout == "nchw":                   # canonical dense weights are (out, in)
         w3, w4 = w3.T, w4.T
-    h = avg_pool(jax.nn.relu(conv(to_layout(X, layout), w1, b1, layout)), layout)
-    h = avg_pool(jax.nn.relu(conv(h, w2, b2, layout)), layout)
+    h = avg_pool(jax.nn.relu(conv(to_layout(X, layout), w1, b1, layout, precision)), layout)
+    h = avg_pool(jax.nn.relu(conv(h, w2, b2, layout, precision)), layout)
     h = h.reshape(h.shape[0], -1)          # C, H, W or H, W, C order: fc1's rows were made to match
-    h = jax.nn.relu(h @ w3 + b3)
-    return h @ w4 + b4
+    h = jax.nn.relu(dense(h, w3, b3, precision))
+    return dense(h, w4, b4, precision)
 
 
 def loss_sum(logits, y):
-    """Cross-entropy summed over the shard: shards add up to the global batch exactly."""
-    return -jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None].astype(jnp.int32), axis=1))
+    """Cross-entropy summed over the shard, in fp32 whatever the logits' precision (common/precision.py): shards add
+    up to the global batch exactly."""
+    log_p = jax.nn.log_softmax(logits.astype(jnp.float32))
+    return -jnp.sum(jnp.take_along_axis(log_p, y[:, None].astype(jnp.int32), axis=1))
 
 
-def summed_loss(params, X, y, layout=DEFAULT_LAYOUT):
+def summed_loss(params, X, y, layout=DEFAULT_LAYOUT, precision="fp32"):
     """One shard's summed loss, as a function of the replica: what its gradients are taken of."""
-    return loss_sum(forward(params, X, layout), y)
+    return loss_sum(forward(params, X, layout, precision), y)
 
 
 def to_numpy(params, layout=DEFAULT_LAYOUT):
@@ -90,8 +146,10 @@ def evaluate(params, X, y, layout=DEFAULT_LAYOUT, batch_size=1000):
 @dataclasses.dataclass(frozen=True)
 class Functional:
     """The LeNet as the recipe writes it (common.interface.FUNCTIONAL): a replica is a list of arrays on one device,
-    the forward a function of it. Frozen and hashable, its layout a field: jax.jit takes it as a static argument."""
+    the forward a function of it. Frozen and hashable, its layout and its precision (common/precision.py) fields:
+    jax.jit takes it as a static argument."""
     layout: str = DEFAULT_LAYOUT
+    precision: str = "fp32"
     name = "lenet"
     param_names = PARAM_NAMES
 
@@ -106,7 +164,7 @@ class Functional:
         parallel (JAX places each op where its inputs are)."""
         losses, grads = [], []
         for params, X, y in zip(replicas, X_shards, y_shards):
-            loss, device_grads = jax.value_and_grad(summed_loss)(params, X, y, self.layout)
+            loss, device_grads = jax.value_and_grad(summed_loss)(params, X, y, self.layout, self.precision)
             losses.append(loss)
             grads.append(device_grads)
         return losses, grads, bn_states

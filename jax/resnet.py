@@ -18,7 +18,7 @@ from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NA
                            layer_arguments, layers)
 
 from . import distributed as dist
-from .lenet import DEFAULT_LAYOUT, DIMENSIONS, held, loss_sum, to_layout
+from .lenet import DEFAULT_LAYOUT, DIMENSIONS, convolution, dense, held, loss_sum, to_layout
 
 
 def get_params(weights, device, layout=DEFAULT_LAYOUT):
@@ -29,13 +29,11 @@ def get_bn_state(state, device):
     return [jax.device_put(state[name], device) for name in BN_STATE_NAMES]
 
 
-def conv(p, name, h, layout):
+def conv(p, name, h, layout, precision="fp32"):
     """Explicit symmetric padding: "SAME" with stride 2 on an even input pads bottom/right only."""
     _, stride, pad = CONVS[name]
-    dims = DIMENSIONS[layout]
-    h = lax.conv_general_dilated(h, p[f"{name}.weight"], (stride, stride), ((pad, pad), (pad, pad)),
-                                 dimension_numbers=dims)
-    return h + lax.broadcast_in_dim(p[f"{name}.bias"], h.shape, (dims[2].index("C"),))
+    return convolution(h, p[f"{name}.weight"], p[f"{name}.bias"], (stride, stride), ((pad, pad), (pad, pad)),
+                       DIMENSIONS[layout], precision)
 
 
 def axes_and_shape(layout):
@@ -98,8 +96,11 @@ process_sum.defvjp(lambda x: (dist.all_reduce(x), None), lambda _, g: (dist.all_
 
 
 def batch_norm(ps, ss, name, hs, devices, training, bn, sync, layout, new_states, axis=None, masks=None):
-    """common.resnet.batch_norm written out in jnp, on every shard at once."""
+    """common.resnet.batch_norm written out in jnp, on every shard at once. In fp32 whatever the input's precision
+    (statistics, normalisation, running statistics), the output in the input's (common/precision.py)."""
     _, shape = axes_and_shape(layout)
+    dtype = hs[0].dtype
+    hs = [h.astype(jnp.float32) for h in hs]
     running = [(s[f"{name}.running_mean"], s[f"{name}.running_var"]) for s in ss]
     if training:
         statistics = batch_statistics(hs, devices, sync, layout, axis, masks)
@@ -108,19 +109,21 @@ def batch_norm(ps, ss, name, hs, devices, training, bn, sync, layout, new_states
             new[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * lax.stop_gradient(batch_mean)
             new[f"{name}.running_var"] = (1 - bn.momentum) * var + bn.momentum * lax.stop_gradient(unbiased)
         running = [(batch_mean, batch_var) for batch_mean, batch_var, _ in statistics]
-    return [(h - mean.reshape(shape)) * lax.rsqrt(var.reshape(shape) + bn.eps) * p[f"{name}.weight"].reshape(shape)
-            + p[f"{name}.bias"].reshape(shape) for p, h, (mean, var) in zip(ps, hs, running)]
+    return [((h - mean.reshape(shape)) * lax.rsqrt(var.reshape(shape) + bn.eps) * p[f"{name}.weight"].reshape(shape)
+             + p[f"{name}.bias"].reshape(shape)).astype(dtype) for p, h, (mean, var) in zip(ps, hs, running)]
 
 
 def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICAL_BN, sync=False,
-                   layout=DEFAULT_LAYOUT, axis=None, masks=None):
+                   layout=DEFAULT_LAYOUT, axis=None, masks=None, precision="fp32"):
     """Every replica on its own shard, in lock-step, layer by layer: a synchronised BatchNorm needs every shard's
     moments before any shard is normalised. Logits per shard; in training mode also each replica's new BatchNorm
-    state (a list in BN_STATE_NAMES order). Pure: `training`, `bn`, `sync`, `layout` and `axis` (the mesh axis of
-    the compiled form, its padded rows marked by `masks`) are static under jax.jit."""
+    state (a list in BN_STATE_NAMES order). Pure: `training`, `bn`, `sync`, `layout`, `axis` (the mesh axis of
+    the compiled form, its padded rows marked by `masks`) and `precision` are static under jax.jit. At bf16 the
+    activations are bf16 (the residual add too), the global average pooling accumulating in fp32 (jnp.mean of bf16
+    sums in fp32 and rounds once)."""
     ps, ss = [dict(zip(PARAM_NAMES, r)) for r in replicas], [dict(zip(BN_STATE_NAMES, s)) for s in bn_states]
     new_states = [{} for _ in replicas]
-    convs = lambda name, hs: [conv(p, name, h, layout) for p, h in zip(ps, hs)]   # noqa: E731
+    convs = lambda name, hs: [conv(p, name, h, layout, precision) for p, h in zip(ps, hs)]   # noqa: E731
     norms = lambda name, hs: batch_norm(ps, ss, name, hs, devices, training, bn, sync, layout, new_states,  # noqa: E731
                                         axis, masks)
     relus = lambda hs: [jax.nn.relu(h) for h in hs]   # noqa: E731
@@ -132,8 +135,8 @@ def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICA
         hs = relus([y + shortcut for y, shortcut in zip(ys, shortcuts)])
     pool = (1, 2) if layout == "nhwc" else (2, 3)
     # canonical dense weights are (out, in); channels-last ones (in, out)
-    logits = [h.mean(axis=pool) @ (p["fc.weight"] if layout == "nhwc" else p["fc.weight"].T) + p["fc.bias"]
-              for p, h in zip(ps, hs)]   # global average pooling, fc
+    logits = [dense(h.mean(axis=pool), p["fc.weight"] if layout == "nhwc" else p["fc.weight"].T, p["fc.bias"],
+                    precision) for p, h in zip(ps, hs)]   # global average pooling, fc
     if not training:
         return logits
     return logits, [[new[name] for name in BN_STATE_NAMES] for new in new_states]
@@ -155,19 +158,21 @@ def bn_state_to_numpy(bn_state):
     return {name: np.asarray(t, dtype=np.float32) for name, t in zip(BN_STATE_NAMES, bn_state)}
 
 
-def shard_loss(replicas, bn_states, X_shards, y_shards, devices, sync, layout, axis=None):
-    """The shards' summed loss through the lock-step forward, and the new BatchNorm states (value_and_grad's aux).
-    Under shard_map (`axis`) rows labelled -1 are padding: out of the statistics and the loss."""
+def shard_loss(replicas, bn_states, X_shards, y_shards, devices, sync, layout, axis=None, precision="fp32"):
+    """The shards' summed loss through the lock-step forward at `precision`, and the new BatchNorm states
+    (value_and_grad's aux). Under shard_map (`axis`) rows labelled -1 are padding: out of the statistics and the
+    loss."""
     masks = [y >= 0 for y in y_shards] if axis else None
     logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync, layout,
-                                        axis, masks)
+                                        axis, masks, precision)
     losses = [loss_sum(out, y) if axis is None else kept_loss_sum(out, y) for out, y in zip(logits, y_shards)]
     return sum(jax.device_put(loss, devices[0]) for loss in losses), (losses, new_states)
 
 
 def kept_loss_sum(logits, y):
-    """loss_sum over the rows that are not padding (label -1)."""
-    rows = -jnp.take_along_axis(jax.nn.log_softmax(logits), jnp.maximum(y, 0)[:, None].astype(jnp.int32), axis=1)
+    """loss_sum over the rows that are not padding (label -1), in fp32 as loss_sum."""
+    rows = -jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32)),
+                                jnp.maximum(y, 0)[:, None].astype(jnp.int32), axis=1)
     return jnp.sum(jnp.where(y >= 0, rows[:, 0], 0.0))
 
 
@@ -191,10 +196,12 @@ class Functional:
     """The ResNet as the recipe writes it (common.interface.FUNCTIONAL): replicas and BatchNorm states are lists of
     arrays, one per device, and one forward runs every shard in lock-step. Frozen and hashable, its layout and its
     BatchNorm mode (sync: --bn sync) fields: jax.jit takes it as a static argument. `axis`: set by execution.py's
-    compiled synchronised step, the mesh axis whose devices the BatchNorm moments are psum'd over (None: op by op)."""
+    compiled synchronised step, the mesh axis whose devices the BatchNorm moments are psum'd over (None: op by op).
+    `precision`: what the step computes in (common/precision.py)."""
     layout: str = DEFAULT_LAYOUT
     sync: bool = False
     axis: str | None = None
+    precision: str = "fp32"
     name = "resnet18"
     param_names = PARAM_NAMES
 
@@ -210,7 +217,7 @@ class Functional:
         compile each device's part on its own). Sync: a replica's gradient includes what reaches it through the other
         shards' statistics: written op by op across the devices' arrays, compiled under shard_map (execution.py)."""
         (_, (losses, new_states)), grads = jax.value_and_grad(shard_loss, has_aux=True)(
-            replicas, bn_states, X_shards, y_shards, devices, self.sync, self.layout, self.axis)
+            replicas, bn_states, X_shards, y_shards, devices, self.sync, self.layout, self.axis, self.precision)
         return losses, grads, new_states
 
     def to_numpy(self, replica):
