@@ -4,18 +4,18 @@ kvstore that distributed.py created also sums them over all workers (through the
 The ResNet's BatchNorm keeps its running statistics as aux Parameters (grad_req 'null'): the kvstore never sees
 them, so each context keeps its own. Synchronised BatchNorm is Gluon's contrib.nn.SyncBatchNorm, which shares the
 moments between the contexts of one process only; on CPU contexts it needs MXNet started with enough scratch
-buffers (common/cpu_scratch.py), or it hangs."""
+buffers (common/cpu_scratch.py), or it hangs. At --precision bf16 every context trains the network's graph as MXNet's
+own AMP converts it (idiomatic.mixed_precision) on the same fp32 Parameters: the kvstore sums fp32 gradients."""
 import os
 
 from mxnet import autograd, gluon, nd
 
 from common import cpu_scratch
 from common.interface import Model, Network, Unavailable
-from common.precision import refuse_until_written
 from common.sharding import micro_batches
 
 from . import distributed as dist, resnet
-from .idiomatic import build, canonical_names, clear_added, evaluate as evaluate_gluon, is_resnet, trained
+from .idiomatic import Accumulation, build, canonical_names, evaluate as evaluate_gluon, is_resnet, mixed_precision
 from .lenet import evaluate as evaluate_params, loss_sum, to_numpy as params_to_numpy
 from .optimizer import Trainer, get_trainer, canonical_state
 
@@ -36,8 +36,9 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     canonical `state` of a checkpoint if given (every context's updater, in every process, gets it), for either
     network (its parameters by their canonical names: idiomatic.canonical_names).
     The ResNet's sync BatchNorm: SyncBatchNorm over this process's contexts (CPU contexts run here; GPUs: written,
-    not run here)."""
-    refuse_until_written(network.precision, "MXNet's built-in engine")
+    not run here). At network.precision bf16 the step trains the net's mixed_precision twin (contrib.amp's
+    conversion, over the same Parameters: a CachedOp per context, as the net's); the Trainer updates the fp32
+    Parameters either way."""
     if network.sync and dist.is_initialized():
         raise Unavailable("Gluon's contrib SyncBatchNorm synchronises the contexts of one process only, not a "
                           "kvstore's workers: run --bn sync in 1 process")
@@ -57,7 +58,7 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     trainer._init_kvstore()
     trainer._init_params()
     nd.waitall()
-    return Model(net, trainer, devices)
+    return Model(net, trainer, devices, network.precision, mixed_precision(net, network.precision))
 
 
 def check_scratch_buffers(contexts, environ):
@@ -77,10 +78,11 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     optimizer.py clips that sum, the same on every context, and its schedule sets the rate, not `lr`.
     accumulate: each shard in that many micro-batches (common.sharding.micro_batches), Gluon's way: the Parameters'
     grad_req 'add', so each backward adds into their .grad, one trainer.step (its kvstore sums each key once), then
-    zero_grad for the next update."""
-    net, trainer = model.net, model.trainer
+    zero_grad for the next update (at bf16 added by hand: idiomatic.Accumulation says why). At bf16 each context's
+    forward is the net's mixed_precision twin: logits back in fp32, the loss in fp32."""
+    net, trainer = model.net if model.mixed is None else model.mixed, model.trainer
     X_shards, y_shards = batch
-    params = trained(net, accumulate)
+    adding = Accumulation(model.net, accumulate, model.precision)
     parts = [micro_batches(len(y), accumulate) for y in y_shards]
     loss = 0.0
     for i in range(accumulate):
@@ -88,11 +90,12 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
             losses = [loss_sum(net(X[part[i][0]:part[i][1]]), y[part[i][0]:part[i][1]])
                       for X, y, part in zip(X_shards, y_shards, parts)]
         autograd.backward(losses)
+        adding.after_backward(last=i == accumulate - 1)
         loss += sum(micro.asscalar() for micro in losses)
     if not isinstance(trainer, Trainer):
         trainer.set_learning_rate(lr)
     trainer.step(batch_size)
-    clear_added(params)
+    adding.after_step()
     return loss / sum(len(y) for y in y_shards)
 
 

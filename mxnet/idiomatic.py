@@ -1,11 +1,13 @@
 """MXNet's minimal training loop, as in the Gluon tutorials: a hybridized HybridSequential, a
 gluon.Trainer with SGD and SoftmaxCrossEntropyLoss on one context, no harness. The benchmark times
-it beside the scratch step to show what the from-scratch recipe costs."""
-
+it beside the scratch step to show what the from-scratch recipe costs. At --precision bf16 the step trains the
+network's graph as MXNet's own AMP converts it (mixed_precision), on the same fp32 Parameters."""
+import mxnet as mx
 from mxnet import autograd, gluon, nd
+from mxnet.contrib import amp
 
 from common.interface import Model, Network, RosettaError, Unavailable
-from common.precision import refuse_until_written
+from common.precision import is_low
 from common.sharding import micro_batches
 
 from . import lenet, resnet
@@ -27,8 +29,8 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
     (optimizer None or is_recipe) is Gluon's "sgd" at the harness's rate; any other optimizer is optimizer.py's
     Trainer, as in builtin.py, from the canonical `state` of a checkpoint if given, for either network (its
     parameters by their canonical names: canonical_names). The network is the LeNet, or the ResNet with nn.BatchNorm
-    (network.sync changes nothing on one context)."""
-    refuse_until_written(network.precision, "MXNet's idiomatic loop")
+    (network.sync changes nothing on one context). At network.precision bf16 the step trains its mixed_precision
+    twin; the Trainer updates the same fp32 Parameters either way."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     if port not in PORTS:
@@ -36,8 +38,10 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
     net = build(weights, network)
     net.collect_params().reset_ctx(devices[0])
     if optimizer is None or optimizer.is_recipe:
-        return Model(net, gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0}))
-    return Model(net, get_trainer(net.collect_params(), optimizer, canonical_names(net), port, state))
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0})
+    else:
+        trainer = get_trainer(net.collect_params(), optimizer, canonical_names(net), port, state)
+    return Model(net, trainer, precision=network.precision, mixed=mixed_precision(net, network.precision))
 
 
 def build(weights, network, sync_devices=None):
@@ -46,6 +50,34 @@ def build(weights, network, sync_devices=None):
     if network.bn_state is None:
         return build_model(weights)
     return resnet.build_model(weights, network.bn_state, sync_devices=sync_devices)
+
+
+AMP_DTYPES = {"bf16": "bfloat16"}   # contrib.amp's name of each low precision (its target_dtype)
+
+
+def mixed_precision(net, precision):
+    """The block a training step calls at `precision` (common/precision.py, Model.mixed): None at fp32 (the net
+    itself); at bf16 the net's graph as MXNet's AMP converts it, amp.convert_symbol (contrib/amp/amp.py). Its op lists put an
+    amp_cast to bf16 before the inputs, weights and biases of every Convolution and FullyConnected (BF16_FUNCS), run
+    ReLU, pooling and the residual add on the bf16 values they make, nn.BatchNorm on its bf16 input with fp32 gamma,
+    beta and running statistics (BF16_USE_FP32_PARAMS: oneDNN's bf16 kernel, statistics in fp32), contrib's
+    SyncBatchNorm in fp32 (FP32_FUNCS), and cast the logits back to fp32 for the loss. cast_optional_params=False
+    keeps every parameter fp32 (amp_cast's backward widens a weight's bf16 gradient). Not contrib.amp.init(), which
+    patches mx.nd and mx.sym for the whole process (every fp32 model after it would change), nor
+    convert_hybrid_block, the same conversion for inference: it needs a forward first (the cached graph) and copies
+    the Parameters into a new SymbolBlock (averaged over the contexts, on gpu(0) by default), which the Trainer, the
+    canonical names (the ResNet's layers) and a checkpoint of the net would not reach. Here the converted graph is a
+    SymbolBlock over the net's own Parameters (params=): the Trainer updates them, both graphs read them, the ResNet's
+    BatchNorm moves the running statistics the net evaluates with (in fp32, as evaluate runs, as PyTorch's loop
+    evaluates outside autocast), a checkpoint saves the net."""
+    if not is_low(precision):
+        return None
+    data = mx.sym.var("data", dtype="float32")
+    graph = amp.convert_symbol(net(data), target_dtype=AMP_DTYPES[precision], data_names=[data.name],
+                               cast_optional_params=False)
+    block = gluon.SymbolBlock(graph, data, params=net.collect_params())
+    block.hybridize(static_alloc=True, static_shape=not is_resnet(net))   # as build's (resnet.build_model says)
+    return block
 
 
 def is_resnet(net):
@@ -57,42 +89,71 @@ def canonical_names(net):
     return (resnet if is_resnet(net) else lenet).canonical_names(net)
 
 
-def trained(net, accumulate):
-    """The net's trained Parameters (not BatchNorm's statistics), switched to grad_req 'add' (fresh, zeroed gradient
-    buffers) the first time a step accumulates: each micro-batch's backward then adds into .grad."""
-    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
-    if accumulate > 1 and params[0].grad_req != "add":
-        for p in params:
-            p.grad_req = "add"
-    return params
+class Accumulation:
+    """How one step adds up its micro-batches' gradients in the net's trained Parameters (not BatchNorm's statistics).
+    Gluon's way: grad_req 'add' (switched the first time a step accumulates: fresh, zeroed gradient buffers), each
+    micro-batch's backward adding into .grad, and after trainer.step a zero_grad for the next update ('write'
+    overwrites). At a low precision by hand, grad_req staying 'write': MXNet 1.9.1's amp_cast, which the converted
+    graph (mixed_precision) puts between every Convolution's and FullyConnected's weight and bias and the op, loses a
+    gradient it should add. Its backward's oneDNN kernel (AMPCastExCPU, src/operator/tensor/amp_cast.cc) makes a
+    kAddTo output in CreateMKLDNNMem's temporary buffer and never commits it, so with grad_req 'add' those Parameters'
+    .grad stays zero, silently. Here the earlier micro-batches' gradients are kept (copies, on their contexts) and
+    added into .grad after the last micro-batch's backward, before trainer.step."""
 
+    def __init__(self, net, accumulate, precision="fp32"):
+        self.params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+        self.by_hand = accumulate > 1 and is_low(precision)
+        self.earlier = None
+        if accumulate > 1 and not self.by_hand and self.params[0].grad_req != "add":
+            for p in self.params:
+                p.grad_req = "add"
 
-def clear_added(params):
-    """After trainer.step: gradients that add up must be zeroed for the next update ('write' overwrites them)."""
-    if params[0].grad_req == "add":
-        for p in params:
-            p.zero_grad()
+    def grads(self):
+        return [g for p in self.params for g in p.list_grad()]   # every context's
+
+    def after_backward(self, last):
+        """After a micro-batch's backward; `last`: the step's last."""
+        if not self.by_hand:
+            return
+        if last:
+            for g, earlier in zip(self.grads(), self.earlier):
+                g += earlier
+        elif self.earlier is None:
+            self.earlier = [g.copy() for g in self.grads()]
+        else:
+            for earlier, g in zip(self.earlier, self.grads()):
+                earlier += g
+
+    def after_step(self):
+        """Gradients that add up in .grad must be zeroed for the next update."""
+        if self.params[0].grad_req == "add":
+            for p in self.params:
+                p.zero_grad()
 
 
 def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     """backward() of the per-example losses sums their gradients; trainer.step(batch_size) divides
     the sum by the batch size: the recipe's update. A Trainer of optimizer.py clips that sum and its schedule
     sets the rate, not `lr`. accumulate: the batch in that many micro-batches (common.sharding.micro_batches), the
-    tutorial's way: the Parameters' grad_req 'add', a backward each, one trainer.step, then zero_grad."""
-    net, trainer = model.net, model.trainer
+    tutorial's way: the Parameters' grad_req 'add', a backward each, one trainer.step, then zero_grad (at bf16 added
+    by hand: Accumulation says why). At bf16 the forward is the net's mixed_precision twin: its logits come back
+    fp32, the loss is fp32."""
+    net, trainer = model.net if model.mixed is None else model.mixed, model.trainer
     X = nd.array(X, ctx=devices[0], dtype=X.dtype)   # copies, as split_and_load
     y = nd.array(y, ctx=devices[0], dtype=y.dtype)
-    params = trained(net, accumulate)
+    adding = Accumulation(model.net, accumulate, model.precision)
+    parts = micro_batches(len(y), accumulate)
     loss = 0.0
-    for start, stop in micro_batches(len(y), accumulate):
+    for i, (start, stop) in enumerate(parts):
         with autograd.record():
             micro = loss_fn(net(X[start:stop]), y[start:stop])
         micro.backward()
+        adding.after_backward(last=i == len(parts) - 1)
         loss += float(micro.sum().asscalar())
     if not isinstance(trainer, Trainer):
         trainer.set_learning_rate(lr)
     trainer.step(batch_size or len(X))
-    clear_added(params)
+    adding.after_step()
     return loss / len(X)
 
 

@@ -95,8 +95,8 @@ def test_the_idiomatic_loop_builds_a_stock_port(mx_optimizer):
     fw = framework_or_skip("mxnet")
     idiomatic = load_module("mxnet", "idiomatic")
     o = optim.Optimizer("nesterov", 0.02, schedule="cosine", total_steps=10)
-    _, stock, _ = idiomatic.get_model(init_weights(0), fw.get_devices(1), o, port="stock")
-    _, canonical, _ = idiomatic.get_model(init_weights(0), fw.get_devices(1), o)
+    stock = idiomatic.get_model(init_weights(0), fw.get_devices(1), o, port="stock").trainer
+    canonical = idiomatic.get_model(init_weights(0), fw.get_devices(1), o).trainer
     assert type(stock.optimizer) is mx_optimizer.mx.optimizer.NAG
     assert type(canonical.optimizer) is mx_optimizer.Nesterov
     with pytest.raises(RosettaError, match="port"):

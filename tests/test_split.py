@@ -110,7 +110,7 @@ def test_jax_s_compiled_builtin_step_all_reduces_each_parameter_alone():
 
     from common.lenet import PARAM_SHAPES, init_weights
     builtin = load_module("jax", "builtin")
-    net, step, mesh = builtin.get_model(init_weights(0), jax.devices()[:2])
+    net, step, mesh = builtin.get_model(init_weights(0), jax.devices()[:2])[:3]
     rows = NamedSharding(mesh, P("devices"))
     X, y, mask = (jax.device_put(a, rows) for a in (np.zeros((8, 1, 28, 28), np.float32), np.zeros(8, np.int32),
                                                      np.ones(8, np.float32)))
