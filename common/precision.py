@@ -24,10 +24,13 @@ DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16}
 
 # bf16 keeps 8 significant bits (7 stored): a value rounded to it is off by up to 2**-9 of itself. Each op rounds
 # its output, and where a framework sums in another order than the reference, a few of its outputs round to the
-# neighbouring bf16 value; over the networks' depth the loss of a step stays within BOUND of the reference's, and
-# every gradient within GRADIENT_BOUND in norm (measured: tests/test_precision.py).
+# neighbouring bf16 value. On the LeNet that leaves the loss within 1e-6 and the gradients within 1e-4; through the
+# ResNet's 17 BatchNorms the flips grow: the reference's own bf16 step, with one BatchNorm weight moved by 1e-6 of
+# itself, moves its loss by up to 4e-4 and all its gradients by 2e-2 in norm (64 images; 4e-2 at 16). A framework's
+# bf16 step must come within BOUND (the loss, relative) and GRADIENT_BOUND (every gradient at once, relative in
+# norm) of the reference's: tests/test_precision.py, where each framework's measured distance is given.
 UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -9}
-BOUND = {"fp32": 1e-5, "bf16": 2e-2}
+BOUND = {"fp32": 1e-5, "bf16": 5e-3}
 GRADIENT_BOUND = {"fp32": 1e-4, "bf16": 5e-2}
 
 # What each framework's own mixed precision runs in bf16, op by op (docs/rosetta.md's precision table). "bf16": the

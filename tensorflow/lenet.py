@@ -13,6 +13,8 @@ from common.lenet import IMAGE_SHAPE, LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
 # The scratch step's usual layout (execution.py names and chooses the layouts: LAYOUTS, and exports this one): here,
 # where resnet.py and the functions below read it without importing execution.py.
 DEFAULT_LAYOUT = "nhwc"
+# The dtype a convolution or dense layer computes in at each precision (common/precision.py)
+COMPUTE_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16}
 
 
 def to_layout(X, layout=DEFAULT_LAYOUT):
@@ -27,33 +29,58 @@ def get_params(weights, device):
         return [tf.Variable(to_channels_last(name, weights[name]), name=name) for name in PARAM_NAMES]
 
 
-def conv_relu_pool(h, w, b, layout=DEFAULT_LAYOUT):
-    """One convolution, its ReLU and its pooling in `layout`; the kernel is HWIO in both data formats."""
+def compute(precision, *tensors):
+    """A convolution's or dense layer's input, weight and bias in its compute precision: cast to bf16 at bf16, as
+    Keras's mixed_bfloat16 policy casts a layer's inputs and variables (the CPU runs them in bf16 through oneDNN,
+    the output rounded to bf16; tf.cast's gradient widens a weight's bf16 gradient to fp32 for its master weight);
+    untouched at fp32."""
+    if precision == "fp32":
+        return tensors
+    return tuple(tf.cast(t, COMPUTE_DTYPES[precision]) for t in tensors)
+
+
+def bias_add(h, b, data_format=None, precision="fp32"):
+    """tf.nn.bias_add at fp32. At bf16 a broadcast addition: the CPU's gradient of tf.nn.bias_add (BiasAddGrad) sums
+    a bf16 gradient in bf16 (a 16x24x24 batch's sum 9% off; Keras's mixed_bfloat16 Conv2D and Dense, whose bias
+    goes through tf.nn.bias_add, inherit it), the broadcast's (tf.reduce_sum) in fp32, rounded once."""
+    if precision == "fp32":
+        return tf.nn.bias_add(h, b, data_format)
+    return h + (tf.reshape(b, (-1, 1, 1)) if data_format == "NCHW" else b)
+
+
+def conv_relu_pool(h, w, b, layout=DEFAULT_LAYOUT, precision="fp32"):
+    """One convolution, its ReLU and its pooling in `layout`, at `precision` (the ReLU and pooling in the
+    convolution's output's); the kernel is HWIO in both data formats."""
     data_format = layout.upper()
-    h = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, w, 1, "VALID", data_format=data_format), b, data_format))
+    h, w, b = compute(precision, h, w, b)
+    h = tf.nn.relu(bias_add(tf.nn.conv2d(h, w, 1, "VALID", data_format=data_format), b, data_format, precision))
     return tf.nn.avg_pool2d(h, POOL, POOL, "VALID", data_format)
 
 
-def forward(params, X, layout=DEFAULT_LAYOUT):
-    """X is a canonical NCHW batch, like every framework's; to_layout makes it the convolutions' layout."""
+def forward(params, X, layout=DEFAULT_LAYOUT, precision="fp32"):
+    """X is a canonical NCHW batch, like every framework's; to_layout makes it the convolutions' layout. The logits
+    at `precision` (bf16 at bf16: loss_sum takes them to fp32)."""
     w1, b1, w2, b2, w3, b3, w4, b4 = params
-    h = conv_relu_pool(conv_relu_pool(to_layout(X, layout), w1, b1, layout), w2, b2, layout)
+    h = conv_relu_pool(conv_relu_pool(to_layout(X, layout), w1, b1, layout, precision), w2, b2, layout, precision)
     if layout == "nchw":
         h = tf.transpose(h, (0, 2, 3, 1))   # 800 values per image, and the weights are those of NHWC
     h = tf.reshape(h, (-1, w3.shape[0]))   # H, W, C order: fc1's rows were reordered to match
-    h = tf.nn.relu(tf.nn.bias_add(tf.matmul(h, w3), b3))
-    return tf.nn.bias_add(tf.matmul(h, w4), b4)
+    h, w3, b3 = compute(precision, h, w3, b3)
+    h = tf.nn.relu(bias_add(tf.matmul(h, w3), b3, precision=precision))
+    h, w4, b4 = compute(precision, h, w4, b4)
+    return bias_add(tf.matmul(h, w4), b4, precision=precision)
 
 
 def loss_sum(logits, y):
-    """Cross-entropy summed over the shard: shards add up to the global batch exactly."""
-    return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+    """Cross-entropy summed over the shard, in fp32 whatever the logits' precision (common/precision.py; tf.cast
+    leaves fp32 logits as they are): shards add up to the global batch exactly."""
+    return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=tf.cast(logits, tf.float32)))
 
 
-def device_loss_and_grads(params, X, y, layout=DEFAULT_LAYOUT):
-    """One device's part of the step: its shard's summed loss and the gradients."""
+def device_loss_and_grads(params, X, y, layout=DEFAULT_LAYOUT, precision="fp32"):
+    """One device's part of the step: its shard's summed loss and the gradients, the forward at `precision`."""
     with tf.GradientTape() as tape:
-        loss = loss_sum(forward(params, X, layout), y)
+        loss = loss_sum(forward(params, X, layout, precision), y)
     return loss, tape.gradient(loss, params)
 
 
@@ -73,10 +100,12 @@ def accuracy(predict, X, y, device, batch_size=1000):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Functional:
-    """The LeNet as the recipe's step trains it (common.interface.FUNCTIONAL), in `layout` ('nhwc' or 'nchw').
-    Frozen and hashable, and with slots (no weak reference): tf.function then keys its traces by the Functional's
-    value, so an equal Functional made anew reuses them (a weakly referenced object is keyed by its identity)."""
+    """The LeNet as the recipe's step trains it (common.interface.FUNCTIONAL), in `layout` ('nhwc' or 'nchw'),
+    computing at `precision` (common/precision.py). Frozen and hashable, and with slots (no weak reference):
+    tf.function then keys its traces by the Functional's value, so an equal Functional made anew reuses them (a
+    weakly referenced object is keyed by its identity)."""
     layout: str = DEFAULT_LAYOUT
+    precision: str = "fp32"
     name = "lenet"
     param_names = PARAM_NAMES
 
@@ -92,7 +121,7 @@ class Functional:
         losses, grads = [], []
         for params, X, y, device in zip(replicas, X_shards, y_shards, devices):
             with tf.device(device):
-                loss, device_grads = device_loss_and_grads(params, X, y, self.layout)
+                loss, device_grads = device_loss_and_grads(params, X, y, self.layout, self.precision)
             losses.append(loss)
             grads.append(device_grads)
         return losses, grads, bn_states

@@ -13,7 +13,7 @@ from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, IMAGE_SH
                            layer_arguments, layers)
 
 from . import distributed as dist
-from .lenet import DEFAULT_LAYOUT, accuracy, loss_sum, to_layout
+from .lenet import DEFAULT_LAYOUT, accuracy, bias_add, compute, loss_sum, to_layout
 
 
 def get_params(weights, device):
@@ -27,12 +27,18 @@ def get_bn_state(state, device):
         return [tf.constant(state[name]) for name in BN_STATE_NAMES]
 
 
-def conv(p, name, h, layout=DEFAULT_LAYOUT):
-    """Explicit symmetric padding: padding="SAME" with stride 2 on an even input pads bottom/right only."""
+def conv(p, name, h, layout=DEFAULT_LAYOUT, precision="fp32"):
+    """At `precision` (lenet.compute). Explicit symmetric padding: padding="SAME" with stride 2 on an even input
+    pads bottom/right only. At bf16 it is a tf.pad before a "VALID" convolution: the CPU runs the backward of an
+    explicitly padded convolution outside oneDNN, in Eigen's kernel, 50 times slower in bf16 and not at all in NCHW
+    (fp32 keeps it, bit for bit as before)."""
     _, stride, pad = CONVS[name]
     padding = [[0, 0], [pad, pad], [pad, pad], [0, 0]] if layout == "nhwc" else [[0, 0], [0, 0], [pad, pad], [pad, pad]]
-    h = tf.nn.conv2d(h, p[f"{name}.weight"], stride, padding, data_format=layout.upper())
-    return tf.nn.bias_add(h, p[f"{name}.bias"], data_format=layout.upper())
+    h, w, b = compute(precision, h, p[f"{name}.weight"], p[f"{name}.bias"])
+    if precision != "fp32":
+        h, padding = tf.pad(h, padding), "VALID"
+    h = tf.nn.conv2d(h, w, stride, padding, data_format=layout.upper())
+    return bias_add(h, b, layout.upper(), precision)
 
 
 def axes_and_shape(layout=DEFAULT_LAYOUT):
@@ -89,9 +95,13 @@ def process_sum(x):
 
 def batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states, layout=DEFAULT_LAYOUT):
     """common.resnet.batch_norm written out on every shard at once, with tf.nn.batch_normalization (Keras's
-    BatchNormalization would keep its own moving statistics by its own convention)."""
+    BatchNormalization would keep its own moving statistics by its own convention). In fp32 whatever the input's
+    precision, the output in the input's (common/precision.py: Keras's BatchNormalization does the same under
+    mixed_bfloat16); tf.cast leaves fp32 as it is."""
     _, shape = axes_and_shape(layout)
     reshape = lambda v: tf.reshape(v, shape)   # noqa: E731
+    dtype = hs[0].dtype
+    hs = on_devices(devices, lambda h: tf.cast(h, tf.float32), hs)
     running = [(s[f"{name}.running_mean"], s[f"{name}.running_var"]) for s in ss]
     if training:
         statistics = batch_statistics(hs, devices, sync, layout)
@@ -101,19 +111,21 @@ def batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states, layout
                 new[f"{name}.running_mean"] = (1 - bn.momentum) * mean + bn.momentum * tf.stop_gradient(batch_mean)
                 new[f"{name}.running_var"] = (1 - bn.momentum) * var + bn.momentum * tf.stop_gradient(unbiased)
         running = [(batch_mean, batch_var) for batch_mean, batch_var, _ in statistics]
-    return on_devices(devices, lambda p, h, mv: tf.nn.batch_normalization(
-        h, reshape(mv[0]), reshape(mv[1]), reshape(p[f"{name}.bias"]), reshape(p[f"{name}.weight"]), bn.eps),
+    return on_devices(devices, lambda p, h, mv: tf.cast(tf.nn.batch_normalization(
+        h, reshape(mv[0]), reshape(mv[1]), reshape(p[f"{name}.bias"]), reshape(p[f"{name}.weight"]), bn.eps), dtype),
         ps, hs, running)
 
 
 def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICAL_BN, sync=False,
-                   layout=DEFAULT_LAYOUT):
+                   layout=DEFAULT_LAYOUT, precision="fp32"):
     """Every replica on its own shard, in lock-step, layer by layer: a synchronised BatchNorm needs every shard's
-    moments before any shard is normalised. Logits per shard; in training mode also each replica's new BatchNorm
-    state (a list in BN_STATE_NAMES order). Nothing is updated in place."""
+    moments before any shard is normalised. Logits per shard (at `precision`: the ReLUs, the additions and the
+    pooling in the convolutions' output's); in training mode also each replica's new BatchNorm state (a list in
+    BN_STATE_NAMES order). Nothing is updated in place."""
     ps, ss = [dict(zip(PARAM_NAMES, r)) for r in replicas], [dict(zip(BN_STATE_NAMES, s)) for s in bn_states]
     new_states = [{} for _ in replicas]
-    convs = lambda name, hs: on_devices(devices, lambda p, h: conv(p, name, h, layout), ps, hs)   # noqa: E731
+    convs = lambda name, hs: on_devices(devices, lambda p, h: conv(p, name, h, layout, precision),   # noqa: E731
+                                        ps, hs)
     norms = lambda name, hs: batch_norm(ps, ss, name, hs, devices, training, bn, sync, new_states,   # noqa: E731
                                         layout)
     relus = lambda hs: on_devices(devices, tf.nn.relu, hs)   # noqa: E731
@@ -124,11 +136,16 @@ def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICA
         shortcuts = convs(f"{block}.conv3", hs) if has_projection(stride) else hs
         hs = relus(on_devices(devices, tf.add, ys, shortcuts))
     pool = [1, 2] if layout == "nhwc" else [2, 3]
-    logits = on_devices(devices, lambda p, h: tf.nn.bias_add(tf.matmul(tf.reduce_mean(h, pool), p["fc.weight"]),
-                                                             p["fc.bias"]), ps, hs)   # global average pooling, fc
+    logits = on_devices(devices, lambda p, h: dense(p, tf.reduce_mean(h, pool), precision), ps, hs)
     if not training:
         return logits
     return logits, [[new[name] for name in BN_STATE_NAMES] for new in new_states]
+
+
+def dense(p, h, precision="fp32"):
+    """The fc layer on the global average pooling's output, at `precision` (lenet.compute)."""
+    h, w, b = compute(precision, h, p["fc.weight"], p["fc.bias"])
+    return bias_add(tf.matmul(h, w), b, precision=precision)
 
 
 def forward(params, bn_state, X, training, bn=CANONICAL_BN, layout=DEFAULT_LAYOUT):
@@ -146,12 +163,14 @@ def bn_state_to_numpy(bn_state):
     return {name: t.numpy().astype(np.float32) for name, t in zip(BN_STATE_NAMES, bn_state)}
 
 
-def loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync=False, layout=DEFAULT_LAYOUT):
+def loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync=False, layout=DEFAULT_LAYOUT,
+                   precision="fp32"):
     """The devices' summed losses and each replica's gradients, on its device, from one tape over the whole lock-step
-    forward: with sync, a replica's gradient includes what reaches it through the other shards' statistics. Also the
-    replicas' new BatchNorm states."""
+    forward at `precision`: with sync, a replica's gradient includes what reaches it through the other shards'
+    statistics. Also the replicas' new BatchNorm states."""
     with tf.GradientTape() as tape:
-        logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync, layout)
+        logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync, layout,
+                                            precision)
         losses = on_devices(devices, loss_sum, logits, y_shards)
     grads = tape.gradient(losses, [p for params in replicas for p in params])   # of the losses' sum
     n = len(PARAM_NAMES)
@@ -169,10 +188,12 @@ def predict(params, bn_state, X, layout=DEFAULT_LAYOUT):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Functional:
     """The ResNet-18 as the recipe's step trains it (common.interface.FUNCTIONAL), in `layout` ('nhwc' or 'nchw'),
-    with local BatchNorm or, `sync` (--bn sync), BatchNorm synchronised across devices and processes. Frozen,
-    hashable, with slots: a tf.function trace key by value, as lenet.Functional."""
+    with local BatchNorm or, `sync` (--bn sync), BatchNorm synchronised across devices and processes, computing at
+    `precision` (common/precision.py). Frozen, hashable, with slots: a tf.function trace key by value, as
+    lenet.Functional."""
     layout: str = DEFAULT_LAYOUT
     sync: bool = False
+    precision: str = "fp32"
     name = "resnet18"
     param_names = PARAM_NAMES
 
@@ -184,7 +205,7 @@ class Functional:
 
     def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices):
         """The lock-step forward of every replica on its shard, local or synchronised BatchNorm, one tape."""
-        return loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, self.sync, self.layout)
+        return loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, self.sync, self.layout, self.precision)
 
     def to_numpy(self, replica):
         return to_numpy(replica)

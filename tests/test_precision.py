@@ -1,0 +1,181 @@
+"""--precision bf16: the numpy reference (common/backprop.py) against autograd in float64, every framework's scratch
+step against the reference (one device's gradients, then steps on two devices), the proof that bf16 really ran, and
+the option in the machinery. bf16 keeps 8 significant bits, so the bounds are common/precision.py's, not fp32's."""
+import numpy as np
+import pytest
+
+from common import backprop, models, precision
+from common.precision import BOUND, GRADIENT_BOUND
+from common.sharding import shard_bounds
+from conftest import run_compare, scratch
+from harness.spec import RunSpec
+
+NETWORKS = {"lenet": "lenet", "resnet": "resnet18"}   # conftest.scratch's name: common.models' name
+# A batch of 64: bf16's rounding flips average out over more images (the reference's own gradients move 2e-2 when a
+# BatchNorm weight moves 1e-6; 4e-2 at 16 images), so GRADIENT_BOUND keeps a margin over that noise.
+WIDTH, BATCH, LR = 8, 64, 0.1
+# The first BatchNorm sees the stem convolution's bf16 output, which every framework rounds alike (one input channel,
+# nine products): its running statistics are fp32 arithmetic on equal inputs, and a framework that took them in bf16
+# would be off by bf16's rounding, 2e-3 of them.
+FIRST_BN_TOL = 1e-5
+DRIFT = 3e-2   # the ResNet's loss after bf16 steps on 16 images a device: measured 0.7e-2 to 1.5e-2 off the reference
+
+
+def case(network, digits, batch=BATCH):
+    name = NETWORKS[network]
+    weights = models.init_weights(name, 0, width=WIDTH if name != "lenet" else None)
+    return weights, models.init_bn_state(name, WIDTH), digits.X_train[:batch], digits.y_train[:batch]
+
+
+def as_numpy(t):
+    t = t.detach() if hasattr(t, "detach") else t
+    return np.asarray(t.asnumpy() if hasattr(t, "asnumpy") else t, np.float64)
+
+
+def relative(got, want):
+    return abs(float(got) - float(want)) / abs(float(want))
+
+
+def total_error(grads, want):
+    """The gradients' distance from the reference's, all parameters at once, relative to its norm: a bias before a
+    BatchNorm has no gradient in exact arithmetic and a rounding-sized one in bf16, so per-tensor ratios mislead."""
+    diff = sum(np.sum((np.asarray(grads[n], np.float64).reshape(want[n].shape) - want[n]) ** 2) for n in want)
+    return float(np.sqrt(diff / sum(np.sum(np.square(want[n], dtype=np.float64)) for n in want)))
+
+
+def test_the_reference_is_autograd_in_float64(digits):
+    """The tape at fp32 is float64 arithmetic: PyTorch's autograd in float64 gives the same loss, gradients and
+    running statistics (the tape returns float32)."""
+    import torch
+    from pytorch import lenet, resnet
+    for network in NETWORKS:
+        weights, state, X, y = case(network, digits)
+        loss, grads, new_state = backprop.loss_and_grads(NETWORKS[network], weights, state, X, y)
+        module = lenet if network == "lenet" else resnet
+        params = [torch.tensor(weights[n], dtype=torch.float64, requires_grad=True) for n in module.PARAM_NAMES]
+        X64 = torch.tensor(X, dtype=torch.float64)
+        if network == "lenet":
+            logits = lenet.forward(params, X64)
+        else:
+            bn = [torch.tensor(state[n], dtype=torch.float64) for n in resnet.BN_STATE_NAMES]
+            logits, torch_state = resnet.forward(params, bn, X64, True)
+            for name, t in zip(resnet.BN_STATE_NAMES, torch_state):
+                np.testing.assert_allclose(new_state[name], t.numpy(), rtol=1e-6, atol=1e-7)
+        want = torch.nn.functional.cross_entropy(logits, torch.tensor(y, dtype=torch.long), reduction="sum")
+        assert loss == pytest.approx(want.item(), rel=1e-12)
+        torch_grads = torch.autograd.grad(want, params)
+        assert total_error(grads, {n: g.numpy() for n, g in zip(module.PARAM_NAMES, torch_grads)}) < 1e-6
+
+
+def test_bf16_rounds_to_nearest_even_through_fp32():
+    x = np.array([1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -9, 3.14159265])
+    assert precision.rounded(x, "bf16").tolist() == [1.0, 1.0, 1 + 2 ** -6, 1.0, 3.140625]   # ties to even
+    assert precision.rounded(x, "fp32").tolist() == x.tolist()                                # fp32: unrounded
+    assert precision.is_representable(np.float32([1.0, 3.140625]), "bf16")
+    assert not precision.is_representable(np.float32([1 + 2 ** -8]), "bf16")
+
+
+def one_device(fw, network, digits, level):
+    """A framework's one-device loss, gradients and new BatchNorm state at `level`, canonical numpy."""
+    weights, state, X, y = case(network, digits)
+    model, _ = scratch(fw.name, network, precision=level)
+    device = fw.get_devices(1)[0]
+    replica, bn_state = model.get_params(weights, device), model.get_bn_state(state, device)
+    losses, grads, bn_states = model.loss_and_grads([replica], [bn_state], fw.split_and_load(X, [device]),
+                                                    fw.split_and_load(y, [device]), [device])
+    new_state = model.bn_state_to_numpy(bn_states[0]) if bn_states[0] is not None else None
+    return float(as_numpy(losses[0]).sum()), model.to_numpy(grads[0]), new_state   # canonical layout
+
+
+@pytest.mark.parametrize("network", NETWORKS)
+def test_one_device_s_bf16_gradients_are_the_reference_s(fw, network, digits):
+    """The loss within BOUND, the gradients within GRADIENT_BOUND of the reference's bf16 ones, and the first
+    BatchNorm's running statistics to fp32's precision; bf16 really ran: every convolution's and dense layer's
+    gradient is a bf16 value widened to fp32 (not so at fp32), and the loss left fp32's."""
+    weights, state, X, y = case(network, digits)
+    want_loss, want, want_state = backprop.loss_and_grads(NETWORKS[network], weights, state, X, y, "bf16")
+    fp32_loss = backprop.loss_and_grads(NETWORKS[network], weights, state, X, y, "fp32")[0]
+    loss, grads, new_state = one_device(fw, network, digits, "bf16")
+    assert relative(loss, want_loss) <= BOUND["bf16"], (loss, want_loss)
+    assert relative(loss, fp32_loss) > BOUND["fp32"]
+    assert total_error(grads, want) <= GRADIENT_BOUND["bf16"]
+    lowered = [n for n in grads if ".bn" not in n]
+    assert all(precision.is_representable(grads[n], "bf16") for n in lowered)
+    if new_state is not None:
+        for name in ("stem.bn.running_mean", "stem.bn.running_var"):
+            np.testing.assert_allclose(new_state[name], want_state[name], rtol=0, atol=FIRST_BN_TOL)
+    fp32_grads = one_device(fw, network, digits, "fp32")[1]
+    assert not all(precision.is_representable(fp32_grads[n], "bf16") for n in lowered)
+
+
+def reference_steps(network, weights, state, X, y, devices, steps):
+    """The bf16 step on `devices` shards with local BatchNorm: each shard's tape, the gradients summed in fp32, the
+    recipe's update in fp32. Returns each step's mean loss."""
+    losses, states = [], [state] * devices
+    for _ in range(steps):
+        total, grads = 0.0, None
+        for d, (a, b) in enumerate(shard_bounds(len(X), devices)):
+            loss, g, states[d] = backprop.loss_and_grads(NETWORKS[network], weights, states[d], X[a:b], y[a:b], "bf16")
+            total += loss
+            grads = g if grads is None else {n: grads[n] + g[n] for n in g}
+        weights = {n: (w - np.float32(LR / len(X)) * grads[n]).astype(np.float32) for n, w in weights.items()}
+        losses.append(total / len(X))
+    return losses
+
+
+@pytest.mark.parametrize("network", NETWORKS)
+def test_the_bf16_step_on_two_devices_follows_the_reference(fw, network, digits):
+    """Three steps of the one train_step at bf16 on two devices: the first within BOUND of the reference's, the later
+    ones too for the LeNet; the ResNet's later steps start from weights its gradients' bf16 noise has already moved
+    (2e-2 in norm at 64 images, 4e-2 at these 16 a device), so they are held to DRIFT. The replicas stay equal: one
+    fp32 update on every one."""
+    weights, state, X, y = case(network, digits, 32)
+    model, settings = scratch(fw.name, network, precision="bf16")
+    devices = fw.get_devices(2)
+    replicas = [model.get_params(weights, d) for d in devices]
+    bn_states = [model.get_bn_state(state, d) for d in devices]
+    got = [fw.train_step(model, replicas, bn_states, X, y, devices, LR, settings=settings) for _ in range(3)]
+    want = reference_steps(network, weights, state, X, y, 2, 3)
+    assert relative(got[0], want[0]) <= BOUND["bf16"], (got, want)
+    drift = BOUND["bf16"] if network == "lenet" else DRIFT
+    assert max(relative(g, w) for g, w in zip(got[1:], want[1:])) <= drift, (got, want)
+    for name, w in model.to_numpy(replicas[1]).items():
+        np.testing.assert_array_equal(w, model.to_numpy(replicas[0])[name])
+
+
+# ------------------------------------------------------------------------------------------------- the machinery
+def plan(*argv):
+    import compare as cli
+    from harness.run.plan import row_label, run_specs
+    return [(spec.precision, spec.mode, row_label(spec), reason)
+            for spec, reason in run_specs(cli.parse_args(list(argv)))]
+
+
+def test_every_precision_is_a_row_of_every_mode():
+    rows = plan("--frameworks", "pytorch", "--mode", "scratch,builtin", "--precision", "fp32,bf16", "--devices", "2")
+    assert [(p, m) for p, m, _, _ in rows] == [("fp32", "scratch"), ("bf16", "scratch"), ("fp32", "builtin"),
+                                               ("bf16", "builtin")]
+    assert rows[1][2] == "pytorch scratch (default, bf16), 2 device(s), 1 process(es)"
+    assert rows[0][2] == "pytorch scratch (default), 2 device(s), 1 process(es)"   # as before: --resume keeps rows
+    assert all(reason is None for *_, reason in rows)
+    assert RunSpec.of(RunSpec("jax", precision="bf16").to_json()).precision == "bf16"
+    assert RunSpec("jax").row()["precision"] == "fp32"
+
+
+def test_an_unknown_precision_is_one_line():
+    proc = run_compare("--precision", "fp8")
+    assert proc.returncode != 0 and "unknown precision 'fp8'; choose from fp32, bf16" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_table_shows_the_precision_and_compares_bf16_rows_among_themselves():
+    from harness.publishing.tables import add_parity, table_cells
+    base = {"framework": "pytorch", "mode": "scratch", "devices": 2, "processes": 1, "status": "ok", "exec": "eager",
+            "layout": "nhwc", "epochs": 1, "batch_size": 256}
+    runs = [{**base, "precision": "fp32", "step_losses": [2.0]}, {**base, "precision": "bf16", "step_losses": [2.01]},
+            {**base, "framework": "jax", "precision": "bf16", "step_losses": [2.011]}]
+    add_parity(runs)
+    assert [r["step1_loss_diff"] for r in runs] == pytest.approx([0.0, 0.0, 0.001])
+    columns, rows = table_cells(runs)
+    assert [row[columns.index("precision")] for row in rows] == ["fp32", "bf16", "bf16"]
+    assert "precision" not in table_cells(runs[:1])[0]   # an fp32 table as before
