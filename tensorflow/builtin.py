@@ -8,7 +8,7 @@ of common/optim.py the step sums them itself, before the Keras optimizer clips t
 import tensorflow as tf
 
 from common.interface import Model, Network, RosettaError
-from common.precision import refuse_until_written
+from common.precision import check as check_precision
 
 from . import distributed as dist, resnet
 from .idiomatic import accumulated, build, evaluate as evaluate_keras, parameters, to_numpy as keras_to_numpy
@@ -29,8 +29,10 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     recipe's SGD (optimizer None or the recipe's), or Keras's optimizer and schedule computing `optimizer`, from a
     checkpoint's canonical `state` if given (its mirrored variables assigned on every replica). The ResNet's
     BatchNormalization normalises each replica's shard by its own moments, or with network.sync by the moments
-    summed over every replica of the strategy (synchronized=True: across processes too)."""
-    refuse_until_written(network.precision, "TensorFlow's built-in engine")
+    summed over every replica of the strategy (synchronized=True: across processes too). At bf16 the model's layers
+    compute under Keras's mixed_bfloat16 policy (idiomatic.POLICIES): the mirrored variables, the all-reduce and the
+    update stay float32."""
+    check_precision(network.precision)
     if dist.is_initialized():
         strategy = dist.STRATEGY
     elif tf.DeviceSpec.from_string(devices[0]).device_type == "GPU":
@@ -50,7 +52,7 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
         trainer.build(net.trainable_variables)
         if state is not None:
             load_state(trainer, state, parameters(net))
-    return Model(net, trainer, strategy)
+    return Model(net, trainer, strategy, network.precision)
 
 
 # One graph for the whole step, traced per model and micro-batch count; reduce_retracing: shard shapes become None

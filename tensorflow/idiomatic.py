@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from common.interface import Model, Network, Unavailable
 from common.lenet import PARAM_NAMES
-from common.precision import refuse_until_written
+from common.precision import check as check_precision
 
 from . import resnet
 from .data_parallel import micro_bounds
@@ -17,7 +17,15 @@ EXEC = "tf.function"
 COMPILES = "whole step"
 LAYOUT = "NHWC (Keras)"
 
-# Summed, not averaged: the step then divides by the global batch size, as the recipe does.
+# Each precision's Keras dtype policy, given to every layer as its dtype (not keras.mixed_precision.set_global_policy,
+# the process's): None, Keras's default float32, at fp32; at bf16 "mixed_bfloat16", Keras's mixed precision: float32
+# variables (the master weights, and the optimizer's variables made after them), each layer casting its inputs and
+# its variables to bfloat16 and computing in it, BatchNormalization in float32 (common/precision.py).
+POLICIES = {"fp32": None, "bf16": "mixed_bfloat16"}
+
+# Summed, not averaged: the step then divides by the global batch size, as the recipe does. On bf16 logits too: a
+# Keras Loss converts y_pred to its own dtype, float32 (keras/src/losses/loss.py, Loss.__call__), so the softmax and
+# the sum run in fp32.
 loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
 
 
@@ -26,8 +34,9 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
     common.optim.Optimizer: computing its update ("canonical"), or as a straightforward port has it ("stock":
     optimizer.get_trainer says what differs); from a checkpoint's canonical `state` if given. The network is the
     LeNet, or the ResNet with BatchNormalization (network.sync changes nothing on one device); Keras's optimizer trains
-    every trainable variable, the ResNet's BatchNorm gamma and beta and every bias included (weight decay too)."""
-    refuse_until_written(network.precision, "TensorFlow's idiomatic loop")
+    every trainable variable, the ResNet's BatchNorm gamma and beta and every bias included (weight decay too). At bf16
+    the layers compute under Keras's mixed_bfloat16 policy (POLICIES); the variables and the update stay float32."""
+    check_precision(network.precision)
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     with tf.device(devices[0]):
@@ -39,15 +48,16 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
         trainer.build(net.trainable_variables)
         if state is not None:
             load_state(trainer, state, parameters(net))
-    return Model(net, trainer)
+    return Model(net, trainer, precision=network.precision)
 
 
 def build(weights, network, synchronized=False):
     """The idiomatic network: the LeNet, or the ResNet holding network.bn_state (its BatchNormalization layers
-    synchronised over a strategy's replicas if asked)."""
+    synchronised over a strategy's replicas if asked), its layers at network.precision's dtype policy."""
+    dtype = POLICIES[network.precision]
     if network.bn_state is None:
-        return build_model(weights)
-    return resnet.build_model(weights, network.bn_state, synchronized=synchronized)
+        return build_model(weights, dtype)
+    return resnet.build_model(weights, network.bn_state, synchronized=synchronized, dtype=dtype)
 
 
 def is_resnet(net):

@@ -136,17 +136,19 @@ class Functional:
         return accuracy(lambda X: tf.argmax(forward(replica, X, self.layout), 1), X, y, replica[0].device)
 
 
-def build_model(weights):
+def build_model(weights, dtype=None):
     """The same LeNet as an idiomatic keras.Sequential (for the reference loop). It takes the canonical
     NCHW batch and makes it channels-last with Permute, as forward does; its weights come out in
-    PARAM_NAMES order, in TensorFlow's layout."""
+    PARAM_NAMES order, in TensorFlow's layout. `dtype`: every layer's dtype policy (None: Keras's default, float32;
+    "mixed_bfloat16" at bf16: fp32 variables, each layer computing in bf16)."""
     (c1, _, k1, _), (c2, _, k2, _) = LAYERS["conv1"][1], LAYERS["conv2"][1]
     h1 = LAYERS["fc1"][1][0]
     layers = tf.keras.layers
     model = tf.keras.Sequential([
-        layers.Input(IMAGE_SHAPE), layers.Permute((2, 3, 1)),
-        layers.Conv2D(c1, k1, activation="relu"), layers.AveragePooling2D(POOL),
-        layers.Conv2D(c2, k2, activation="relu"), layers.AveragePooling2D(POOL),
-        layers.Flatten(), layers.Dense(h1, activation="relu"), layers.Dense(NUM_CLASSES)])
+        layers.Input(IMAGE_SHAPE), layers.Permute((2, 3, 1), dtype=dtype),
+        layers.Conv2D(c1, k1, activation="relu", dtype=dtype), layers.AveragePooling2D(POOL, dtype=dtype),
+        layers.Conv2D(c2, k2, activation="relu", dtype=dtype), layers.AveragePooling2D(POOL, dtype=dtype),
+        layers.Flatten(dtype=dtype), layers.Dense(h1, activation="relu", dtype=dtype),
+        layers.Dense(NUM_CLASSES, dtype=dtype)])
     model.set_weights([to_channels_last(name, weights[name]) for name in PARAM_NAMES])
     return model

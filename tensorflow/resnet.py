@@ -235,7 +235,7 @@ def keras_variables(model):
     return found
 
 
-def build_model(weights, bn_state, bn=CANONICAL_BN, synchronized=False):
+def build_model(weights, bn_state, bn=CANONICAL_BN, synchronized=False, dtype=None):
     """The same ResNet-18 as an idiomatic Keras functional model: it takes the canonical NCHW batch and Permutes it
     channels-last, as forward does; ZeroPadding2D before each "valid" convolution gives the symmetric padding;
     BatchNormalization gets `bn`'s momentum (Keras's weighs the running value: 0.9, not PyTorch's 0.1) and epsilon
@@ -244,7 +244,9 @@ def build_model(weights, bn_state, bn=CANONICAL_BN, synchronized=False):
     other row and column, then convolve with stride 1: TensorFlow 2.21's oneDNN backward of a 1x1 stride-2 Conv2D
     corrupts the heap when the batch is odd and the input has fewer than 16 channels (97 images: "free(): invalid
     size"; 96 and TF_ENABLE_ONEDNN_OPTS=0 do not), the bug pytorch/resnet.py meets in channels-last memory
-    (uxlfoundation/oneDNN#6035)."""
+    (uxlfoundation/oneDNN#6035). `dtype`: every layer's dtype policy (None: Keras's default, float32;
+    "mixed_bfloat16" at bf16: fp32 variables, the layers computing in bf16, BatchNormalization in fp32 on its bf16
+    input and its output rounded to bf16, as Keras's BatchNormalization.call casts)."""
     keras = tf.keras
     L = keras.layers
     shapes = layers(weights["stem.conv.weight"].shape[0])
@@ -253,21 +255,21 @@ def build_model(weights, bn_state, bn=CANONICAL_BN, synchronized=False):
     def conv(name, h):
         kernel, stride, pad = CONVS[name]
         if pad:
-            h = L.ZeroPadding2D(pad, name=f"{name}.pad")(h)
+            h = L.ZeroPadding2D(pad, name=f"{name}.pad", dtype=dtype)(h)
         if kernel == 1 and stride > 1:   # the same numbers, without oneDNN's stride-2 1x1 backward (docstring)
             h, stride = h[:, ::stride, ::stride, :], 1
-        return L.Conv2D(shapes[name][1][0], kernel, stride, "valid", name=name)(h)
+        return L.Conv2D(shapes[name][1][0], kernel, stride, "valid", name=name, dtype=dtype)(h)
 
     def norm(name, h):
-        return L.BatchNormalization(name=name, **bn_args)(h)
+        return L.BatchNormalization(name=name, dtype=dtype, **bn_args)(h)
 
     X = L.Input(IMAGE_SHAPE)
-    h = L.ReLU()(norm("stem.bn", conv("stem.conv", L.Permute((2, 3, 1))(X))))
+    h = L.ReLU(dtype=dtype)(norm("stem.bn", conv("stem.conv", L.Permute((2, 3, 1), dtype=dtype)(X))))
     for block, stride in BLOCKS:
-        y = L.ReLU()(norm(f"{block}.bn1", conv(f"{block}.conv1", h)))
+        y = L.ReLU(dtype=dtype)(norm(f"{block}.bn1", conv(f"{block}.conv1", h)))
         y = norm(f"{block}.bn2", conv(f"{block}.conv2", y))
-        h = L.ReLU()(L.Add()([y, conv(f"{block}.conv3", h) if has_projection(stride) else h]))
-    logits = L.Dense(shapes["fc"][1][0], name="fc")(L.GlobalAveragePooling2D()(h))
+        h = L.ReLU(dtype=dtype)(L.Add(dtype=dtype)([y, conv(f"{block}.conv3", h) if has_projection(stride) else h]))
+    logits = L.Dense(shapes["fc"][1][0], name="fc", dtype=dtype)(L.GlobalAveragePooling2D(dtype=dtype)(h))
     model = keras.Model(X, logits)
     for name, variable in keras_variables(model).items():
         variable.assign(to_channels_last(name, {**weights, **bn_state}[name]))
