@@ -4,7 +4,7 @@ the option in the machinery. bf16 keeps 8 significant bits, so the bounds are co
 import numpy as np
 import pytest
 
-from common import backprop, models, precision
+from common import backprop, models, optim as common_optim, precision
 from common.precision import BOUND, GRADIENT_BOUND
 from common.sharding import shard_bounds
 from conftest import run_compare, scratch
@@ -144,6 +144,28 @@ def test_the_bf16_step_on_two_devices_follows_the_reference(fw, network, digits)
     assert max(relative(g, w) for g, w in zip(got[1:], want[1:])) <= drift, (got, want)
     for name, w in model.to_numpy(replicas[1]).items():
         np.testing.assert_array_equal(w, model.to_numpy(replicas[0])[name])
+
+
+@pytest.mark.parametrize("network", NETWORKS)
+def test_the_idiomatic_loop_at_bf16_is_the_reference_s_step(fw, network, digits):
+    """The framework's own mixed precision (torch.autocast, MXNet's AMP conversion, a Keras dtype policy, Flax's
+    dtype), in its idiomatic loop: one step's loss within BOUND of the reference's and the weights it makes within
+    GRADIENT_BOUND of the reference step's, relative to the step's size (for SGD the gradients' distance). Keras's
+    bias gradient (tf.nn.bias_add's, summed in bf16 on the CPU) is the largest part of TensorFlow's distance."""
+    from common.interface import Network
+    from harness.training.loop import Idiomatic
+    weights, state, X, y = case(network, digits)
+    runner = Idiomatic(fw, fw.get_devices(1), Network(NETWORKS[network], state, False, "bf16"))
+    runner.start(weights, common_optim.Optimizer())
+    loss = runner.step((X, y), LR, len(X))
+    want_loss, grads, _ = backprop.loss_and_grads(NETWORKS[network], weights, state, X, y, "bf16")
+    want = {n: w - np.float32(LR / len(X)) * grads[n] for n, w in weights.items()}
+    assert relative(loss * len(X), want_loss) <= BOUND["bf16"], (loss * len(X), want_loss)
+    fp32_loss = backprop.loss_and_grads(NETWORKS[network], weights, state, X, y, "fp32")[0]
+    assert relative(loss * len(X), fp32_loss) > BOUND["fp32"]   # bf16 ran: the loss left fp32's
+    got = runner.weights()
+    moved = {n: np.asarray(got[n], np.float64) - weights[n] for n in want}
+    assert total_error(moved, {n: want[n].astype(np.float64) - weights[n] for n in want}) <= GRADIENT_BOUND["bf16"]
 
 
 # ------------------------------------------------------------------------------------------------- the machinery
