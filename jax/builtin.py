@@ -19,7 +19,22 @@ time (a psum of the gradients' pytree lowers to an all-reduce per tensor), each 
 the ResNet's step on 2 processes). With `--allreduce bucketed` (get_model's bucket_bytes) the step is shard_map's with
 the psum written as an expert does on CPU: the gradients flattened into buckets (common/buckets.py), one psum each.
 The ResNet trains with every optimizer as the LeNet does: Optax's transformation over its parameters' pytree (the
-running statistics are no parameters: no optimizer state, no decay), after the all-reduce in both forms."""
+running statistics are no parameters: no optimizer state, no decay), after the all-reduce in both forms.
+--precision bf16 (get_model's network.precision; JAX has no automatic mixed precision): the parameters, the Optax state
+and the update stay fp32 global arrays, and the compiled step computes in bf16 where common/precision.py says: the
+LeNet through the scratch forward's own casts (lenet.forward), the ResNet as a Flax module built with dtype=bf16 and
+fp32 parameters (resnet.build_model: Flax's mixed precision, the idiomatic loop's), the loss in fp32 from the bf16
+logits (rows_of); compiled without XLA's excess precision (execution.compiler_options), which would drop the bf16
+roundings of the weight gradients. Under shard_map each device's gradients are the fp32 parameters' (the casts'
+transposes widen them), summed by an fp32 psum, as common/precision.py's step (the LeNet's per-device gradients are
+the scratch step's to the bit; the ResNet's are Flax's: resnet.ResNet's docstring). Under jit the program is one
+device's over the global batch, and XLA's partitioner puts the all-reduce inside a gradient's sum over the batch, in
+the type that sum has: the LeNet's are fp32 (the scratch's convolution sums its weight gradient in fp32 before the one
+rounding, lenet.accumulated_conv_backward; its dense layers sum in fp32 too), so its bf16 step on N devices is its
+step on one, the global batch's gradients rounded once (to fp32's order of summation). A Flax layer at bf16 makes its
+kernel's and bias's gradients bf16 tensors: the all-reduces XLA puts in their batch sums under jit (42 of the 178 in
+the ResNet's --bn sync step) are typed bf16, which XLA's CPU compiler sums in fp32 (its all-reduce-promotion pass) and
+rounds back to bf16, one rounding more than the fp32 sum; BatchNorm's moments and parameters are all-reduced fp32."""
 import functools
 
 import jax
@@ -34,12 +49,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from common.buckets import plan
 from common.interface import Model, Network, RosettaError
 from common.lenet import PARAM_NAMES
-from common.precision import refuse_until_written
 from common.resnet import PARAM_NAMES as RESNET_PARAMS
 
 from . import resnet
 from .data_parallel import flatten, unflatten
-from .execution import DEFAULT_LAYOUT, LAYOUTS
+from .execution import DEFAULT_LAYOUT, LAYOUTS, compiler_options
 from .idiomatic import evaluate as evaluate_flax
 from .lenet import evaluate as evaluate_params, forward, held, to_numpy as params_to_numpy
 from .optimizer import optax_canonical, optax_state, get_trainer
@@ -68,9 +82,16 @@ def mesh_of(devices):
     return Mesh(np.array([by_id[int(i)] for i in ids]), ("devices",))
 
 
-def summed_loss(params, X, y, mask):
-    """The summed cross-entropy, and each row's (padding rows, mask 0, count nothing)."""
-    logp = jax.nn.log_softmax(forward(params, X))
+def summed_loss(params, X, y, mask, precision="fp32"):
+    """The summed cross-entropy, and each row's (padding rows, mask 0, count nothing). The forward at `precision`
+    (lenet.forward's casts: at bf16 its convolutions and dense layers in bf16 on the fp32 parameters), the loss in fp32
+    from its logits (rows_of)."""
+    return rows_of(forward(params, X, precision=precision), y, mask)
+
+
+def rows_of(logits, y, mask):
+    """The summed cross-entropy and each row's, in fp32 whatever the logits' precision (common/precision.py)."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32))
     rows = -jnp.take_along_axis(logp, y[:, None], axis=1)[:, 0] * mask
     return rows.sum(), rows
 
@@ -124,25 +145,27 @@ def accumulated(loss_and_grads, X, y, mask, count, stats=None, cut=micro_batch):
     return jnp.concatenate(rows), grads, stats
 
 
-def jit_step(params, X, y, mask, scale):
+def jit_step(precision, params, X, y, mask, scale):
     """Written for one device; the shardings of its inputs make it data-parallel."""
-    (_, rows), grads = loss_rows_and_grads(params, X, y, mask)
+    (_, rows), grads = loss_rows_and_grads(params, X, y, mask, precision)
     return [p - scale * g for p, g in zip(params, grads)], rows
 
 
-def device_grads(params, X, y, mask, count):
+def device_grads(params, X, y, mask, count, precision="fp32"):
     """This device's rows' losses and their gradients' sum, over `count` micro-batches. lax.pvary marks the
     parameters as this device's copy: without it shard_map's gradient of a replicated input comes back already
-    summed over the mesh, and the psum after would count it twice (the shard_map gradient trap)."""
+    summed over the mesh, and the psum after would count it twice (the shard_map gradient trap). The gradients are
+    the fp32 parameters' (a cast's transpose widens a bf16 op's gradient): the micro-batches add up, and the psum
+    sums, in fp32."""
     def loss_and_grads(X, y, mask, _):
-        (_, rows), grads = loss_rows_and_grads(lax.pvary(params, "devices"), X, y, mask)
+        (_, rows), grads = loss_rows_and_grads(lax.pvary(params, "devices"), X, y, mask, precision)
         return rows, grads, None
     return accumulated(loss_and_grads, X, y, mask, count)[:2]
 
 
-def shard_map_step(bucket_bytes, count, params, X, y, mask, scale):
+def shard_map_step(bucket_bytes, count, precision, params, X, y, mask, scale):
     """Runs on every device with its own rows (in `count` micro-batches), then the all-reduce."""
-    rows, grads = device_grads(params, X, y, mask, count)
+    rows, grads = device_grads(params, X, y, mask, count, precision)
     grads = psum_gradients(grads, bucket_bytes)     # the all-reduce, said explicitly
     return [p - scale * g for p, g in zip(params, grads)], rows
 
@@ -153,42 +176,50 @@ def optax_update(tx, params, opt_state, grads, scale):
     return optax.apply_updates(params, updates), opt_state
 
 
-def jit_optax_step(tx, params, opt_state, X, y, mask, scale):
+def jit_optax_step(tx, precision, params, opt_state, X, y, mask, scale):
     """jit_step with Optax's update: its gradient is the global one (XLA all-reduces it before the clipping)."""
-    (_, rows), grads = loss_rows_and_grads(params, X, y, mask)
+    (_, rows), grads = loss_rows_and_grads(params, X, y, mask, precision)
     return *optax_update(tx, params, opt_state, grads, scale), rows
 
 
-def shard_map_optax_step(tx, bucket_bytes, count, params, opt_state, X, y, mask, scale):
+def shard_map_optax_step(tx, bucket_bytes, count, precision, params, opt_state, X, y, mask, scale):
     """shard_map_step with Optax's update, after the psum: clipping by the global norm sees the all-reduced
     gradient, never this device's own."""
-    rows, grads = device_grads(params, X, y, mask, count)
+    rows, grads = device_grads(params, X, y, mask, count, precision)
     return *optax_update(tx, params, opt_state, psum_gradients(grads, bucket_bytes), scale), rows
 
 
-def compile_step(mesh, form, bucket_bytes=None, count=1):
+# Every step is compiled for the network's precision (`network`: get_model's), at bf16 without XLA's excess precision
+# (execution.compiler_options: each bf16 rounding the step writes stays, the weight gradients' too).
+def compile_step(mesh, form, bucket_bytes=None, count=1, network=Network()):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
+    options = compiler_options(network)
     if form == "jit":
-        return jax.jit(jit_step, out_shardings=(replicated, rows))
-    return jax.jit(jax.shard_map(functools.partial(shard_map_step, bucket_bytes, count), mesh=mesh, in_specs=(
-        P(), P("devices"), P("devices"), P("devices"), P()), out_specs=(P(), P("devices"))))
+        return jax.jit(functools.partial(jit_step, network.precision), out_shardings=(replicated, rows),
+                       compiler_options=options)
+    return jax.jit(jax.shard_map(functools.partial(shard_map_step, bucket_bytes, count, network.precision), mesh=mesh,
+                                 in_specs=(P(), P("devices"), P("devices"), P("devices"), P()),
+                                 out_specs=(P(), P("devices"))), compiler_options=options)
 
 
-def compile_optax_step(mesh, form, tx, bucket_bytes=None, count=1):
+def compile_optax_step(mesh, form, tx, bucket_bytes=None, count=1, network=Network()):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
+    options = compiler_options(network)
     if form == "jit":
-        return jax.jit(functools.partial(jit_optax_step, tx), out_shardings=(replicated, replicated, rows))
-    return jax.jit(jax.shard_map(functools.partial(shard_map_optax_step, tx, bucket_bytes, count), mesh=mesh, in_specs=(
-        P(), P(), P("devices"), P("devices"), P("devices"), P()), out_specs=(P(), P(), P("devices"))))
+        return jax.jit(functools.partial(jit_optax_step, tx, network.precision),
+                       out_shardings=(replicated, replicated, rows), compiler_options=options)
+    return jax.jit(jax.shard_map(functools.partial(shard_map_optax_step, tx, bucket_bytes, count, network.precision),
+                                 mesh=mesh, in_specs=(P(), P(), P("devices"), P("devices"), P("devices"), P()),
+                                 out_specs=(P(), P(), P("devices"))), compiler_options=options)
 
 
 def batchnorm_loss(graphdef, params, stats, X, y, mask):
     """The Flax ResNet's summed loss in training mode, each row's, and its new BatchNorm statistics. copy: fresh
-    Variables at this trace level, which the forward may update."""
+    Variables at this trace level, which the forward may update. The module computes at the precision it was built
+    with (resnet.build_model: Flax's dtype), the loss in fp32 from its logits (rows_of)."""
     model = nnx.merge(graphdef, params, stats, copy=True)
-    logp = jax.nn.log_softmax(model(X, mask))
-    rows = -jnp.take_along_axis(logp, y[:, None], axis=1)[:, 0] * mask
-    return rows.sum(), (rows, nnx.state(model, nnx.BatchStat))
+    total, rows = rows_of(model(X, mask), y, mask)
+    return total, (rows, nnx.state(model, nnx.BatchStat))
 
 
 def descend(tx, params, opt_state, grads, scale):
@@ -240,15 +271,16 @@ def shard_map_batchnorm_step(graphdef, tx, bucket_bytes, count, params, stats, o
     return *descend(tx, params, opt_state, grads, scale), jax.tree.map(lambda s: s[None], own), rows
 
 
-def compile_batchnorm_step(mesh, graphdef, sync, tx=None, bucket_bytes=None, count=1):
+def compile_batchnorm_step(mesh, graphdef, sync, tx=None, bucket_bytes=None, count=1, network=Network()):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
+    options = compiler_options(network)   # the module computes at the precision graphdef was built with
     if sync:
         return jax.jit(functools.partial(jit_batchnorm_step, graphdef, tx, mesh.size, count),
-                       out_shardings=(replicated, replicated, replicated, rows))
+                       out_shardings=(replicated, replicated, replicated, rows), compiler_options=options)
     return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef, tx, bucket_bytes, count),
                                  mesh=mesh, in_specs=(P(), P("devices"), P(), P("devices"), P("devices"),
                                                       P("devices"), P()),
-                                 out_specs=(P(), P(), P("devices"), P("devices"))))
+                                 out_specs=(P(), P(), P("devices"), P("devices"))), compiler_options=options)
 
 
 class Compiled:
@@ -309,8 +341,9 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
     transformation (optimizer.py), its state made by a compiled tx.init, or holding the canonical `state` of a
     checkpoint (buffers laid out as the parameters, every count at its step): global arrays replicated over the
     mesh, across processes too. The form: jit's, or shard_map's where the all-reduce is bucketed (bucket_bytes, the
-    run's --allreduce: common.buckets.bucket_bytes)."""
-    refuse_until_written(network.precision, "JAX's built-in engine")
+    run's --allreduce: common.buckets.bucket_bytes). At bf16 (network.precision) the parameters and the Optax state
+    stay fp32 global arrays and the compiled step computes in bf16 (the module docstring); the model carries the
+    precision (Model.precision; no mixed form beside the net)."""
     mesh, form = mesh_of(devices), form or ("shard_map" if bucket_bytes else "jit")
     bucket_bytes = bucket_bytes if form == "shard_map" else None
     replicated = NamedSharding(mesh, P())   # every device holds the whole parameter
@@ -327,7 +360,8 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
         return jax.tree.map(replicate, optax_state(state, tx.init(host), laid_out, names))
 
     if network.bn_state is not None:   # the ResNet: the form follows the BatchNorm (module docstring)
-        graphdef, host, stats = nnx.split(resnet.build_model(weights, network.bn_state), nnx.Param, nnx.BatchStat)
+        graphdef, host, stats = nnx.split(resnet.build_model(weights, network.bn_state, precision=network.precision),
+                                          nnx.Param, nnx.BatchStat)
         if not network.sync:   # one copy per device, stacked along the mesh axis
             stats = jax.tree.map(lambda s: np.stack([np.asarray(s)] * mesh.size), stats)
         put = replicate if network.sync else lambda a: jax.make_array_from_callback(
@@ -340,17 +374,19 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
             resnet.build_model(arrays, network.bn_state), nnx.Param, nnx.BatchStat)[1]
         opt_state = None if tx is None else optax_start(params, host, laid_out, RESNET_PARAMS)
         make = lambda form, count: compile_batchnorm_step(   # noqa: E731
-            mesh, graphdef, network.sync, tx, None if network.sync else bucket_bytes, count)
+            mesh, graphdef, network.sync, tx, None if network.sync else bucket_bytes, count, network)
         trainer = BatchNormTrainer(make, graphdef, network.sync, "jit" if network.sync else "shard_map", opt_state)
-        return Model([params, stats], trainer, mesh)
+        return Model([params, stats], trainer, mesh, network.precision)
     host = [held(name, weights[name]) for name in PARAM_NAMES]
     params = [replicate(w) for w in host]
     if tx is None:
-        return Model(params, Step(lambda form, count: compile_step(mesh, form, bucket_bytes, count), form), mesh)
+        return Model(params, Step(lambda form, count: compile_step(mesh, form, bucket_bytes, count, network), form),
+                     mesh, network.precision)
     laid_out = lambda arrays: [held(name, arrays[name]) for name in PARAM_NAMES]   # noqa: E731
     opt_state = optax_start(params, host, laid_out, PARAM_NAMES)
-    return Model(params, OptaxTrainer(lambda form, count: compile_optax_step(mesh, form, tx, bucket_bytes, count),
-                                      opt_state, form), mesh)
+    return Model(params, OptaxTrainer(lambda form, count: compile_optax_step(mesh, form, tx, bucket_bytes, count,
+                                                                             network), opt_state, form),
+                 mesh, network.precision)
 
 
 def train_step(model, batch, lr, batch_size, accumulate=1):

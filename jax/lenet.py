@@ -63,11 +63,21 @@ def accumulated_conv_forward(h, w, strides, padding, dims):
 
 
 def accumulated_conv_backward(strides, padding, dims, operands, g):
-    """The cotangent comes back through the output's cast to bf16: a bf16 value, cast to bf16 exactly, and the
-    backward convolutions are bf16 ones (XLA's CPU computes each in fp32 and rounds its output once)."""
+    """The cotangent comes back through the output's cast to bf16: a bf16 value, cast to bf16 exactly. The input's
+    gradient is a bf16 convolution (XLA's CPU computes it in fp32 and rounds its output once); the weight's is summed
+    in fp32 and rounded once too, but written as an fp32 convolution of the bf16 values (their products are exact in
+    fp32, as the bf16 one computes them: the same bits on the CPU), so its sum over the batch stays fp32 until the
+    rounding: under jit over a mesh (builtin.py) the all-reduce XLA places inside that sum is then fp32, where after a
+    bf16 convolution it is a bf16 one (XLA's CPU sums it in fp32 and rounds the sum back to bf16). What
+    preferred_element_type=f32 would say, which JAX 0.7.1 cannot transpose (accumulated_conv)."""
     h, w = operands
-    _, transpose = jax.vjp(lambda h, w: lax.conv_general_dilated(h, w, strides, padding, dimension_numbers=dims), h, w)
-    return transpose(g.astype(h.dtype))
+
+    def conv(h, w):
+        return lax.conv_general_dilated(h, w, strides, padding, dimension_numbers=dims)
+    g = g.astype(h.dtype)
+    dh = jax.vjp(lambda h: conv(h, w), h)[1](g)[0]
+    dw = jax.vjp(lambda w: conv(h.astype(jnp.float32), w), w.astype(jnp.float32))[1](g.astype(jnp.float32))[0]
+    return dh, dw.astype(w.dtype)
 
 
 accumulated_conv.defvjp(accumulated_conv_forward, accumulated_conv_backward)
@@ -179,18 +189,29 @@ class Functional:
         return evaluate(replica, X, y, self.layout)
 
 
+def flax_dtypes(precision="fp32"):
+    """Flax's mixed precision, as its modules take it: compute in `dtype` (bf16 at bf16: nnx.Conv and nnx.Linear cast
+    their input, kernel and bias to it; None, the default: their inputs' and parameters' fp32) and keep the parameters
+    in `param_dtype`, fp32 (the master weights: their gradients come back fp32 through the casts)."""
+    return {"dtype": jnp.bfloat16 if is_low(precision) else None, "param_dtype": jnp.float32}
+
+
 class LeNet(nnx.Module):
     """The same LeNet as an idiomatic Flax NNX module. Flax is channels-last (NHWC inputs, HWIO kernels,
     dense (in, out)): the module takes the canonical NCHW batch and transposes it, like Keras's Permute,
-    and its weights are the canonical ones converted by common/layouts.py."""
+    and its weights are the canonical ones converted by common/layouts.py. At bf16 its layers compute in bf16
+    (flax_dtypes): each adds its bias in bf16 to its bf16-rounded products (two roundings, not common/precision.py's
+    one) and sums the bias's gradient over the batch in bf16 (XLA rounds a bf16 reduction's partial sums), and
+    nnx.avg_pool sums in bf16 (lax.reduce_window in its input's dtype)."""
 
-    def __init__(self, rngs):
+    def __init__(self, rngs, precision="fp32"):
         (c1, _, k1, _), (c2, _, k2, _) = LAYERS["conv1"][1], LAYERS["conv2"][1]
         (h1, f1), h2 = LAYERS["fc1"][1], LAYERS["fc2"][1][1]
-        self.conv1 = nnx.Conv(1, c1, (k1, k1), padding="VALID", rngs=rngs)
-        self.conv2 = nnx.Conv(c1, c2, (k2, k2), padding="VALID", rngs=rngs)
-        self.fc1 = nnx.Linear(f1, h1, rngs=rngs)
-        self.fc2 = nnx.Linear(h2, NUM_CLASSES, rngs=rngs)
+        dtypes = flax_dtypes(precision)
+        self.conv1 = nnx.Conv(1, c1, (k1, k1), padding="VALID", **dtypes, rngs=rngs)
+        self.conv2 = nnx.Conv(c1, c2, (k2, k2), padding="VALID", **dtypes, rngs=rngs)
+        self.fc1 = nnx.Linear(f1, h1, **dtypes, rngs=rngs)
+        self.fc2 = nnx.Linear(h2, NUM_CLASSES, **dtypes, rngs=rngs)
 
     def __call__(self, X):
         pool = lambda h: nnx.avg_pool(h, (POOL, POOL), strides=(POOL, POOL))   # noqa: E731
@@ -208,9 +229,10 @@ class LeNet(nnx.Module):
             yield f"{layer}.bias", module.bias
 
 
-def build_model(weights):
-    """The idiomatic Flax model (for the reference loop), holding the canonical weights in Flax's layout."""
-    model = LeNet(nnx.Rngs(0))
+def build_model(weights, precision="fp32"):
+    """The idiomatic Flax model (for the reference loop), holding the canonical weights in Flax's layout, computing at
+    `precision` (flax_dtypes; its parameters fp32 either way)."""
+    model = LeNet(nnx.Rngs(0), precision)
     for name, param in model.layers():
         param.value = jnp.asarray(to_channels_last(name, weights[name]))
     return model

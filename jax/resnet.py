@@ -18,7 +18,7 @@ from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NA
                            layer_arguments, layers)
 
 from . import distributed as dist
-from .lenet import DEFAULT_LAYOUT, DIMENSIONS, convolution, dense, held, loss_sum, to_layout
+from .lenet import DEFAULT_LAYOUT, DIMENSIONS, convolution, dense, flax_dtypes, held, loss_sum, to_layout
 
 
 def get_params(weights, device, layout=DEFAULT_LAYOUT):
@@ -231,15 +231,16 @@ class Functional:
 
 
 class Residual(nnx.Module):
-    """d2l's Residual in Flax NNX: channels-last, explicit ((1, 1), (1, 1)) padding (Conv's default is 'SAME')."""
+    """d2l's Residual in Flax NNX: channels-last, explicit ((1, 1), (1, 1)) padding (Conv's default is 'SAME').
+    `dtypes`: lenet.flax_dtypes, every layer's (the ResNet's docstring)."""
 
-    def __init__(self, c_in, c, stride, bn_args, rngs):
+    def __init__(self, c_in, c, stride, bn_args, rngs, dtypes):
         pad = ((1, 1), (1, 1))
-        self.conv1 = nnx.Conv(c_in, c, (3, 3), strides=stride, padding=pad, rngs=rngs)
-        self.bn1 = nnx.BatchNorm(c, **bn_args, rngs=rngs)
-        self.conv2 = nnx.Conv(c, c, (3, 3), padding=pad, rngs=rngs)
-        self.bn2 = nnx.BatchNorm(c, **bn_args, rngs=rngs)
-        self.conv3 = nnx.Conv(c_in, c, (1, 1), strides=stride, padding="VALID", rngs=rngs) \
+        self.conv1 = nnx.Conv(c_in, c, (3, 3), strides=stride, padding=pad, **dtypes, rngs=rngs)
+        self.bn1 = nnx.BatchNorm(c, **bn_args, **dtypes, rngs=rngs)
+        self.conv2 = nnx.Conv(c, c, (3, 3), padding=pad, **dtypes, rngs=rngs)
+        self.bn2 = nnx.BatchNorm(c, **bn_args, **dtypes, rngs=rngs)
+        self.conv3 = nnx.Conv(c_in, c, (1, 1), strides=stride, padding="VALID", **dtypes, rngs=rngs) \
             if has_projection(stride) else None
 
     def __call__(self, X, mask=None):
@@ -251,18 +252,25 @@ class Residual(nnx.Module):
 class ResNet(nnx.Module):
     """The same ResNet-18 as an idiomatic Flax NNX module: it takes the canonical NCHW batch and transposes it, like
     Keras's Permute. model.train() / model.eval() switch its BatchNorm layers (use_running_average). `mask`, one
-    value per image (0: padding), keeps padded rows out of the batch statistics (builtin.py's padded shards)."""
+    value per image (0: padding), keeps padded rows out of the batch statistics (builtin.py's padded shards).
+    At bf16 (`precision`) every layer is built with Flax's dtype=bf16, param_dtype=fp32 (lenet.flax_dtypes): the
+    convolutions and fc compute in bf16 (their bias added in bf16 after the products are rounded, two roundings, and
+    the bias's gradient summed over the batch in bf16); nnx.BatchNorm takes its statistics in fp32 whatever its dtype
+    (normalization.py's _compute_stats promotes to at least fp32), normalises in fp32 (its fp32 mean and scale promote
+    the bf16 input) and rounds its output to bf16; the residual add and ReLU run on bf16 values; the global average
+    pooling (jnp.mean) sums bf16 in fp32 and rounds once."""
 
-    def __init__(self, width, bn_args, rngs):
-        self.conv = nnx.Conv(1, width, (3, 3), padding=((1, 1), (1, 1)), rngs=rngs)
-        self.bn = nnx.BatchNorm(width, **bn_args, rngs=rngs)
+    def __init__(self, width, bn_args, rngs, precision="fp32"):
+        dtypes = flax_dtypes(precision)
+        self.conv = nnx.Conv(1, width, (3, 3), padding=((1, 1), (1, 1)), **dtypes, rngs=rngs)
+        self.bn = nnx.BatchNorm(width, **bn_args, **dtypes, rngs=rngs)
         blocks, c_in = [], width
         for block, stride in BLOCKS:
             c = layers(width)[f"{block}.conv1"][1][0]
-            blocks.append(Residual(c_in, c, stride, bn_args, rngs))
+            blocks.append(Residual(c_in, c, stride, bn_args, rngs, dtypes))
             c_in = c
         self.blocks = nnx.List(blocks)
-        self.fc = nnx.Linear(c_in, layers(width)["fc"][1][0], rngs=rngs)
+        self.fc = nnx.Linear(c_in, layers(width)["fc"][1][0], **dtypes, rngs=rngs)
 
     def __call__(self, X, mask=None):
         mask = None if mask is None else mask.reshape(-1, 1, 1, 1).astype(bool)   # broadcast over NHWC
@@ -281,14 +289,14 @@ def flax_variables(model):
     return by_canonical_name(model, FLAX_NAMES)
 
 
-def build_model(weights, bn_state, bn=CANONICAL_BN):
+def build_model(weights, bn_state, bn=CANONICAL_BN, precision="fp32"):
     """The idiomatic Flax model holding the canonical weights and state in Flax's layout, its nnx.BatchNorm set to
     `bn`'s momentum (Flax's weighs the running value: 0.9, not PyTorch's 0.1) and epsilon; in training mode. Its
     batch variance two-pass, the mean subtracted first (use_fast_variance=False), as the scratch forward's: Flax's
     default E[x^2] - E[x]^2 cancels in float32 where |mean| >> std, as after the stem on digits (a stem gradient 2%
-    off the two-pass one there)."""
+    off the two-pass one there). Computing at `precision` (ResNet's docstring; the parameters fp32 either way)."""
     bn_args = {**layer_arguments("jax", bn), "use_fast_variance": False}
-    model = ResNet(weights["stem.conv.weight"].shape[0], bn_args, nnx.Rngs(0))
+    model = ResNet(weights["stem.conv.weight"].shape[0], bn_args, nnx.Rngs(0), precision)
     for name, variable in flax_variables(model).items():
         variable.value = jnp.asarray(to_channels_last(name, {**weights, **bn_state}[name]))
     return model
