@@ -13,7 +13,8 @@ it, and how close a framework's low-precision step can come to the numpy referen
 - the backward mirrors it: a gradient reaching a bf16 tensor is rounded to bf16, so a convolution's or dense
   layer's weight gradient is a bf16 value when it is widened to fp32 for its master weight (BatchNorm's gamma and
   beta get fp32 gradients); the all-reduce and the update run in fp32;
-- the test accuracy is the fp32 master weights', evaluated in fp32.
+- the scratch step's test accuracy is the fp32 master weights', evaluated in fp32 (so are PyTorch's and MXNet's
+  engines'; a Keras or Flax network, which carries its precision, evaluates in bf16).
 What each framework's own mixed precision runs in which precision, op by op: docs/usage.md ("Mixed precision").
 """
 import ml_dtypes
