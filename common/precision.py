@@ -20,7 +20,7 @@ What each framework's own mixed precision runs in which precision, op by op: doc
 import ml_dtypes
 import numpy as np
 
-from .interface import RosettaError, Unavailable
+from .interface import RosettaError
 
 PRECISIONS = ("fp32", "bf16")
 DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16}
@@ -62,8 +62,3 @@ def is_representable(x, precision):
     x = np.asarray(x, np.float32)
     return bool(np.array_equal(x.astype(DTYPES[precision]).astype(np.float32), x))
 
-
-def refuse_until_written(precision, engine):
-    """An engine whose mixed precision is not written yet runs fp32 only: its bf16 row is skipped, saying so."""
-    if is_low(precision):
-        raise Unavailable(f"{engine} does not run --precision {precision} yet (the scratch step does)")
