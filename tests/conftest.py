@@ -163,6 +163,8 @@ SLOW_REPEATS = {
     *[f"test_layouts.py::test_every_layout_computes_the_default_step[{f}-2]" for f in FRAMEWORKS if f != "jax"],
     *[f"test_idiomatic.py::test_idiomatic_loop_equals_scratch_step[{f}-5-0.0001]" for f in FRAMEWORKS
       if f != "jax"],   # JAX's 5 steps stay fast, the others' first step
+    # bf16 on two devices: the LeNet's steps prove the step composes; the ResNet's repeat its one-device proof
+    *[f"test_precision.py::test_the_bf16_step_on_two_devices_follows_the_reference[{f}-resnet]" for f in FRAMEWORKS],
     # JAX's scratch update: every optimizer compiled (graph), and momentum eagerly
     *[f"test_optimizers_jax.py::test_the_scratch_update_is_the_spec_at_every_level[eager-{name}]"
       for name in ("sgd", "nesterov", "adam", "adamw")],
