@@ -4,6 +4,7 @@ its shard's summed loss, every parameter's gradient and the new BatchNorm state.
 Computed in float64 by a small reverse-mode tape. At --precision bf16 every tensor common/precision.py holds in bf16
 is rounded to bf16 where it is made, in the forward and in the backward alike, so a framework's bf16 step is held
 to what bf16 must give rather than to fp32's numbers; at fp32 nothing is rounded and the gradients are float64's.
+At fp16 the same tensors are rounded to fp16, and the backward starts from the loss scale, not 1.
 """
 import numpy as np
 
@@ -45,8 +46,8 @@ class Tape:
     def add_grad(self, name, g, low):
         self.grads[name] += self.low(g) if low else g
 
-    def backward(self, loss):
-        loss.grad = np.ones_like(loss.value)
+    def backward(self, loss, scale=1.0):
+        loss.grad = np.full_like(loss.value, scale)
         for out in reversed(self.order):
             if out.grad is None or out.backward is None:
                 continue
@@ -167,10 +168,15 @@ def resnet_forward(tape, X, bn_state, new_state):
     return tape.dense(tape.global_pool(h), "fc")
 
 
-def loss_and_grads(model, weights, bn_state, X, y, precision="fp32"):
+def loss_and_grads(model, weights, bn_state, X, y, precision="fp32", scale=1.0):
     """One shard's summed loss (float), the gradients (canonical names, float32) and the new BatchNorm state (None
-    for the LeNet) of the network `model` ('lenet' or 'resnet18', common.models.MODELS) at `precision`."""
-    tape = Tape(weights, precision)
+    for the LeNet) of the network `model` ('lenet' or 'resnet18', common.models.MODELS) at `precision`. `scale`: the
+    loss scale of fp16 (common/loss_scaling.py); the gradients are the scaled loss's, to be unscaled by the step."""
+    with np.errstate(over="ignore", invalid="ignore"):   # an fp16 overflow makes inf and nan, as in the frameworks
+        return run(model, Tape(weights, precision), bn_state, X, y, scale)
+
+
+def run(model, tape, bn_state, X, y, scale):
     if model == "lenet":
         logits, new_state = lenet_forward(tape, X), None
     else:
@@ -178,6 +184,6 @@ def loss_and_grads(model, weights, bn_state, X, y, precision="fp32"):
         logits = resnet_forward(tape, X, bn_state, new_state)
         new_state = {name: new_state[name].astype(np.float32) for name in BN_STATE_NAMES}
     loss = tape.loss_sum(logits, np.asarray(y))
-    grads = tape.backward(loss)
+    grads = tape.backward(loss, scale)
     return float(loss.value), grads, new_state
 

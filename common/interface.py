@@ -44,7 +44,10 @@ CONTRACT = {
                   "(init_state's, one per replica) common/optim.py's update at rate lr on the all-reduced mean "
                   "gradient, the states advancing. bn_states (one per replica; None each for a network without "
                   "BatchNorm) get the new running statistics in their slots. settings.units are execution.compile's "
-                  "(None: every unit as written). Returns the mean loss over X.",
+                  "(None: every unit as written). With settings.scaler (common/loss_scaling.py) each device "
+                  "differentiates its loss times scaler.scale, the all-reduced gradients are multiplied by 1/scale "
+                  "and checked (unscale_gradients), the update is skipped where one is not finite, and "
+                  "scaler.update(finite) runs. Returns the mean loss over X (unscaled).",
     "evaluate": "evaluate(model, replica, bn_state, X, y) -> float: accuracy of one replica on numpy data, in "
                 "inference mode (a BatchNorm network normalises by the running statistics bn_state).",
 }
@@ -54,8 +57,12 @@ CONTRACT = {
 # buckets of that many bytes: --allreduce bucketed); units: what runs compiled (execution.compile(level, model)'s dict,
 # every name of data_parallel.UNITS as the exec level makes it; None: every unit as written); accumulate: the micro-batches
 # each device's shard is cut into, their gradients added up on the device before the one all-reduce (--accumulate K:
-# common.sharding.micro_batch_count gives each step's).
-StepSettings = collections.namedtuple("StepSettings", "bucket_bytes units accumulate", defaults=(None, None, 1))
+# common.sharding.micro_batch_count gives each step's); scaler: the run's dynamic loss scaler (a
+# common.loss_scaling.Scaler, None: no scaling), the one piece of the settings the step changes: it differentiates the
+# loss times scaler.scale, unscales the all-reduced gradients, skips the update if any is not finite and calls
+# scaler.update.
+StepSettings = collections.namedtuple("StepSettings", "bucket_bytes units accumulate scaler",
+                                      defaults=(None, None, 1, None))
 
 # The networks the scratch step trains: lenet.py and resnet.py of every framework folder each define a class
 # Functional, the network as the recipe writes it (weights as lists of tensors, forward as a function), with these
@@ -101,9 +108,12 @@ FUNCTIONAL = {
 #                      keeps them (equal where it synchronises or broadcasts them, each its own where it does not);
 # and evaluate(model, X, y) runs in inference mode. `bn_state` is the canonical initial state; `sync` asks for
 # the framework's own synchronised BatchNorm (Unavailable, with the framework's reason, where it cannot run);
-# `precision` is what the network computes in (common/precision.py: fp32, or bf16 with fp32 master weights), by the
-# framework's own mixed precision. The scratch step's Functional carries the same precision as a field.
-Network = collections.namedtuple("Network", "name bn_state sync precision", defaults=("lenet", None, False, "fp32"))
+# `precision` is what the network computes in (common/precision.py: fp32, or bf16 or fp16 with fp32 master weights),
+# by the framework's own mixed precision. The scratch step's Functional carries the same precision as a field.
+# `loss_scaling` (a common.loss_scaling.LossScaling, or None) asks the engine for its own dynamic loss scaler, set to
+# it: what fp16 needs. Engines then define loss_scale(model) -> the scale the next step runs at.
+Network = collections.namedtuple("Network", "name bn_state sync precision loss_scaling",
+                                 defaults=("lenet", None, False, "fp32", None))
 
 
 class RosettaError(Exception):

@@ -1,8 +1,9 @@
 """Mixed precision, written once: which tensors of the step are held in a low precision, how a value is rounded to
 it, and how close a framework's low-precision step can come to the numpy reference (common/backprop.py).
 
---precision fp32 is the recipe as it always ran. --precision bf16 is what every framework's own mixed precision
-(torch.autocast, Keras's mixed_bfloat16 policy, MXNet's contrib.amp, JAX's casts by hand) computes:
+--precision fp32 is the recipe as it always ran. --precision bf16 (and fp16, in the same places) is what every
+framework's own mixed precision (torch.autocast, Keras's mixed_bfloat16 policy, MXNet's contrib.amp, JAX's casts
+by hand) computes:
 - the master weights stay fp32; the convolutions and dense layers take their inputs and weights (and biases) cast
   to bf16, accumulate in fp32 and round their output to bf16, so every activation between them is bf16 (ReLU,
   pooling and the residual add run on bf16 values and round what they make);
@@ -15,6 +16,8 @@ it, and how close a framework's low-precision step can come to the numpy referen
   beta get fp32 gradients); the all-reduce and the update run in fp32;
 - the scratch step's test accuracy is the fp32 master weights', evaluated in fp32 (so are PyTorch's and MXNet's
   engines'; a Keras or Flax network, which carries its precision, evaluates in bf16).
+--precision fp16 holds the same tensors in fp16 instead, whose 5 bits of exponent overflow above 65504 and flush
+below 6e-8: its step scales the loss (common/loss_scaling.py).
 What each framework's own mixed precision runs in which precision, op by op: docs/usage.md ("Mixed precision").
 """
 import ml_dtypes
@@ -22,8 +25,8 @@ import numpy as np
 
 from .interface import RosettaError
 
-PRECISIONS = ("fp32", "bf16")
-DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16}
+PRECISIONS = ("fp32", "bf16", "fp16")
+DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}
 
 # bf16 keeps 8 significant bits (7 stored): a value rounded to it is off by up to 2**-9 of itself. Each op rounds
 # its output, and where a framework sums in another order than the reference, a few of its outputs round to the
@@ -32,8 +35,10 @@ DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16}
 # itself, moves its loss by up to 4e-4 and all its gradients by 2e-2 in norm (64 images; 4e-2 at 16). A framework's
 # bf16 step must come within BOUND (the loss, relative) and GRADIENT_BOUND (every gradient at once, relative in
 # norm) of the reference's: tests/test_precision.py, where each framework's measured distance is given.
-BOUND = {"fp32": 1e-5, "bf16": 5e-3}
-GRADIENT_BOUND = {"fp32": 1e-4, "bf16": 5e-2}
+# fp16 keeps 11 significant bits (2**-12 of a value), 8 times bf16's: its bounds are bf16's measured flips scaled
+# down, with the same margin.
+BOUND = {"fp32": 1e-5, "bf16": 5e-3, "fp16": 1e-3}
+GRADIENT_BOUND = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}
 
 
 def check(precision):
@@ -48,13 +53,21 @@ def is_low(precision):
 
 
 def rounded(x, precision):
-    """x (any float array) as the precision holds it, in float64: rounded to bf16 through fp32 (the frameworks round
-    from an fp32 accumulator, and rounding float64 to bf16 directly differs where fp32's rounding lands on a tie);
-    fp32 values are the reference's float64 ones, unrounded."""
+    """x (any float array) as the precision holds it, in float64: rounded to bf16 or fp16 through fp32 (the frameworks
+    round from an fp32 accumulator, and rounding float64 directly differs where fp32's rounding lands on a tie; past
+    fp16's range a value becomes inf, as it does in the frameworks); fp32 values are the reference's float64 ones,
+    unrounded."""
     x = np.asarray(x, np.float64)
     if not is_low(precision):
         return x
-    return x.astype(np.float32).astype(DTYPES[precision]).astype(np.float64)
+    with np.errstate(over="ignore"):
+        return x.astype(np.float32).astype(DTYPES[precision]).astype(np.float64)
+
+
+def needs_loss_scaling(precision):
+    """fp16's narrow exponent needs the loss scaled (common/loss_scaling.py); bf16 has fp32's."""
+    check(precision)
+    return precision == "fp16"
 
 
 def is_representable(x, precision):

@@ -91,9 +91,15 @@ def parse_args(argv, description=None):
                    help="the scratch step's memory layout of images and conv kernels: default (the faster one "
                         "here: nhwc, MXNet's only nchw), nchw (channels first), nhwc (channels last)")
     g.add_argument("--precision", type=name_list(PRECISIONS, "precision"), default=default("precision"),
-                   help="what the networks compute in: fp32, or bf16 mixed precision (fp32 master weights, "
-                        "convolutions and dense layers in bf16, BatchNorm and the loss in fp32: common/precision.py), "
-                        "each framework's own way; comma-separated, a row each")
+                   help="what the networks compute in: fp32, or bf16 or fp16 mixed precision (fp32 master weights, "
+                        "convolutions and dense layers in bf16 or fp16, BatchNorm and the loss in fp32: "
+                        "common/precision.py; fp16 with dynamic loss scaling: common/loss_scaling.py), each "
+                        "framework's own way; comma-separated, a row each")
+    g.add_argument("--loss-scale", type=float, default=default("loss_scale"),
+                   help="fp16's initial loss scale, a power of two (PyTorch's default; Keras's is half of it)")
+    g.add_argument("--loss-scale-interval", type=int, default=default("loss_scale_interval"), metavar="N",
+                   help="fp16: the loss scale doubles after N steps in a row with finite gradients (and halves, the "
+                        "step skipped, after one without)")
     g.add_argument("--threads", type=int, default=os.cpu_count(), help="threads per run: all cores")
     g.add_argument("--repeats", type=int, default=1, help="trials per row, interleaved; medians are reported")
     g.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")

@@ -69,7 +69,8 @@ def run_specs(args):
             world = devices if process_per_device(name, mode, processes) else processes
             threads = share * devices // world if cores == "per-device" else args.threads // world
             spec = RunSpec(framework=name, model=args.model, width=args.width, bn=bn, mode=mode, exec=level,
-                           layout=layout, allreduce=allreduce, accumulate=accumulate, precision=precision, devices=devices,
+                           layout=layout, allreduce=allreduce, accumulate=accumulate, precision=precision,
+                           loss_scale=args.loss_scale, loss_scale_interval=args.loss_scale_interval, devices=devices,
                            processes=world,
                            cores=cores, threads=max(1, threads), dataset=args.dataset, data_dir=args.data_dir,
                            n_synthetic=args.n_synthetic, epochs=args.epochs, lr=args.lr,

@@ -16,8 +16,10 @@ import numpy as np
 from common.batches import Order
 from common.buckets import bucket_bytes
 from common.interface import Network, StepSettings
+from common.loss_scaling import LossScaling, Scaler
 from common.models import has_batchnorm, init_bn_state, init_weights
 from common.optim import Optimizer
+from common.precision import needs_loss_scaling
 from common.sharding import evaluation_rows, micro_batch_count
 
 from ..loader import load_module
@@ -44,6 +46,8 @@ class Scratch:
         state (the recipe's sgd has none): zero, or the canonical `state` of a checkpoint."""
         self.replicas = [self.functional.get_params(weights, d) for d in self.devices]
         self.bn_states = [self.functional.get_bn_state(self.network.bn_state, d) for d in self.devices]
+        if self.network.loss_scaling is not None:   # a new run: a new scale (a checkpoint's: restore_scaler)
+            self.settings = self.settings._replace(scaler=Scaler(self.network.loss_scaling))
         self.states = None if optimizer.is_recipe else [
             self.fw.init_state(r, optimizer) if state is None else self.fw.state_from_numpy(state, r, optimizer,
                                                                                             self.functional)
@@ -72,6 +76,10 @@ class Scratch:
 
     def weights(self):
         return self.functional.to_numpy(self.replicas[0])
+
+    def loss_scale(self):
+        """The scale the next step runs at (None: no loss scaling)."""
+        return None if self.settings.scaler is None else self.settings.scaler.scale
 
     def optimizer_state(self):
         """The first replica's optimizer state, canonical (common.optim.init_state's form)."""
@@ -136,6 +144,9 @@ class Builtin(Scratch):
     def weights(self):
         return self.engine.to_numpy(self.model)
 
+    def loss_scale(self):
+        return None if self.network.loss_scaling is None else self.engine.loss_scale(self.model)
+
     def optimizer_state(self):
         return self.engine.optimizer_state(self.model)
 
@@ -182,8 +193,9 @@ MODES = {"scratch": Scratch, "builtin": Builtin, "idiomatic": Idiomatic}
 
 def network_of(spec):
     """The network a run trains (common.interface.Network): its name, its initial BatchNorm state, its --bn, its
-    --precision."""
-    return Network(spec.model, init_bn_state(spec.model, spec.width), spec.bn == "sync", spec.precision)
+    --precision and, at fp16, the dynamic loss scaling that precision needs (common/loss_scaling.py)."""
+    scaling = LossScaling(spec.loss_scale, spec.loss_scale_interval) if needs_loss_scaling(spec.precision) else None
+    return Network(spec.model, init_bn_state(spec.model, spec.width), spec.bn == "sync", spec.precision, scaling)
 
 
 def width_of(network):

@@ -1,0 +1,216 @@
+"""--precision fp16's dynamic loss scaling (common/loss_scaling.py): the rule, every framework's own scaler against it,
+and a forced overflow in every framework and mode: the step skipped (no weight moves), the scale halved, then grown
+again after its interval, step for step as the numpy reference's step (common/backprop.py with the scale) does it."""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from common import backprop, models, optim as common_optim
+from common.interface import Network, StepSettings, Unavailable
+from common.loss_scaling import FRAMEWORK_DEFAULTS, LossScaling, Scaler, scales, unscaled
+from common.precision import BOUND, GRADIENT_BOUND
+from common.sharding import shard_bounds
+from conftest import framework_or_skip
+
+LR, STEPS, INTERVAL = 0.1, 6, 2
+PER_DEVICE = 16   # images a device: the fp16 backward overflows at the initial scale, not at half of it (by 18% or more)
+MARGIN = 1.18     # a scale this much above or below the one a step ran at overflows the same: the case is not borderline
+
+
+# ------------------------------------------------------------------------------------------------ the rule
+def test_an_overflow_skips_the_step_and_halves_the_scale_which_grows_after_its_interval():
+    assert scales(LossScaling(8.0, 2), [False, True, True, True, False, True]) == [8, 4, 4, 8, 8, 4]
+    scaler = Scaler(LossScaling(8.0, 3))
+    assert [scaler.update(f) for f in (True, True, False, True)] == [True, True, False, True]
+    assert (scaler.scale, scaler.good_steps) == (4.0, 1)   # the overflow started the count again
+
+
+def test_a_late_scaler_runs_the_step_after_an_overflow_at_the_same_scale():
+    """MXNet's LossScaler: the scale a check decides reaches the forward one step later, and the next decision starts
+    from it, not from the scale the step ran at."""
+    assert scales(LossScaling(8.0, 2, late=True), [False, False, True, True, True, False, True]) == [8, 8, 4, 2, 2, 4, 4]
+    assert scales(LossScaling(8.0, 1, maximum=16.0), [True] * 4) == [8, 16, 16, 16]
+
+
+def test_unscaling_is_exact_and_finds_a_non_finite_gradient():
+    grads, finite = unscaled({"a": np.float32([3 * 2.0 ** 20, 1.0])}, 2.0 ** 20)
+    assert finite and grads["a"].tolist() == [3.0, 2.0 ** -20]
+    assert not unscaled({"a": np.float32([np.inf]), "b": np.float32([1.0])}, 2.0)[1]
+
+
+# ----------------------------------------------------------------------------------- a forced overflow, every mode
+def reference_run(network, data, rows, devices, scaling, precision):
+    """The step of common/backprop.py with dynamic loss scaling on `devices` shards of every batch of `rows`: each
+    shard's backward from the scale, the gradients summed in fp32, unscaled, the update skipped where one is not
+    finite. Returns, per step, (the scale it ran at, whether it updated, the mean loss), and the final weights.
+    Every step's overflow (or none) must hold at the scale times and divided by MARGIN: else the case is borderline,
+    and a framework's rounding could decide it either way."""
+    name = "lenet" if network == "lenet" else "resnet18"
+    weights = models.init_weights(name, 0, width=None if name == "lenet" else 8)
+    states = [models.init_bn_state(name, 8)] * devices
+    scaler, trace = Scaler(scaling), []
+    for batch in rows:
+        X, y = data.X_train[batch], data.y_train[batch]
+        total, grads, finite_at = 0.0, None, {}
+        for d, (a, b) in enumerate(shard_bounds(len(X), devices)):
+            for factor in (1 / MARGIN, MARGIN):
+                g = backprop.loss_and_grads(name, weights, states[d], X[a:b], y[a:b], precision,
+                                            scaler.scale * factor)[1]
+                finite_at[factor] = finite_at.get(factor, True) and unscaled(g, 1.0)[1]
+            loss, g, states[d] = backprop.loss_and_grads(name, weights, states[d], X[a:b], y[a:b], precision,
+                                                         scaler.scale)
+            total += loss
+            grads = g if grads is None else {n: grads[n] + g[n] for n in g}
+        grads, finite = unscaled(grads, scaler.scale)
+        if np.all(np.isfinite(X)):
+            assert finite_at[1 / MARGIN] == finite == finite_at[MARGIN], ("borderline", scaler.scale, finite_at)
+        ran_at = scaler.scale
+        if scaler.update(finite):
+            weights = {n: (w - np.float32(LR / len(X)) * grads[n]).astype(np.float32) for n, w in weights.items()}
+        trace.append((ran_at, finite, total / len(X)))
+    return trace, weights
+
+
+def forced_overflow_case(fw, network, devices):
+    """(data, precision, initial scale): fp16 where the framework computes it here, its backward overflowing at the
+    initial scale; MXNet, whose fp16 kernels are cuDNN's, at fp32 with the first batch's first image made inf."""
+    from common.data import load_dataset
+    data = load_dataset("digits")
+    if fw.name != "mxnet":
+        return data, "fp16", 2.0 ** 13 if network == "lenet" else 2.0 ** 10
+    first = first_rows(data, devices)[0][0]
+    X = data.X_train.copy()
+    X[first, 0, 0, 0] = np.inf
+    return dataclasses.replace(data, X_train=X), "fp32", 2.0 ** 14
+
+
+def first_rows(data, devices):
+    from common.batches import Order
+    order = Order(len(data.y_train), PER_DEVICE * devices, 0, devices)
+    return [rows for rows, _ in order.parts(0, 0, 1)[:STEPS]]
+
+
+def make_runner(fw, mode, devices, network):
+    from harness.loader import load_module
+    from harness.training.loop import MODES, Scratch, functional
+    if mode != "scratch":
+        return MODES[mode](fw, devices, network)
+    model = functional(fw, network)
+    return Scratch(fw, devices, network, model, StepSettings(units=load_module(fw.name, "execution").compile(
+        "default", model)))
+
+
+MODE_DEVICES = {"scratch": 2, "builtin": 2, "idiomatic": 1}
+
+
+@pytest.mark.parametrize("network", ["lenet", pytest.param("resnet", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("mode", MODE_DEVICES)
+def test_a_forced_overflow_skips_the_step_halves_the_scale_and_grows_it_again(fw, mode, network):
+    """Six steps from a scale at which the backward overflows, the scale doubling after 2 finite steps: each step
+    runs at the reference's scale (exactly), skips where it skips (its weights unchanged, to the bit) and updates
+    where it updates, its loss within the precision's BOUND of the reference's; the final weights within
+    GRADIENT_BOUND of the reference's, relative to how far they moved."""
+    from harness.spec import RunSpec
+    from harness.training.loop import Hooks, train
+    devices_n = MODE_DEVICES[mode]
+    data, level, initial = forced_overflow_case(fw, network, devices_n)
+    name = "lenet" if network == "lenet" else "resnet18"
+    scaling = LossScaling(initial, INTERVAL, late=fw.name == "mxnet" and mode != "scratch")
+    trace, want = reference_run(network, data, first_rows(data, devices_n), devices_n, scaling, level)
+    assert not all(t[1] for t in trace) and sum(not t[1] for t in trace) < STEPS   # it overflows, and recovers
+    runner = make_runner(fw, mode, fw.get_devices(devices_n), Network(
+        name, models.init_bn_state(name, 8), False, level, LossScaling(initial, INTERVAL)))
+    seen = []
+    spec = RunSpec(framework=fw.name, model=name, mode=mode, devices=devices_n, batch_size=PER_DEVICE * devices_n,
+                   epochs=1, max_steps=STEPS, lr=LR, precision=level)
+    record = train(runner, data, spec, common_optim.Optimizer(lr=LR),
+                   hooks=Hooks(before_step=lambda step, r: seen.append((r.loss_scale(), r.weights()))))
+    seen.append((runner.loss_scale(), runner.weights()))
+    assert [s for s, _ in seen[:-1]] == [t[0] for t in trace]
+    losses = [s / n for s, n in zip(record["step_loss_sums"], record["step_sizes"])]
+    for step, (ran_at, updated, loss) in enumerate(trace):
+        before, after = seen[step][1], seen[step + 1][1]
+        moved = max(float(np.max(np.abs(after[n] - before[n]))) for n in before)
+        assert (moved > 0) == updated, (step, moved, trace)
+        if math.isfinite(loss):
+            assert abs(losses[step] - loss) <= BOUND[level] * abs(loss), (step, losses, trace)
+    got, start = runner.weights(), models.init_weights(name, 0, width=None if name == "lenet" else 8)
+    diff = sum(np.sum((got[n].astype(np.float64) - want[n]) ** 2) for n in want)
+    moved = sum(np.sum((want[n].astype(np.float64) - start[n]) ** 2) for n in want)
+    assert math.sqrt(diff / moved) <= GRADIENT_BOUND[level], math.sqrt(diff / moved)
+
+
+def test_mxnet_refuses_fp16_on_the_cpu_in_one_line():
+    """MXNet 1.9.1's fp16 convolution and dense layer exist only under cuDNN: asked for fp16 on a CPU, every mode
+    says so (a skipped row), never a traceback from inside the kernel."""
+    from harness.training.loop import functional
+    fw = framework_or_skip("mxnet")
+    network = Network("lenet", None, False, "fp16", LossScaling())
+    with pytest.raises(Unavailable, match="fp16") as err:
+        functional(fw, network)
+    assert "\n" not in str(err.value)
+    for mode in ("builtin", "idiomatic"):
+        runner = make_runner(fw, mode, fw.get_devices(1), network)
+        with pytest.raises(Unavailable, match="fp16"):
+            runner.start(models.init_weights("lenet", 0), common_optim.Optimizer())
+
+
+def test_every_framework_s_scaler_as_it_comes_is_the_rule_with_its_defaults():
+    """Each framework's own scaler, driven by hand through finite and overflowing gradients, gives the scales
+    FRAMEWORK_DEFAULTS says it gives (the run passes its own initial scale and interval over these)."""
+    finite = [False, True, True, False, True, True, True]
+    interval = 2
+    for name, (_, config, _) in FRAMEWORK_DEFAULTS.items():
+        if name == "jax":
+            continue   # no scaler of its own: the step is the rule (the test above)
+        fw = framework_or_skip(name)
+        fw.get_devices()   # TensorFlow's logical devices are made before it runs anything
+        got = STOCK_SCALERS[name](fw, finite, interval)
+        assert got == scales(config._replace(growth_interval=interval), finite), name
+
+
+def stock_pytorch(fw, finite, interval):
+    import torch
+    scaler = torch.amp.GradScaler("cpu", growth_interval=interval)
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=0.1)
+    out = []
+    for ok in finite:
+        out.append(scaler.get_scale())
+        opt.zero_grad()
+        scaler.scale((param * (1.0 if ok else float("inf"))).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+    return out
+
+
+def stock_tensorflow(fw, finite, interval):
+    import keras
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), dynamic_growth_steps=interval)
+    var = keras.Variable([0.0])
+    optimizer.build([var])
+    out = []
+    for ok in finite:
+        out.append(float(optimizer.dynamic_scale.numpy()))
+        optimizer.apply([keras.ops.convert_to_tensor([1.0 if ok else float("inf")])], [var])
+    return out
+
+
+def stock_mxnet(fw, finite, interval):
+    import mxnet as mx
+    from mxnet.contrib.amp.loss_scaler import LossScaler
+    scaler = LossScaler()
+    scaler._scale_seq_len = interval   # the interval has no argument: init_trainer makes it with 2000
+    param = mx.gluon.Parameter("w", shape=(1,))
+    param.initialize(ctx=mx.cpu())
+    out = []
+    for ok in finite:
+        out.append(scaler.loss_scale)
+        param.grad()[:] = 1.0 if ok else np.inf
+        scaler.has_overflow([param])
+    return out
+
+
+STOCK_SCALERS = {"pytorch": stock_pytorch, "tensorflow": stock_tensorflow, "mxnet": stock_mxnet}
