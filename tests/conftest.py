@@ -413,9 +413,9 @@ def gloo_group(tmp_path):
 @pytest.fixture(scope="session")
 def scratch_runners():
     """runner(spec): the harness's runner for `spec` (harness.training.loop.runner). A scratch runner is made once a
-    session per configuration (network, width, BatchNorm, exec level, layout, all-reduce, accumulation, precision and
-    loss scaling, devices) and handed to every test that trains that configuration: its compiled units (a tf.function, a jit) are built once, as
-    one run builds them once, while each train() starts it afresh (runner.start: new replicas, running statistics and
+    session per configuration (network, width, BatchNorm, exec level, layout, all-reduce and its dtype, accumulation,
+    precision and loss scaling, devices) and handed to every test that trains that configuration: its compiled units (a
+    tf.function, a jit) are built once, as one run builds them once, while each train() starts it afresh (runner.start: new replicas, running statistics and
     optimizer states), so tests share its compilation, never a result. The engines' runners build their model in
     start(): made anew each time."""
     from harness.training.loop import runner as runner_for
@@ -426,7 +426,7 @@ def scratch_runners():
         if spec.mode != "scratch":
             return runner_for(spec, fw, fw.get_devices(spec.devices))
         key = (spec.framework, spec.model, spec.width, spec.bn, spec.exec, spec.layout, spec.allreduce, spec.accumulate,
-               spec.precision, spec.loss_scale, spec.loss_scale_interval, spec.devices)
+               spec.precision, spec.allreduce_dtype, spec.loss_scale, spec.loss_scale_interval, spec.devices)
         if key not in made:
             made[key] = runner_for(spec, fw, fw.get_devices(spec.devices))
         return made[key]

@@ -213,6 +213,19 @@ def format_scaling(runs):
     return "\n".join(lines) if rows else ""
 
 
+def format_precision(ratios):
+    """What a low precision buys in this run (harness.studies.benchmark.precision_ratios): each bf16 or fp16 row
+    against its fp32 row, speed and memory as ratios low / fp32, and both rows' test accuracy."""
+    lines = ["| framework | run | precision | images/s | fp32 images/s | speed x | training memory x | peak RSS x "
+             "| test acc | fp32 test acc |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r, b, speed, memory, rss in ratios:
+        lines.append(f"| {r['framework']} | {r['mode']} ({r.get('exec')}), {r['devices']} devices, {r['processes']} "
+                     f"process(es) | {r['precision']} | {r['images_per_second']:,.0f} | {b['images_per_second']:,.0f}"
+                     f" | {fmt(speed, '.2f')} | {fmt(memory, '.2f')} | {fmt(rss, '.2f')} | "
+                     f"{fmt(r.get('test_accuracy'), '.4f')} | {fmt(b.get('test_accuracy'), '.4f')} |")
+    return "\n".join(lines) if ratios else ""
+
+
 def rounds_heading(rows):
     return " (lowest-highest round)" if any(r.get("scaling_efficiency_min") is not None for r in rows) else ""
 

@@ -2,7 +2,8 @@
 
 Absolute speed differs 2x between machines of the same kind; ratios inside one run hold. So a benchmark
 measures this machine's dense float32 matmul peak at its start and end (numpy's BLAS, in a fresh process
-with the run's thread count) and reports each row as a fraction of it, and records the load around the run:
+with the run's thread count) and reports each row as a fraction of it (a bf16 or fp16 row: of the matmul peak in
+its precision, PyTorch's, measured at the start), and records the load around the run:
 the load average, and the CPU time that processes other than the run's own used meanwhile (/proc/stat's
 busy time minus this process's and its children's). A run on a busy machine is flagged, not hidden.
 """
@@ -43,6 +44,24 @@ for _ in range(int(sys.argv[3]) + 1):
     times.append(time.perf_counter() - t)
 print(json.dumps(times))
 """
+# The same matmul in bf16 and fp16, by PyTorch (numpy has neither): oneDNN's kernels, which use the CPU's bf16 dot
+# products (AVX512_BF16, AMX) where it has them; its fp32 matmul too, so the ratio is one library's.
+LOW_MATMUL = """
+import json, sys, time
+import torch
+torch.set_num_threads(int(sys.argv[3]))
+n, out = int(sys.argv[1]), {}
+for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+    a = b = torch.ones((n, n), dtype=dtype)
+    a @ b
+    best, start = 0.0, time.perf_counter()
+    while time.perf_counter() - start < float(sys.argv[2]):
+        t = time.perf_counter()
+        a @ b
+        best = max(best, 2 * n**3 / (time.perf_counter() - t) / 1e9)
+    out[name] = best
+print(json.dumps(out))
+"""
 QUIET_SHARE = 0.05   # other processes may use at most this share of the machine's CPU time
 
 
@@ -57,6 +76,14 @@ def matmul_peak(threads, n=2048, seconds=2.0):
     out = subprocess.run([sys.executable, "-c", MATMUL, str(n), str(seconds)], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout
     return float(json.loads(out))
+
+
+def low_matmul_peaks(threads, n=2048, seconds=1.5):
+    """Best GFLOP/s of an n x n matmul in fp32, bf16 and fp16 by PyTorch's CPU kernels, in a fresh process with
+    `threads` threads: the yardstick of --precision's rows, and what the hardware gives bf16 over fp32."""
+    out = subprocess.run([sys.executable, "-c", LOW_MATMUL, str(n), str(seconds), str(threads)], env=blas_env(threads),
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    return json.loads(out)
 
 
 def machine_lockstep(cores, step_seconds=0.1, steps=60):
