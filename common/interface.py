@@ -31,10 +31,11 @@ CONTRACT = {
     "split_and_load": "split_and_load(array, devices) -> list of len(devices) contiguous shards along axis 0, "
                       "sizes differing by at most one (common.sharding), shard i on devices[i].",
     "allreduce": "allreduce(tensors) -> the same list, every tensor now holding the element-wise sum.",
-    "allreduce_gradients": "allreduce_gradients(grads, bucket_bytes=None) -> grads[d] (device d's list of gradients) "
-                           "summed across devices and processes: one allreduce per parameter, or with bucket_bytes "
-                           "one per bucket of common.buckets.plan's (each device's gradients flattened into one "
-                           "buffer, summed, cut back into their shapes); the same sums either way.",
+    "allreduce_gradients": "allreduce_gradients(grads, bucket_bytes=None, dtype='fp32') -> grads[d] (device d's list "
+                           "of gradients) summed across devices and processes: one allreduce per parameter, or with "
+                           "bucket_bytes one per bucket of common.buckets.plan's (each device's gradients flattened "
+                           "into one buffer, summed, cut back into their shapes); the same sums either way. With "
+                           "dtype 'bf16' the gradients go over the wire in bf16 (common.precision.summed_on_the_wire).",
     "train_step": "train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, "
                   "settings=StepSettings()) -> float: one synchronous step of the network `model` (a Functional of "
                   "lenet.py or resnet.py) on a numpy batch: split_and_load, each device's summed loss and gradients "
@@ -60,9 +61,11 @@ CONTRACT = {
 # common.sharding.micro_batch_count gives each step's); scaler: the run's dynamic loss scaler (a
 # common.loss_scaling.Scaler, None: no scaling), the one piece of the settings the step changes: it differentiates the
 # loss times scaler.scale, unscales the all-reduced gradients, skips the update if any is not finite and calls
-# scaler.update.
-StepSettings = collections.namedtuple("StepSettings", "bucket_bytes units accumulate scaler",
-                                      defaults=(None, None, 1, None))
+# scaler.update; allreduce_dtype: the gradients' precision on the wire (--allreduce-dtype, common/precision.py's
+# summed_on_the_wire): "fp32", or "bf16" (each device's gradients cast to bf16 for the all-reduce, summed in bf16,
+# widened back).
+StepSettings = collections.namedtuple("StepSettings", "bucket_bytes units accumulate scaler allreduce_dtype",
+                                      defaults=(None, None, 1, None, "fp32"))
 
 # The networks the scratch step trains: lenet.py and resnet.py of every framework folder each define a class
 # Functional, the network as the recipe writes it (weights as lists of tensors, forward as a function), with these

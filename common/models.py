@@ -52,3 +52,8 @@ def init_bn_state(model="lenet", width=None):
 def flops_per_image(model="lenet", width=None):
     """FLOPs of one training step per image (forward and backward), as each model's spec counts them."""
     return lenet.flops_per_image() if model == "lenet" else resnet.flops_per_image(width or DEFAULT_WIDTH)
+
+
+def parameter_count(model="lenet", width=None):
+    """The values every step all-reduces: one gradient per weight."""
+    return sum(w.size for w in init_weights(model, width=width).values())

@@ -64,6 +64,37 @@ def rounded(x, precision):
         return x.astype(np.float32).astype(DTYPES[precision]).astype(np.float64)
 
 
+# --allreduce-dtype: the precision of the gradients on the wire. fp32 is the recipe; bf16 halves the bytes each
+# all-reduce moves (DDP's bf16_compress_hook): every device's gradient rounded to bf16, summed in bf16, widened back.
+WIRE_DTYPES = ("fp32", "bf16")
+# The engines that can put bf16 on the wire: DDP's communication hook, JAX's psum written by hand. Keras's
+# MirroredStrategy and MXNet's kvstore all-reduce in their variables' dtype, with no option for another.
+WIRE_ENGINES = ("pytorch", "jax")
+
+
+def check_wire(dtype):
+    if dtype not in WIRE_DTYPES:
+        raise RosettaError(f"unknown all-reduce dtype {dtype!r}; choose from {', '.join(WIRE_DTYPES)}")
+
+
+def summed_on_the_wire(arrays, dtype):
+    """The all-reduce's sum of `arrays` (one per device, in device order) as it runs with `dtype` on the wire: each
+    rounded to it, the running sum rounded after every addition, widened back to fp32. Past two devices a ring or a
+    tree adds in another order, and the bf16 sums may differ by a rounding; at two they are one addition."""
+    check_wire(dtype)
+    total = None
+    for a in arrays:
+        a = rounded(np.asarray(a, np.float32), dtype)
+        total = a if total is None else rounded(total + a, dtype)
+    return total.astype(np.float32)
+
+
+def wire_bytes(elements, dtype):
+    """The bytes one device sends into the all-reduce of `elements` gradient values per step, in `dtype`."""
+    check_wire(dtype)
+    return elements * np.dtype(DTYPES[dtype]).itemsize
+
+
 def needs_loss_scaling(precision):
     """fp16's narrow exponent needs the loss scaled (common/loss_scaling.py); bf16 has fp32's."""
     check(precision)

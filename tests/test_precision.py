@@ -214,3 +214,133 @@ def test_the_table_shows_the_precision_and_compares_bf16_rows_among_themselves()
     columns, rows = table_cells(runs)
     assert [row[columns.index("precision")] for row in rows] == ["fp32", "bf16", "bf16"]
     assert "precision" not in table_cells(runs[:1])[0]   # an fp32 table as before
+
+
+def test_fp16_rows_carry_their_loss_scaling_and_a_bad_scale_is_one_line():
+    from harness.training.loop import network_of
+    rows = plan("--frameworks", "jax", "--precision", "fp32,fp16", "--loss-scale", "1024", "--loss-scale-interval", "3")
+    assert [label for _, _, label, _ in rows][1] == "jax scratch (default, fp16), 2 device(s), 1 process(es)"
+    fp16 = RunSpec("jax", precision="fp16", loss_scale=1024.0, loss_scale_interval=3)
+    assert network_of(fp16).loss_scaling[:2] == (1024.0, 3)
+    assert network_of(RunSpec("jax", precision="bf16")).loss_scaling is None   # bf16 has fp32's exponent
+    proc = run_compare("--precision", "fp16", "--loss-scale", "1000")
+    assert proc.returncode != 0 and "--loss-scale 1000: the loss scale must be a power of two" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_what_a_low_precision_buys_is_its_row_against_the_fp32_row_of_the_same_run(tmp_path):
+    """The speed and memory ratios pair each bf16 row with the fp32 row of the same framework, mode and devices;
+    a bf16 row's share of the machine is of the bf16 matmul peak; the CSV names the precision."""
+    from harness.publishing.tables import format_precision
+    from harness.studies.benchmark import add_peak_fraction, precision_ratios, write_csv
+    base = {"framework": "pytorch", "model": "lenet", "mode": "scratch", "exec": "eager", "devices": 2,
+            "processes": 1, "status": "ok", "gflops": 10.0, "test_accuracy": 0.9}
+    runs = [{**base, "precision": "fp32", "images_per_second": 1000.0, "train_memory_bytes": 200, "peak_rss_bytes": 800},
+            {**base, "precision": "bf16", "images_per_second": 1500.0, "train_memory_bytes": 100, "peak_rss_bytes": 600},
+            {**base, "mode": "builtin", "precision": "bf16", "images_per_second": 900.0},   # no fp32 builtin row
+            {**base, "framework": "jax", "precision": "fp32", "images_per_second": 500.0}]
+    (low, fp32, speed, memory, rss), = precision_ratios(runs)
+    assert (low, fp32) == (runs[1], runs[0]) and (speed, memory, rss) == (1.5, 0.5, 0.75)
+    assert "| pytorch | scratch (eager), 2 devices, 1 process(es) | bf16 | 1,500 | 1,000 | 1.50 | 0.50 | 0.75 |" in \
+        format_precision(precision_ratios(runs))
+    add_peak_fraction(runs, {"matmul_peak_gflops_start": 100.0, "low_matmul_peaks_gflops": {"bf16": 400.0}})
+    assert [r["peak_fraction"] for r in runs] == [0.1, 0.025, 0.025, 0.1]
+    write_csv(tmp_path / "run.csv", runs, {})
+    header = (tmp_path / "run.csv").read_text().splitlines()[0].split(",")
+    assert "precision" in header and "accumulate" not in header   # a column only where a row sets it
+
+
+def test_a_bf16_engine_s_checkpoint_keeps_the_fp32_master_weights_and_converts(fw, digits, tmp_path, capsys, request):
+    """Two bf16 steps of the framework's built-in engine, checkpointed the harness's way: the file holds the fp32
+    master weights the engine trains (to the bit, and not bf16 values: a bf16 copy saved by mistake would be), and
+    it converts to the next framework's format with --verify."""
+    from harness.training.checkpoints import SUFFIXES, read_model, saver
+    from harness.training.convert import main as convert
+    from harness.training.loop import Hooks, runner as runner_for, train
+    from common import FRAMEWORKS
+    spec = RunSpec(fw.name, mode="builtin", batch_size=32, epochs=1, max_steps=2, precision="bf16",
+                   checkpoint_dir=str(tmp_path))
+    optimizer = common_optim.Optimizer()
+    if fw.name == "pytorch":
+        request.getfixturevalue("gloo_group")   # DDP, in a process group of this one process
+    runner = runner_for(spec, fw, fw.get_devices(1))
+    train(runner, digits, spec, optimizer, hooks=Hooks(after_epoch=saver(spec, 0, optimizer)))
+    (path,) = [str(p) for p in tmp_path.iterdir() if p.name.endswith(SUFFIXES[fw.name]) and "bf16" in p.name]
+    weights, _ = read_model(fw.name, path)
+    trained = runner.weights()
+    assert all(np.array_equal(weights[n], trained[n]) for n in trained)
+    assert not all(precision.is_representable(w, "bf16") for w in weights.values())
+    target = FRAMEWORKS[(FRAMEWORKS.index(fw.name) + 1) % len(FRAMEWORKS)]
+    assert convert([path, str(tmp_path / f"converted{SUFFIXES[target]}"), "--verify"]) == 0
+    assert "largest |logit difference|" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------- the gradients' precision on the wire
+def test_bf16_on_the_wire_rounds_each_gradient_and_each_sum():
+    a, b = np.float32([1 + 2 ** -7, 3.0, 1e-3]), np.float32([2 ** -8, 2 ** -9, 1e-3])
+    wire = precision.summed_on_the_wire([a, b], "bf16")
+    assert wire.dtype == np.float32 and precision.is_representable(wire, "bf16")
+    np.testing.assert_array_equal(wire, precision.rounded(precision.rounded(a, "bf16") + precision.rounded(b, "bf16"),
+                                                          "bf16").astype(np.float32))
+    assert wire[0] == 1 + 2 ** -6 and wire[1] == 3.0   # a tie to even, and a sum below half a bf16 step lost
+    np.testing.assert_array_equal(precision.summed_on_the_wire([a, b], "fp32"), a + b)
+    assert precision.wire_bytes(models.parameter_count("lenet"), "bf16") * 2 == \
+        precision.wire_bytes(models.parameter_count("lenet"), "fp32") == 4 * 129068   # the LeNet's gradients
+
+
+def test_the_wire_s_dtype_is_a_row_where_there_is_a_wire():
+    rows = {label: reason for _, _, label, reason in plan(
+        "--frameworks", "pytorch,tensorflow", "--mode", "scratch,builtin", "--allreduce-dtype", "fp32,bf16",
+        "--devices", "1,2")}
+    assert rows["tensorflow scratch (default, bf16 all-reduce), 2 device(s), 1 process(es)"] is None
+    assert rows["pytorch builtin (default, bf16 all-reduce), 2 device(s), 2 process(es)"] is None   # DDP
+    assert "no option for another" in rows["tensorflow builtin (default, bf16 all-reduce), 2 device(s), 1 process(es)"]
+    assert rows["pytorch scratch (default, bf16 all-reduce), 1 device(s), 1 process(es)"] == \
+        "--allreduce-dtype: one device has no all-reduce"
+
+
+@pytest.mark.parametrize("bucket_bytes", [None, 2 ** 16])
+def test_the_scratch_all_reduce_puts_bf16_on_the_wire(fw, digits, bucket_bytes):
+    """allreduce_gradients(..., dtype='bf16'), per tensor and by buckets: every device ends with the spec's sum of
+    the devices' gradients rounded to bf16, summed in bf16 (summed_on_the_wire), to the bit; with 'fp32' the sum is
+    not bf16's (so the cast really happened)."""
+    weights, _, X, y = case("lenet", digits, 32)
+    model, _ = scratch(fw.name, "lenet")
+    devices = fw.get_devices(2)
+    sums = {}
+    for dtype in ("fp32", "bf16"):
+        replicas = [model.get_params(weights, d) for d in devices]
+        _, grads, _ = model.loss_and_grads(replicas, [None, None], fw.split_and_load(X, devices),
+                                           fw.split_and_load(y, devices), devices)
+        local = [model.to_numpy(g) for g in grads]
+        local = [{n: np.array(g[n], copy=True) for n in g} for g in local]
+        out = fw.allreduce_gradients(grads, bucket_bytes, dtype)
+        sums[dtype] = [model.to_numpy(g) for g in out]
+        for name in local[0]:
+            want = precision.summed_on_the_wire([g[name] for g in local], dtype)
+            for device_sum in sums[dtype]:
+                np.testing.assert_array_equal(np.asarray(device_sum[name], np.float32), want, err_msg=name)
+    assert not all(precision.is_representable(sums["fp32"][0][n], "bf16") for n in sums["fp32"][0])
+
+
+def test_the_scratch_step_with_bf16_on_the_wire_updates_by_the_bf16_sum(fw, digits):
+    """One train_step with settings.allreduce_dtype='bf16' on two devices: the replicas move by lr / batch times the
+    bf16 sum of the devices' gradients (the reference's: within 1e-2 in norm, for the few gradients whose fp32 value
+    lies within fp32's rounding of a bf16 tie and rounds the other way), not by the fp32 sum's step (the setting
+    reaches the all-reduce), and stay equal."""
+    weights, _, X, y = case("lenet", digits, 32)
+    model, settings = scratch(fw.name, "lenet")
+    devices = fw.get_devices(2)
+    shards = [backprop.loss_and_grads("lenet", weights, None, X[a:b], y[a:b])[1] for a, b in shard_bounds(len(X), 2)]
+    want = {n: -LR / len(X) * precision.summed_on_the_wire([g[n] for g in shards], "bf16").astype(np.float64)
+            for n in weights}
+    moved = {}
+    for dtype in ("fp32", "bf16"):
+        replicas = [model.get_params(weights, d) for d in devices]
+        fw.train_step(model, replicas, [None, None], X, y, devices, LR, settings=settings._replace(allreduce_dtype=dtype))
+        got = model.to_numpy(replicas[0])
+        moved[dtype] = {n: got[n].astype(np.float64) - weights[n] for n in weights}
+        for name in weights:
+            np.testing.assert_array_equal(got[name], model.to_numpy(replicas[1])[name])
+    assert total_error(moved["bf16"], want) <= 1e-2
+    assert total_error(moved["fp32"], want) > total_error(moved["bf16"], want)

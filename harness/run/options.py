@@ -10,7 +10,7 @@ from common.interface import FRAMEWORKS, RosettaError
 from common.lenet import INITS
 from common.models import BN_MODES, DEFAULT_WIDTH, MODELS, RESNET_SGD_LR, check
 from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, SCHEDULES
-from common.precision import PRECISIONS
+from common.precision import PRECISIONS, WIRE_DTYPES
 
 from ..cli import HelpFormatter, Parser, host_list, int_list, name_list
 from ..processes.cluster import DEFAULT_PORT, ONE_HOST, Cluster
@@ -95,6 +95,11 @@ def parse_args(argv, description=None):
                         "convolutions and dense layers in bf16 or fp16, BatchNorm and the loss in fp32: "
                         "common/precision.py; fp16 with dynamic loss scaling: common/loss_scaling.py), each "
                         "framework's own way; comma-separated, a row each")
+    g.add_argument("--allreduce-dtype", type=name_list(WIRE_DTYPES, "all-reduce dtype"),
+                   default=default("allreduce_dtype"),
+                   help="the gradients' precision on the wire: fp32, or bf16 (cast for the all-reduce, summed in "
+                        "bf16, widened back: DDP's bf16_compress_hook); the scratch step, PyTorch's and JAX's "
+                        "engines; comma-separated, a row each")
     g.add_argument("--loss-scale", type=float, default=default("loss_scale"),
                    help="fp16's initial loss scale, a power of two (PyTorch's default; Keras's is half of it)")
     g.add_argument("--loss-scale-interval", type=int, default=default("loss_scale_interval"), metavar="N",

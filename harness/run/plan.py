@@ -4,6 +4,7 @@ import itertools
 import os
 
 from common.buckets import BUCKETING_ENGINES
+from common.precision import WIRE_ENGINES
 from common.interface import RosettaError
 
 from ..processes.cores import per_device_threads
@@ -63,14 +64,15 @@ def run_specs(args):
     usable = len(os.sched_getaffinity(0))
     seen = {}
     for mode, levels, shapes, cores, layouts, *allreduces in args.plan:
-        for level, layout, allreduce, accumulate, precision, bn, per_device, (devices, processes), name in itertools.product(
-                levels, layouts, allreduces[0] if allreduces else ("per-tensor",), args.accumulate, args.precision, args.bn,
+        for level, layout, allreduce, accumulate, precision, wire, bn, per_device, (devices, processes), name in \
+                itertools.product(levels, layouts, allreduces[0] if allreduces else ("per-tensor",), args.accumulate,
+                                  args.precision, args.allreduce_dtype, args.bn,
                 args.per_device_batch or [None], shapes, args.frameworks):
             world = devices if process_per_device(name, mode, processes) else processes
             threads = share * devices // world if cores == "per-device" else args.threads // world
             spec = RunSpec(framework=name, model=args.model, width=args.width, bn=bn, mode=mode, exec=level,
                            layout=layout, allreduce=allreduce, accumulate=accumulate, precision=precision,
-                           loss_scale=args.loss_scale, loss_scale_interval=args.loss_scale_interval, devices=devices,
+                           allreduce_dtype=wire, loss_scale=args.loss_scale, loss_scale_interval=args.loss_scale_interval, devices=devices,
                            processes=world,
                            cores=cores, threads=max(1, threads), dataset=args.dataset, data_dir=args.data_dir,
                            n_synthetic=args.n_synthetic, epochs=args.epochs, lr=args.lr,
@@ -95,6 +97,11 @@ def skip_reason(spec, share, usable, most_devices, threads, seen):
     if spec.allreduce != "per-tensor" and spec.mode != "scratch" and not (
             spec.mode == "builtin" and spec.framework in BUCKETING_ENGINES):
         return f"--allreduce is the scratch step's; {spec.mode} sums the gradients its framework's own way"
+    if spec.allreduce_dtype != "fp32" and spec.devices == 1:
+        return "--allreduce-dtype: one device has no all-reduce"
+    if spec.allreduce_dtype != "fp32" and spec.mode == "builtin" and spec.framework not in WIRE_ENGINES:
+        return (f"--allreduce-dtype {spec.allreduce_dtype}: {spec.framework}'s engine all-reduces in its variables' "
+                "dtype, with no option for another")
     if spec.mode == "idiomatic" and (spec.devices, spec.processes) != (1, 1):
         return "the idiomatic reference loop is single-device, single-process"
     if spec.cores == "per-device" and (share < 1 or share * spec.devices > usable):
@@ -111,6 +118,7 @@ def row_label(spec):
     layout += "" if spec.allreduce == "per-tensor" else f", {spec.allreduce}"
     layout += "" if spec.accumulate == 1 else f", accumulate {spec.accumulate}"
     layout += "" if spec.precision == "fp32" else f", {spec.precision}"
+    layout += "" if spec.allreduce_dtype == "fp32" else f", {spec.allreduce_dtype} all-reduce"
     per_device = ", a core per device" if spec.cores == "per-device" else ""
     batch = "" if spec.batch_size == BATCH_SIZE else f", batch {spec.batch_size}"
     return (f"{spec.framework} {spec.mode} ({model}{spec.exec}{layout}), {spec.devices} device(s){batch}, "

@@ -3,13 +3,15 @@ the spec (FLOPs) rather than typed in, scaling efficiency, and the CSV file."""
 import csv
 import statistics
 
-from common.models import flops_per_image
+from common.models import flops_per_image, parameter_count
+from common.precision import wire_bytes
 
 from ..publishing.provenance import CSV_COLUMNS
 from ..files import replaced_atomically
 from ..publishing.tables import has_buckets, has_resnet
 
-ROW_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "devices", "processes", "cores")
+ROW_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "accumulate", "precision",
+           "allreduce_dtype", "devices", "processes", "cores")
 TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "input_seconds_median",
                  "first_step_seconds",
                  "startup_seconds", "test_accuracy", "seconds_to_target", "peak_rss_bytes", "train_memory_bytes",
@@ -24,6 +26,9 @@ CSV_FIELDS = (
     ("mode", lambda r: r["mode"], None),
     ("exec", lambda r: r.get("exec"), None), ("compiles", lambda r: r.get("compiles"), None),
     ("layout", lambda r: r.get("layout"), None), ("allreduce", lambda r: r.get("allreduce"), None),
+    ("accumulate", lambda r: r.get("accumulate", 1), None), ("precision", lambda r: r.get("precision", "fp32"), None),
+    ("allreduce_dtype", lambda r: r.get("allreduce_dtype", "fp32"), None),
+    ("allreduce_bytes", lambda r: r.get("allreduce_bytes"), None),
     ("cores", lambda r: r.get("cores"), None), ("threads_per_process", lambda r: r.get("threads"), None),
     ("devices", lambda r: r["devices"], None), ("processes", lambda r: r["processes"], None),
     ("hosts", lambda r: len(r["hosts"]) if r.get("hosts") else None, None),
@@ -61,7 +66,8 @@ CSV_FIELDS = (
 # So are the hosts (only a run over several has them) and the restarts (only with --max-restarts).
 MODEL_CSV_FIELDS = ("model", "width", "bn", "bn_states", "bn_replicas")   # only in a file with a ResNet row
 ALLREDUCE_CSV_FIELDS = ("allreduce",)   # only in a file with a bucketed row
-OPTIONAL_CSV_FIELDS = ("scaling_efficiency_min", "scaling_efficiency_max",
+DEFAULTED_CSV_FIELDS = {"accumulate": 1, "precision": "fp32", "allreduce_dtype": "fp32"}   # only where a row sets one
+OPTIONAL_CSV_FIELDS = ("scaling_efficiency_min", "scaling_efficiency_max", "allreduce_bytes",
                        "allreduce_ms", "compute_ms", "input_ms", "sharing_ms", "lockstep_ms", "rest_ms", "target_accuracy", "seconds_to_target", "epochs_to_target", "peak_device_memory_mib", "error", "scaling_base", "hosts", "restarts", "lost_seconds")
 
 
@@ -95,13 +101,17 @@ def aggregate(trials):
     row["images_per_second_min"], row["images_per_second_max"] = (min(ips), max(ips)) if ips else (None, None)
     flops = flops_per_image(row.get("model") or "lenet", row.get("width"))
     row["gflops"] = row["images_per_second"] * flops / 1e9 if row["images_per_second"] else None
+    if row["devices"] > 1:   # what each device sends into the all-reduce per step, in the wire's dtype
+        row["allreduce_bytes"] = wire_bytes(parameter_count(row.get("model") or "lenet", row.get("width")),
+                                            row.get("allreduce_dtype", "fp32"))
     if len(trials) > 1:   # each trial's metrics: what --resume restores the trials from
         row["trial_images_per_second"] = [t.get("images_per_second") for t in trials]
         row["trial_metrics"] = [{metric: t.get(metric) for metric in TRIAL_METRICS} for t in trials]
     return row
 
 
-SCALING_KEY = ("framework", "mode", "exec", "layout", "allreduce", "cores")   # what a row and its 1-device base share
+# what a row and its 1-device base share
+SCALING_KEY = ("framework", "mode", "exec", "layout", "allreduce", "accumulate", "precision", "cores")
 
 
 def add_scaling(rows):
@@ -112,8 +122,8 @@ def add_scaling(rows):
               and r.get("images_per_second")]
     for r in rows:
         like = [b for b in single if all(b.get(k) == r.get(k) for k in SCALING_KEY)]
-        scratch = [b for b in single if (b["framework"], b["mode"], b.get("cores")) ==
-                   (r["framework"], "scratch", r.get("cores"))]
+        scratch = [b for b in single if (b["framework"], b["mode"], b.get("cores"), b.get("precision")) ==
+                   (r["framework"], "scratch", r.get("cores"), r.get("precision"))]
         base = like[0] if like else scratch[0] if len(scratch) == 1 else None
         ok = r["status"] == "ok" and base and r.get("images_per_second")
         r["scaling_efficiency"] = r["images_per_second"] / (r["devices"] * base["images_per_second"]) if ok else None
@@ -141,7 +151,9 @@ def write_csv(path, rows, env):
     columns = [name for name, _, _ in CSV_FIELDS
                if (name not in OPTIONAL_CSV_FIELDS or any(t[name] is not None for t in table))
                and (name not in MODEL_CSV_FIELDS or has_resnet(rows))
-               and (name not in ALLREDUCE_CSV_FIELDS or has_buckets(rows))] + list(CSV_COLUMNS)
+               and (name not in ALLREDUCE_CSV_FIELDS or has_buckets(rows))
+               and (name not in DEFAULTED_CSV_FIELDS or any(t[name] != DEFAULTED_CSV_FIELDS[name] for t in table))
+               ] + list(CSV_COLUMNS)
     with replaced_atomically(path, newline="") as f:
         writer = csv.DictWriter(f, columns, extrasaction="ignore")
         writer.writeheader()
@@ -151,8 +163,33 @@ def write_csv(path, rows, env):
 def add_peak_fraction(rows, calibration):
     """Each row's GFLOP/s as a fraction of this machine's matmul peak measured in the same run (the mean of
     the figures taken so far: at the start, and at the end once the run is over). Absolute speed differs
-    2x between machines of one kind; the fraction of the same run's peak does not."""
-    peaks = [v for k, v in sorted((calibration or {}).items()) if k.startswith("matmul_peak_gflops")]
+    2x between machines of one kind; the fraction of the same run's peak does not. A bf16 or fp16 row's fraction
+    is of the matmul peak in its own precision (calibration.low_matmul_peaks): what the hardware offers it."""
+    calibration = calibration or {}
+    peaks = [v for k, v in sorted(calibration.items()) if k.startswith("matmul_peak_gflops")]
     peak = sum(peaks) / len(peaks) if peaks else None
+    low = calibration.get("low_matmul_peaks_gflops") or {}
     for r in rows:
-        r["peak_fraction"] = r["gflops"] / peak if peak and r.get("gflops") else None
+        own = peak if r.get("precision", "fp32") == "fp32" else low.get(r["precision"])
+        r["peak_fraction"] = r["gflops"] / own if own and r.get("gflops") else None
+
+
+PRECISION_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "accumulate",
+                 "allreduce_dtype", "devices", "processes", "cores")   # what a low-precision row and its fp32 row share
+
+
+def precision_ratios(rows):
+    """Each ok bf16 or fp16 row against its fp32 row of the same run: (row, fp32 row, speed ratio, training-memory
+    ratio, peak-RSS ratio), the ratios low / fp32 (a speed ratio above 1: the low precision is faster)."""
+    ok = [r for r in rows if r["status"] == "ok" and r.get("images_per_second")]
+    out = []
+    for r in ok:
+        if r.get("precision", "fp32") == "fp32":
+            continue
+        base = [b for b in ok
+                if b.get("precision", "fp32") == "fp32" and all(b.get(k) == r.get(k) for k in PRECISION_KEY)]
+        if base:
+            b = base[0]
+            ratio = lambda key: r[key] / b[key] if r.get(key) and b.get(key) else None   # noqa: E731
+            out.append((r, b, ratio("images_per_second"), ratio("train_memory_bytes"), ratio("peak_rss_bytes")))
+    return out

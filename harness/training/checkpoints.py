@@ -35,14 +35,15 @@ EPOCH = re.compile(r"-epoch(\d+)\.")
 
 
 def run_name(spec):
-    """framework[-model]-mode[-exec][-layout][-bucketed][-accumulateK][-precision]-<devices>d-<processes>p, e.g.
-    mxnet-builtin-2d-1p (the LeNet) or jax-resnet18w8sync-scratch-bf16-2d-1p: a row's files are named so, and rows
+    """framework[-model]-mode[-exec][-layout][-bucketed][-accumulateK][-precision][-bf16wire]-<devices>d-<processes>p,
+    e.g. mxnet-builtin-2d-1p (the LeNet) or jax-resnet18w8sync-scratch-bf16-2d-1p: a row's files are named so, and rows
     of one command differ in at least one part."""
     model = "" if spec.model == "lenet" else f"-{spec.model}w{spec.width}{spec.bn}"
     level = "".join(f"-{value}" for value in (spec.exec, spec.layout) if value != "default")
     level += "" if spec.allreduce == "per-tensor" else f"-{spec.allreduce}"
     level += "" if spec.accumulate == 1 else f"-accumulate{spec.accumulate}"
     level += "" if spec.precision == "fp32" else f"-{spec.precision}"
+    level += "" if spec.allreduce_dtype == "fp32" else f"-{spec.allreduce_dtype}wire"
     return f"{spec.framework}{model}-{spec.mode}{level}-{spec.devices}d-{spec.processes}p"
 
 

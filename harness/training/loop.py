@@ -118,9 +118,9 @@ class Builtin(Scratch):
     train_step(model, batch, lr, batch_size) -> mean loss, to_numpy(model), optimizer_state(model) (canonical)
     and evaluate(model, X, y); with a stateful optimizer its own schedule sets the rate, and lr is the spec's."""
 
-    def __init__(self, fw, devices, network=Network(), bucket_bytes=None, accumulate=1):
+    def __init__(self, fw, devices, network=Network(), bucket_bytes=None, accumulate=1, allreduce_dtype="fp32"):
         self.fw, self.devices, self.network, self.bucket_bytes = fw, devices, network, bucket_bytes
-        self.accumulate = accumulate
+        self.accumulate, self.allreduce_dtype = accumulate, allreduce_dtype
         self.engine = load_module(fw.name, "builtin")
         self.pipeline = load_module(fw.name, "pipeline")
 
@@ -128,6 +128,8 @@ class Builtin(Scratch):
         """The engine's model and its trainer: the framework's own optimizer and schedule computing `optimizer`,
         from the canonical `state` of a checkpoint if given; the network and, for the ResNet, its BatchNorm."""
         extra = {} if self.bucket_bytes is None else {"bucket_bytes": self.bucket_bytes}   # engines that bucket (JAX)
+        if self.allreduce_dtype != "fp32":   # engines that can put bf16 on the wire (common.precision.WIRE_ENGINES)
+            extra["allreduce_dtype"] = self.allreduce_dtype
         self.model = self.engine.get_model(weights, self.devices, optimizer, state=state, network=self.network, **extra)
 
     def feed(self, data, order, rank, world):
@@ -175,9 +177,9 @@ class Idiomatic(Builtin):
     """The framework's minimal single-device loop (its folder's idiomatic.py: net, trainer, loss):
     the reference that shows what the from-scratch harness costs. Fed numpy batches, as the recipe is."""
 
-    def __init__(self, fw, devices, network=Network(), bucket_bytes=None, accumulate=1):
+    def __init__(self, fw, devices, network=Network(), bucket_bytes=None, accumulate=1, allreduce_dtype="fp32"):
         self.fw, self.devices, self.network, self.bucket_bytes = fw, devices, network, None   # one device: no sum
-        self.accumulate = accumulate
+        self.accumulate, self.allreduce_dtype = accumulate, "fp32"
         self.engine = load_module(fw.name, "idiomatic")
 
     feed, batches = Scratch.feed, Scratch.batches
@@ -220,10 +222,12 @@ def runner(spec, fw, devices):
     """The mode's runner for the spec's network; the scratch one with the spec's layout, exec level and all-reduce."""
     network = network_of(spec)
     if spec.mode != "scratch":
-        return MODES[spec.mode](fw, devices, network, bucket_bytes(spec.allreduce), spec.accumulate)
+        return MODES[spec.mode](fw, devices, network, bucket_bytes(spec.allreduce), spec.accumulate,
+                                spec.allreduce_dtype)
     model = functional(fw, network, spec.layout)
     units = load_module(fw.name, "execution").compile(spec.exec, model)
-    return Scratch(fw, devices, network, model, StepSettings(bucket_bytes(spec.allreduce), units, spec.accumulate))
+    return Scratch(fw, devices, network, model, StepSettings(bucket_bytes(spec.allreduce), units, spec.accumulate,
+                                                             allreduce_dtype=spec.allreduce_dtype))
 
 
 def steps_per_epoch(n, batch_size, min_size=1):
