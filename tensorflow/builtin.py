@@ -12,7 +12,8 @@ from common.precision import check as check_precision
 
 from . import distributed as dist, resnet
 from .idiomatic import accumulated, build, evaluate as evaluate_keras, parameters, to_numpy as keras_to_numpy
-from .optimizer import follows_its_schedule, get_trainer, canonical_state, load_state
+from .optimizer import (Canonical, SGD, follows_its_schedule, get_trainer, canonical_state, load_state, unwrapped,
+                        with_loss_scaling)
 
 EXEC = "tf.function"
 COMPILES = "whole step"
@@ -30,8 +31,10 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     checkpoint's canonical `state` if given (its mirrored variables assigned on every replica). The ResNet's
     BatchNormalization normalises each replica's shard by its own moments, or with network.sync by the moments
     summed over every replica of the strategy (synchronized=True: across processes too). At bf16 the model's layers
-    compute under Keras's mixed_bfloat16 policy (idiomatic.POLICIES): the mirrored variables, the all-reduce and the
-    update stay float32."""
+    compute under Keras's mixed_bfloat16 policy (idiomatic.POLICIES), at fp16 under mixed_float16: the mirrored
+    variables, the all-reduce and the update stay float32. With network.loss_scaling the trainer is inside Keras's
+    LossScaleOptimizer (optimizer.with_loss_scaling), the recipe's SGD then one that leaves the sum to the step
+    (step_on_replicas says why)."""
     check_precision(network.precision)
     if dist.is_initialized():
         strategy = dist.STRATEGY
@@ -45,13 +48,16 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
                            f"not {len(devices)}: use as many processes as devices")
     with strategy.scope():   # everything that makes variables: the model and the optimizer's state
         net = build(weights, network, synchronized=network.sync)
-        if optimizer is None or optimizer.is_recipe:
+        if optimizer is not None and not optimizer.is_recipe:
+            trainer = get_trainer(optimizer)
+        elif network.loss_scaling is None:
             trainer = tf.keras.optimizers.SGD(learning_rate=0.0)
         else:
-            trainer = get_trainer(optimizer)
+            trainer = SGD(learning_rate=0.0)   # Keras's SGD, but the step sums the gradients
         trainer.build(net.trainable_variables)
         if state is not None:
             load_state(trainer, state, parameters(net))
+        trainer = with_loss_scaling(trainer, network.loss_scaling, net.trainable_variables)
     return Model(net, trainer, strategy, network.precision)
 
 
@@ -63,11 +69,19 @@ def step_on_replicas(strategy, net, trainer, X, y, batch_size=None, accumulate=1
     it, the global batch's mean on every replica, which the trainer clips and applies as it is (Keras would clip
     each replica's own before its sum). accumulate: each replica's shard in that many micro-batches, a forward and
     backward each, their gradients added up on the replica before the one sum (Keras's own
-    gradient_accumulation_steps cannot run here: accumulated's docstring)."""
+    gradient_accumulation_steps cannot run here: accumulated's docstring).
+    Under loss scaling the gradients are of the scaled loss and are always summed here, before the
+    LossScaleOptimizer sees them: on a strategy that merges (every CPU one) its apply decides whether they are finite
+    from the first replica's gradients alone, which in Keras 3 are not summed yet (the inner optimizer sums them
+    later, inside the update): a non-finite gradient on another replica would be summed into the weights (inf, nan) and
+    counted as a finite step (keras/src/optimizers/loss_scale_optimizer.py, _tf_apply's comment assumes the sum;
+    tests/test_fp16_tensorflow.py shows it). Summed first, every replica checks the same sums."""
     def replica_step(X, y):
-        loss, grads = accumulated(net, X, y, accumulate)
+        loss, grads = accumulated(net, X, y, accumulate, trainer)
+        if isinstance(unwrapped(trainer), Canonical):   # it leaves the sum to the step
+            grads = tf.distribute.get_replica_context().all_reduce("sum", grads)
         if batch_size is not None:
-            grads = [g / batch_size for g in tf.distribute.get_replica_context().all_reduce("sum", grads)]
+            grads = [g / batch_size for g in grads]
         trainer.apply_gradients(zip(grads, net.trainable_variables))   # the recipe's: all-reduce (sum), then SGD
         return loss, tf.shape(y)[0]
     return strategy.run(replica_step, args=(X, y))
@@ -89,6 +103,11 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     return sum(float(loss) for loss in losses) / sum(int(n) for n in sizes)
 
 
+def loss_scale(model):
+    """The scale Keras's LossScaleOptimizer runs the next step at (its dynamic_scale, the same on every replica)."""
+    return float(model.trainer.dynamic_scale.numpy())
+
+
 def to_numpy(model):
     return keras_to_numpy(model)   # the Keras model, as idiomatic.py holds it
 
@@ -105,7 +124,7 @@ def replica_bn_states(model):
 
 
 def optimizer_state(model):
-    return canonical_state(model.trainer, parameters(model.net))   # the first replica's copy: the replicas' are equal
+    return canonical_state(unwrapped(model.trainer), parameters(model.net))   # the first replica's copy: all equal
 
 
 def evaluate(model, X, y):

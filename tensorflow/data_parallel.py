@@ -2,7 +2,7 @@
 sum the gradients across devices, apply the same SGD update to every replica (or, with optimizer states,
 optimizer.py's update: common/optim.py's). One step for every network: the model (lenet.Functional or
 resnet.Functional) says how each device's loss and gradients are computed; the run's settings (the all-reduce's
-buckets, the compiled units) come in as arguments."""
+buckets, the compiled units, the loss scaler of fp16) come in as arguments."""
 import tensorflow as tf
 
 from common.buckets import plan
@@ -61,6 +61,22 @@ def allreduce_gradients(grads, bucket_bytes=None):
     return grads
 
 
+def unscale_gradients(grads, scale):
+    """The all-reduced gradients of the scaled loss (grads[d]: device d's list) multiplied by 1/scale in fp32 (exact:
+    the scale is a power of two), each on its device, put back in their slots of the lists (tensors are immutable);
+    and whether every one is finite (common/loss_scaling.py). That is a boolean tensor, not a Python bool: in the
+    traced step the graph decides the update by it (a Python bool would need a host read inside the graph), and
+    train_step reads it once after; eagerly it is a concrete value that bool() reads."""
+    inverse = 1.0 / scale
+    finite = []
+    for device_grads in grads:
+        for i, g in enumerate(device_grads):
+            with tf.device(g.device):
+                device_grads[i] = g * inverse
+                finite.append(tf.reduce_all(tf.math.is_finite(device_grads[i])))
+    return tf.reduce_all(tf.stack(finite))
+
+
 def sgd(params, grads, lr, batch_size):
     """The recipe's update, lr / batch_size times the summed gradient, made in place (update)."""
     update(params, grads, lr / batch_size)
@@ -76,11 +92,11 @@ def update(params, grads, scale):
             p.assign_sub(g * scale)
 
 
-def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices):
-    """Each device's summed loss on its shard, each replica's gradients and new BatchNorm state: the network's own
-    (model.loss_and_grads). The unit XLA compiles device by device: an XLA cluster runs on one device, so it cannot
-    hold the whole multi-device step."""
-    return model.loss_and_grads(replicas, bn_states, X_shards, y_shards, devices)
+def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices, scale=None):
+    """Each device's summed loss on its shard, each replica's gradients (of the loss times `scale`, a tensor, under
+    loss scaling) and new BatchNorm state: the network's own (model.loss_and_grads). The unit XLA compiles device by
+    device: an XLA cluster runs on one device, so it cannot hold the whole multi-device step."""
+    return model.loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, scale)
 
 
 def micro_bounds(y, count):
@@ -94,19 +110,21 @@ def micro_bounds(y, count):
     return list(zip(edges[:-1], edges[1:]))
 
 
-def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, devices, count):
+def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, devices, count, scale=None):
     """Gradient accumulation: each device's shard cut into `count` micro-batches (common.sharding.micro_batches, in
-    the graph's integers where a traced step's shard sizes are unknown until it runs), a forward and backward each,
-    their summed losses and gradients added up on the device (in the step's graph, the loop unrolled); the BatchNorm
-    states go through the micro-batches in turn. Nothing crosses devices here: the all-reduce comes once, after it."""
+    the graph's integers where a traced step's shard sizes are unknown until it runs), a forward and backward each
+    (every one from the same loss scale), their summed losses and gradients added up on the device (in the step's
+    graph, the loop unrolled); the BatchNorm states go through the micro-batches in turn. Nothing crosses devices
+    here: the all-reduce comes once, after it."""
     if count == 1:
-        return loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices)
+        return loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices, scale)
     parts = [micro_bounds(y, count) for y in y_shards]
     losses = grads = None
     for i in range(count):
         X_micro = [X[part[i][0]:part[i][1]] for X, part in zip(X_shards, parts)]
         y_micro = [y[part[i][0]:part[i][1]] for y, part in zip(y_shards, parts)]
-        micro_losses, micro_grads, bn_states = loss_and_grads(model, replicas, bn_states, X_micro, y_micro, devices)
+        micro_losses, micro_grads, bn_states = loss_and_grads(model, replicas, bn_states, X_micro, y_micro, devices,
+                                                              scale)
         if losses is None:
             losses, grads = list(micro_losses), [list(g) for g in micro_grads]
             continue
@@ -117,24 +135,37 @@ def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, 
     return losses, grads, bn_states
 
 
-def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
-                   bucket_bytes=None, units=None, accumulate=1):
-    """The step on shards already on their devices: each device's loss and gradients (units' loss_and_grads), the
-    gradients summed across devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same
-    update on every replica: the recipe's sgd, or with `states` (one per replica) optimizer.apply. Returns each
-    device's summed loss and the replicas' new BatchNorm states. As one graph (the default level), it is traced per
-    model, device list, optimizer, bucket size and units (Python values); lr and batch_size are tensors, and
-    reduce_retracing turns the shard shapes into None after the first new shape."""
-    units = units or UNITS
-    losses, grads, bn_states = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
-                                           y_shards, devices, accumulate)
-    grads = allreduce_gradients(grads, bucket_bytes)
+def update_replicas(replicas, grads, lr, batch_size, states=None):
+    """The same update on every replica by its all-reduced gradients: the recipe's sgd, or with `states` (one per
+    replica) optimizer.apply, which advances their step counts."""
     for i, (params, device_grads) in enumerate(zip(replicas, grads)):
         if states is None:
             sgd(params, device_grads, lr, batch_size)
         else:
             optimizer.apply(params, device_grads, states[i], lr, batch_size)
-    return losses, bn_states
+
+
+def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
+                   bucket_bytes=None, units=None, accumulate=1, scale=None):
+    """The step on shards already on their devices: each device's loss and gradients (units' loss_and_grads), the
+    gradients summed across devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same
+    update on every replica (update_replicas). With a loss `scale` (a tensor) the gradients are of the losses times
+    it, unscaled after the all-reduce (unscale_gradients), and the update runs only where every one is finite: a
+    tf.cond, so a skipped step assigns no weight, buffer or step count (the BatchNorm states the forward made are
+    kept). Returns each device's summed loss (unscaled), the replicas' new BatchNorm states and whether the gradients
+    were finite (None without a scale). As one graph (the default level), it is traced per model, device list,
+    optimizer, bucket size and units (Python values), and whether it scales; lr, batch_size and the scale are tensors,
+    and reduce_retracing turns the shard shapes into None after the first new shape."""
+    units = units or UNITS
+    losses, grads, bn_states = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
+                                           y_shards, devices, accumulate, scale)
+    grads = allreduce_gradients(grads, bucket_bytes)
+    if scale is None:
+        update_replicas(replicas, grads, lr, batch_size, states)
+        return losses, bn_states, None
+    finite = unscale_gradients(grads, scale)
+    tf.cond(finite, lambda: update_replicas(replicas, grads, lr, batch_size, states), lambda: None)
+    return losses, bn_states, finite
 
 
 UNITS = {"update": update, "loss_and_grads": loss_and_grads, "step_on_shards": step_on_shards}
@@ -142,13 +173,20 @@ UNITS = {"update": update, "loss_and_grads": loss_and_grads, "step_on_shards": s
 
 def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, settings=StepSettings()):
     """One synchronous step of `model` on a numpy batch (common.interface.CONTRACT): split_and_load, step_on_shards
-    (settings.units' or, without them, as written), the mean loss; bn_states get the new running statistics."""
+    (settings.units' or, without them, as written), the mean loss; bn_states get the new running statistics. With
+    settings.scaler the step runs at its scale and the scaler takes the step's check (one host read): the step has
+    already skipped its update where scaler.update(finite) says so, since that returns `finite` itself."""
     units = settings.units or UNITS
+    scaler = settings.scaler
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
-    losses, bn_states[:] = units["step_on_shards"](
+    losses, new_states, finite = units["step_on_shards"](
         model, replicas, list(bn_states), X_shards, y_shards, tuple(devices),
         tf.constant(lr, tf.float32), tf.constant(batch_size or len(X), tf.float32),   # tensors: no retrace per value
-        states, settings.bucket_bytes, units, settings.accumulate)
+        states, settings.bucket_bytes, units, settings.accumulate,
+        None if scaler is None else tf.constant(scaler.scale, tf.float32))
+    bn_states[:] = new_states
+    if scaler is not None:
+        scaler.update(bool(finite))
     return sum(float(loss) for loss in losses) / len(X)
 
 

@@ -27,15 +27,16 @@ graph = functools.partial(tf.function, reduce_retracing=True)
 def per_device(compiler):
     """A compiler of the loss_and_grads unit that compiles each device's part on its own: the unit called with one
     device's replica, BatchNorm state and shard at a time, each call one XLA cluster on that device (traced per
-    model and device)."""
+    model and device; the loss scale, if any, a tensor argument)."""
     def compile_unit(written):
         compiled = compiler(written)
 
-        def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices):
+        def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices, scale=None):
             losses, grads, new_states = [], [], []
             for params, bn_state, X, y, device in zip(replicas, bn_states, X_shards, y_shards, devices):
                 with tf.device(device):
-                    (loss,), (device_grads,), (new_state,) = compiled(model, [params], [bn_state], [X], [y], (device,))
+                    (loss,), (device_grads,), (new_state,) = compiled(model, [params], [bn_state], [X], [y], (device,),
+                                                                      scale)
                 losses.append(loss)
                 grads.append(device_grads)
                 new_states.append(new_state)
@@ -52,9 +53,10 @@ def on_their_devices(compiler):
     def compile_unit(written):
         compiled = compiler(written)
 
-        def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices):
+        def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices, scale=None):
             results = ([], [], [])
-            for device, *parts in zip(devices, *compiled(model, replicas, bn_states, X_shards, y_shards, devices)):
+            for device, *parts in zip(devices, *compiled(model, replicas, bn_states, X_shards, y_shards, devices,
+                                                         scale)):
                 with tf.device(device):
                     for placed, part in zip(results, parts):   # the LeNet's BatchNorm state is None
                         placed.append(None if part is None else tf.nest.map_structure(tf.identity, part))

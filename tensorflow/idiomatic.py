@@ -11,17 +11,18 @@ from common.precision import check as check_precision
 from . import resnet
 from .data_parallel import micro_bounds
 from .lenet import build_model, to_numpy as params_to_numpy
-from .optimizer import follows_its_schedule, get_trainer, canonical_state, load_state
+from .optimizer import follows_its_schedule, get_trainer, canonical_state, load_state, unwrapped, with_loss_scaling
 
 EXEC = "tf.function"
 COMPILES = "whole step"
 LAYOUT = "NHWC (Keras)"
 
 # Each precision's Keras dtype policy, given to every layer as its dtype (not keras.mixed_precision.set_global_policy,
-# the process's): None, Keras's default float32, at fp32; at bf16 "mixed_bfloat16", Keras's mixed precision: float32
-# variables (the master weights, and the optimizer's variables made after them), each layer casting its inputs and
-# its variables to bfloat16 and computing in it, BatchNormalization in float32 (common/precision.py).
-POLICIES = {"fp32": None, "bf16": "mixed_bfloat16"}
+# the process's): None, Keras's default float32, at fp32; at bf16 "mixed_bfloat16" (at fp16 "mixed_float16"), Keras's
+# mixed precision: float32 variables (the master weights, and the optimizer's variables made after them), each layer
+# casting its inputs and its variables to bfloat16 (float16) and computing in it, BatchNormalization in float32
+# (common/precision.py).
+POLICIES = {"fp32": None, "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 # Summed, not averaged: the step then divides by the global batch size, as the recipe does. On bf16 logits too: a
 # Keras Loss converts y_pred to its own dtype, float32 (keras/src/losses/loss.py, Loss.__call__), so the softmax and
@@ -35,7 +36,9 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
     optimizer.get_trainer says what differs); from a checkpoint's canonical `state` if given. The network is the
     LeNet, or the ResNet with BatchNormalization (network.sync changes nothing on one device); Keras's optimizer trains
     every trainable variable, the ResNet's BatchNorm gamma and beta and every bias included (weight decay too). At bf16
-    the layers compute under Keras's mixed_bfloat16 policy (POLICIES); the variables and the update stay float32."""
+    the layers compute under Keras's mixed_bfloat16 policy (POLICIES), at fp16 under mixed_float16; the variables and
+    the update stay float32. With network.loss_scaling the trainer is inside Keras's LossScaleOptimizer
+    (optimizer.with_loss_scaling)."""
     check_precision(network.precision)
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
@@ -48,6 +51,7 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
         trainer.build(net.trainable_variables)
         if state is not None:
             load_state(trainer, state, parameters(net))
+        trainer = with_loss_scaling(trainer, network.loss_scaling, net.trainable_variables)
     return Model(net, trainer, precision=network.precision)
 
 
@@ -74,20 +78,23 @@ def parameters(net):
     return dict(zip(PARAM_NAMES, net.trainable_variables, strict=True))
 
 
-def accumulated(net, X, y, count):
+def accumulated(net, X, y, count, trainer=None):
     """The Keras net's summed loss and its gradients, over `count` micro-batches of X, y (common.sharding
     .micro_batches: data_parallel.micro_bounds), the loop unrolled in the step's graph; the BatchNorm's moving
     statistics go through them in turn. Keras 3's own accumulation, an optimizer's gradient_accumulation_steps, averages
     a fixed K calls (an epoch's last batch may cut fewer) with a schedule that counts micro-batches; and under
     MirroredStrategy in a tf.function it cannot run: it applies the update inside a cond, and the all-reduce in that
     cond is a merge_call, which the strategy refuses (RuntimeError "merge_call called while defining a new graph":
-    keras-team/keras 17429, tensorflow/tensorflow 59487; tests/test_accumulation.py runs it)."""
+    keras-team/keras 17429, tensorflow/tensorflow 59487; tests/test_accumulation.py runs it). Under a `trainer` that
+    scales the loss (a LossScaleOptimizer) every micro-batch's gradients are of its loss times the trainer's scale,
+    Keras's scale_loss in the tape, as its guide writes a custom loop; the loss returned is unscaled."""
     loss = grads = None
     parts = [(X, y)] if count == 1 else [(X[a:b], y[a:b]) for a, b in micro_bounds(y, count)]
     for X_micro, y_micro in parts:
         with tf.GradientTape() as tape:
             micro_loss = loss_fn(y_micro, net(X_micro, training=True))   # summed over the rows
-        micro_grads = tape.gradient(micro_loss, net.trainable_variables)
+            target = trainer.scale_loss(micro_loss) if is_loss_scaled(trainer) else micro_loss
+        micro_grads = tape.gradient(target, net.trainable_variables)
         if grads is None:
             loss, grads = micro_loss, micro_grads
         else:
@@ -95,12 +102,18 @@ def accumulated(net, X, y, count):
     return loss, grads
 
 
+def is_loss_scaled(trainer):
+    """Whether `trainer` is Keras's dynamic loss scaler (optimizer.with_loss_scaling)."""
+    return isinstance(trainer, tf.keras.optimizers.LossScaleOptimizer)
+
+
 # One graph for the step, per micro-batch count; reduce_retracing: the last, smaller batch of an epoch does not
 # retrace again.
 @tf.function(reduce_retracing=True)
 def fit_batch(net, trainer, X, y, batch_size=None, accumulate=1):
-    """batch_size (a tensor) divides the summed loss's gradients: the batch's mean, for an optimizer's trainer."""
-    loss, grads = accumulated(net, X, y, accumulate)
+    """batch_size (a tensor) divides the summed loss's gradients: the batch's mean, for an optimizer's trainer. A
+    LossScaleOptimizer gets the scaled gradients: its apply unscales them and skips the update if one is not finite."""
+    loss, grads = accumulated(net, X, y, accumulate, trainer)
     if batch_size is not None:
         grads = [g / batch_size for g in grads]
     trainer.apply_gradients(zip(grads, net.trainable_variables))
@@ -121,6 +134,11 @@ def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     return float(fit_batch(net, trainer, X, y, accumulate=accumulate)) / len(X)
 
 
+def loss_scale(model):
+    """The scale Keras's LossScaleOptimizer runs the next step at (its dynamic_scale)."""
+    return float(model.trainer.dynamic_scale.numpy())
+
+
 def to_numpy(model):
     if is_resnet(model.net):
         return resnet.model_to_numpy(model.net)[0]
@@ -136,7 +154,7 @@ def replica_bn_states(model):
 
 
 def optimizer_state(model):
-    return canonical_state(model.trainer, parameters(model.net))
+    return canonical_state(unwrapped(model.trainer), parameters(model.net))
 
 
 def evaluate(model, X, y, batch_size=1000):

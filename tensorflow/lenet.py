@@ -14,7 +14,13 @@ from common.lenet import IMAGE_SHAPE, LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
 # where resnet.py and the functions below read it without importing execution.py.
 DEFAULT_LAYOUT = "nhwc"
 # The dtype a convolution or dense layer computes in at each precision (common/precision.py)
-COMPUTE_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16}
+COMPUTE_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
+# Whether the CPU's gradient of tf.nn.bias_add (BiasAddGrad) sums its low-precision gradient in fp32, at each
+# precision: yes for fp16 (its accumulator type for half is float), no for bf16, which it sums in bf16 (a 16x24x24
+# batch's sum 9% off; Keras's mixed_bfloat16 Conv2D and Dense, whose bias goes through tf.nn.bias_add, inherit it).
+# The broadcast's gradient, tf.reduce_sum, is the other way round: it sums bf16 in fp32 but fp16 in fp16 (0.7% off
+# on the same batch, 30 times fp16's rounding; tests/test_fp16_tensorflow.py measures both).
+BIAS_SUMS_IN_FP32 = {"fp32": True, "bf16": False, "fp16": True}
 
 
 def to_layout(X, layout=DEFAULT_LAYOUT):
@@ -30,20 +36,19 @@ def get_params(weights, device):
 
 
 def compute(precision, *tensors):
-    """A convolution's or dense layer's input, weight and bias in its compute precision: cast to bf16 at bf16, as
-    Keras's mixed_bfloat16 policy casts a layer's inputs and variables (the CPU runs them in bf16 through oneDNN,
-    the output rounded to bf16; tf.cast's gradient widens a weight's bf16 gradient to fp32 for its master weight);
-    untouched at fp32."""
+    """A convolution's or dense layer's input, weight and bias in its compute precision: cast to bf16 at bf16 (fp16
+    at fp16), as Keras's mixed_bfloat16 (mixed_float16) policy casts a layer's inputs and variables (the CPU runs
+    them in the low dtype, the output rounded to it; tf.cast's gradient widens a weight's low-precision gradient to
+    fp32 for its master weight); untouched at fp32."""
     if precision == "fp32":
         return tensors
     return tuple(tf.cast(t, COMPUTE_DTYPES[precision]) for t in tensors)
 
 
 def bias_add(h, b, data_format=None, precision="fp32"):
-    """tf.nn.bias_add at fp32. At bf16 a broadcast addition: the CPU's gradient of tf.nn.bias_add (BiasAddGrad) sums
-    a bf16 gradient in bf16 (a 16x24x24 batch's sum 9% off; Keras's mixed_bfloat16 Conv2D and Dense, whose bias
-    goes through tf.nn.bias_add, inherit it), the broadcast's (tf.reduce_sum) in fp32, rounded once."""
-    if precision == "fp32":
+    """tf.nn.bias_add, whose gradient sums in fp32 at fp32 and fp16, or where it does not (BIAS_SUMS_IN_FP32) a
+    broadcast addition, whose gradient (tf.reduce_sum) then does: a bias gradient is one rounding of its fp32 sum."""
+    if BIAS_SUMS_IN_FP32[precision]:
         return tf.nn.bias_add(h, b, data_format)
     return h + (tf.reshape(b, (-1, 1, 1)) if data_format == "NCHW" else b)
 
@@ -59,7 +64,7 @@ def conv_relu_pool(h, w, b, layout=DEFAULT_LAYOUT, precision="fp32"):
 
 def forward(params, X, layout=DEFAULT_LAYOUT, precision="fp32"):
     """X is a canonical NCHW batch, like every framework's; to_layout makes it the convolutions' layout. The logits
-    at `precision` (bf16 at bf16: loss_sum takes them to fp32)."""
+    at `precision` (bf16 at bf16, fp16 at fp16: loss_sum takes them to fp32)."""
     w1, b1, w2, b2, w3, b3, w4, b4 = params
     h = conv_relu_pool(conv_relu_pool(to_layout(X, layout), w1, b1, layout, precision), w2, b2, layout, precision)
     if layout == "nchw":
@@ -77,11 +82,19 @@ def loss_sum(logits, y):
     return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=tf.cast(logits, tf.float32)))
 
 
-def device_loss_and_grads(params, X, y, layout=DEFAULT_LAYOUT, precision="fp32"):
-    """One device's part of the step: its shard's summed loss and the gradients, the forward at `precision`."""
+def scaled(loss, scale=None):
+    """The loss the backward starts from: times the loss scale (a tensor) under dynamic loss scaling
+    (common/loss_scaling.py), else the loss itself."""
+    return loss if scale is None else loss * scale
+
+
+def device_loss_and_grads(params, X, y, layout=DEFAULT_LAYOUT, precision="fp32", scale=None):
+    """One device's part of the step: its shard's summed loss and the gradients (of the loss times `scale`, if
+    given: the loss returned is unscaled), the forward at `precision`."""
     with tf.GradientTape() as tape:
         loss = loss_sum(forward(params, X, layout, precision), y)
-    return loss, tape.gradient(loss, params)
+        target = scaled(loss, scale)
+    return loss, tape.gradient(target, params)
 
 
 def to_numpy(params):
@@ -115,13 +128,13 @@ class Functional:
     def get_bn_state(self, state, device):
         return None   # no BatchNorm
 
-    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices):
-        """Each device's own loss and gradients, each under its tf.device: in a graph the devices' parts depend on
-        nothing of each other's and run in parallel."""
+    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices, scale=None):
+        """Each device's own loss and gradients (of its loss times `scale`, if given), each under its tf.device: in
+        a graph the devices' parts depend on nothing of each other's and run in parallel."""
         losses, grads = [], []
         for params, X, y, device in zip(replicas, X_shards, y_shards, devices):
             with tf.device(device):
-                loss, device_grads = device_loss_and_grads(params, X, y, self.layout, self.precision)
+                loss, device_grads = device_loss_and_grads(params, X, y, self.layout, self.precision, scale)
             losses.append(loss)
             grads.append(device_grads)
         return losses, grads, bn_states
@@ -140,7 +153,7 @@ def build_model(weights, dtype=None):
     """The same LeNet as an idiomatic keras.Sequential (for the reference loop). It takes the canonical
     NCHW batch and makes it channels-last with Permute, as forward does; its weights come out in
     PARAM_NAMES order, in TensorFlow's layout. `dtype`: every layer's dtype policy (None: Keras's default, float32;
-    "mixed_bfloat16" at bf16: fp32 variables, each layer computing in bf16)."""
+    "mixed_bfloat16" at bf16, "mixed_float16" at fp16: fp32 variables, each layer computing in the low dtype)."""
     (c1, _, k1, _), (c2, _, k2, _) = LAYERS["conv1"][1], LAYERS["conv2"][1]
     h1 = LAYERS["fc1"][1][0]
     layers = tf.keras.layers

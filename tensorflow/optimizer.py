@@ -6,7 +6,9 @@ state is the network's: one buffer per slot and parameter, named after the param
 import numpy as np
 import tensorflow as tf
 
+from common.interface import RosettaError
 from common.layouts import to_canonical, to_channels_last
+from common.loss_scaling import LossScaling
 from common.optim import CLIP_EPS, STEP_FACTOR
 
 keras = tf.keras
@@ -218,10 +220,37 @@ def get_trainer(optimizer, port="canonical"):
     return trainer
 
 
+# What keras.optimizers.LossScaleOptimizer fixes where common.loss_scaling.LossScaling has fields: its factors (2
+# and 0.5, in its code), no ceiling on the scale and no delay (LossScaling's defaults)
+KERAS_FIXES = ("growth_factor", "backoff_factor", "maximum", "late")
+
+
+def with_loss_scaling(trainer, scaling, variables):
+    """`trainer`, built over `variables`, inside Keras's dynamic loss scaler (keras.optimizers.LossScaleOptimizer)
+    set to `scaling` (a common.loss_scaling.LossScaling; None: the trainer as it is), built too (the inner trainer's
+    build returns at once: its state stays). A skipped step calls no inner apply: the weights, the buffers and the
+    inner trainer's `iterations`, which the LossScaleOptimizer hands on as its own and the schedules count by, stay
+    as they were, as common/loss_scaling.py says (tests/test_fp16_tensorflow.py)."""
+    if scaling is None:
+        return trainer
+    if any(getattr(scaling, name) != getattr(LossScaling(), name) for name in KERAS_FIXES):
+        raise RosettaError("Keras's LossScaleOptimizer fixes its factors at 2 and 0.5, with no ceiling and no delay: "
+                           f"it cannot run {scaling}")
+    scaled = keras.optimizers.LossScaleOptimizer(trainer, initial_scale=scaling.initial,
+                                                 dynamic_growth_steps=scaling.growth_interval)
+    scaled.build(variables)
+    return scaled
+
+
+def unwrapped(trainer):
+    """The trainer that computes the update: a LossScaleOptimizer's inner optimizer, or the trainer itself."""
+    return getattr(trainer, "inner_optimizer", trainer)
+
+
 def follows_its_schedule(trainer):
-    """True for get_trainer's trainers; False for the recipe's SGD, whose rate the step sets (lr / batch size on
-    the summed gradient)."""
-    return hasattr(trainer, "spec")
+    """True for get_trainer's trainers (loss-scaled or not); False for the recipe's SGD, whose rate the step sets
+    (lr / batch size on the summed gradient)."""
+    return hasattr(unwrapped(trainer), "spec")
 
 
 # The Keras optimizer's attribute holding each canonical slot's variables, one per trainable variable it was built

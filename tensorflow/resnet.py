@@ -13,7 +13,7 @@ from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, IMAGE_SH
                            layer_arguments, layers)
 
 from . import distributed as dist
-from .lenet import DEFAULT_LAYOUT, accuracy, bias_add, compute, loss_sum, to_layout
+from .lenet import DEFAULT_LAYOUT, accuracy, bias_add, compute, loss_sum, scaled, to_layout
 
 
 def get_params(weights, device):
@@ -29,9 +29,9 @@ def get_bn_state(state, device):
 
 def conv(p, name, h, layout=DEFAULT_LAYOUT, precision="fp32"):
     """At `precision` (lenet.compute). Explicit symmetric padding: padding="SAME" with stride 2 on an even input
-    pads bottom/right only. At bf16 it is a tf.pad before a "VALID" convolution: the CPU runs the backward of an
-    explicitly padded convolution outside oneDNN, in Eigen's kernel, 50 times slower in bf16 and not at all in NCHW
-    (fp32 keeps it, bit for bit as before)."""
+    pads bottom/right only. At bf16 and fp16 it is a tf.pad before a "VALID" convolution: the CPU runs the backward
+    of an explicitly padded convolution outside oneDNN, in Eigen's kernel, 50 times slower in bf16 and not at all in
+    NCHW (fp32 keeps it, bit for bit as before)."""
     _, stride, pad = CONVS[name]
     padding = [[0, 0], [pad, pad], [pad, pad], [0, 0]] if layout == "nhwc" else [[0, 0], [0, 0], [pad, pad], [pad, pad]]
     h, w, b = compute(precision, h, p[f"{name}.weight"], p[f"{name}.bias"])
@@ -135,11 +135,17 @@ def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICA
         ys = norms(f"{block}.bn2", convs(f"{block}.conv2", ys))
         shortcuts = convs(f"{block}.conv3", hs) if has_projection(stride) else hs
         hs = relus(on_devices(devices, tf.add, ys, shortcuts))
-    pool = [1, 2] if layout == "nhwc" else [2, 3]
-    logits = on_devices(devices, lambda p, h: dense(p, tf.reduce_mean(h, pool), precision), ps, hs)
+    logits = on_devices(devices, lambda p, h: dense(p, global_pool(h, layout), precision), ps, hs)
     if not training:
         return logits
     return logits, [[new[name] for name in BN_STATE_NAMES] for new in new_states]
+
+
+def global_pool(h, layout=DEFAULT_LAYOUT):
+    """The global average pooling, its mean taken in fp32 and rounded once to h's precision, as Keras's
+    GlobalAveragePooling2D takes it (ops.mean casts to float32: keras/src/backend/tensorflow/numpy.py): the CPU's
+    tf.reduce_mean of fp16 sums in fp16 (twice fp16's rounding on 16 values). No-op casts at fp32."""
+    return tf.cast(tf.reduce_mean(tf.cast(h, tf.float32), [1, 2] if layout == "nhwc" else [2, 3]), h.dtype)
 
 
 def dense(p, h, precision="fp32"):
@@ -164,15 +170,17 @@ def bn_state_to_numpy(bn_state):
 
 
 def loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync=False, layout=DEFAULT_LAYOUT,
-                   precision="fp32"):
+                   precision="fp32", scale=None):
     """The devices' summed losses and each replica's gradients, on its device, from one tape over the whole lock-step
     forward at `precision`: with sync, a replica's gradient includes what reaches it through the other shards'
-    statistics. Also the replicas' new BatchNorm states."""
+    statistics; with `scale` (a tensor), the gradients of every loss times it (the losses returned are unscaled).
+    Also the replicas' new BatchNorm states."""
     with tf.GradientTape() as tape:
         logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync, layout,
                                             precision)
         losses = on_devices(devices, loss_sum, logits, y_shards)
-    grads = tape.gradient(losses, [p for params in replicas for p in params])   # of the losses' sum
+        targets = on_devices(devices, lambda loss: scaled(loss, scale), losses)
+    grads = tape.gradient(targets, [p for params in replicas for p in params])   # of the losses' sum
     n = len(PARAM_NAMES)
     # on their devices: the tape builds them outside every tf.device scope, and a cross-process all-reduce needs it
     return losses, [on_devices([d] * n, tf.identity, grads[i * n:(i + 1) * n]) for i, d in enumerate(devices)], \
@@ -203,9 +211,11 @@ class Functional:
     def get_bn_state(self, state, device):
         return get_bn_state(state, device)
 
-    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices):
-        """The lock-step forward of every replica on its shard, local or synchronised BatchNorm, one tape."""
-        return loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, self.sync, self.layout, self.precision)
+    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices, scale=None):
+        """The lock-step forward of every replica on its shard, local or synchronised BatchNorm, one tape (the
+        gradients of the losses times `scale`, if given)."""
+        return loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, self.sync, self.layout, self.precision,
+                              scale)
 
     def to_numpy(self, replica):
         return to_numpy(replica)
@@ -245,8 +255,9 @@ def build_model(weights, bn_state, bn=CANONICAL_BN, synchronized=False, dtype=No
     corrupts the heap when the batch is odd and the input has fewer than 16 channels (97 images: "free(): invalid
     size"; 96 and TF_ENABLE_ONEDNN_OPTS=0 do not), the bug pytorch/resnet.py meets in channels-last memory
     (uxlfoundation/oneDNN#6035). `dtype`: every layer's dtype policy (None: Keras's default, float32;
-    "mixed_bfloat16" at bf16: fp32 variables, the layers computing in bf16, BatchNormalization in fp32 on its bf16
-    input and its output rounded to bf16, as Keras's BatchNormalization.call casts)."""
+    "mixed_bfloat16" at bf16, "mixed_float16" at fp16: fp32 variables, the layers computing in the low dtype,
+    BatchNormalization in fp32 on its low-precision input and its output rounded to it, as Keras's
+    BatchNormalization.call casts)."""
     keras = tf.keras
     L = keras.layers
     shapes = layers(weights["stem.conv.weight"].shape[0])
