@@ -4,8 +4,10 @@ kvstore that distributed.py created also sums them over all workers (through the
 The ResNet's BatchNorm keeps its running statistics as aux Parameters (grad_req 'null'): the kvstore never sees
 them, so each context keeps its own. Synchronised BatchNorm is Gluon's contrib.nn.SyncBatchNorm, which shares the
 moments between the contexts of one process only; on CPU contexts it needs MXNet started with enough scratch
-buffers (common/cpu_scratch.py), or it hangs. At --precision bf16 every context trains the network's graph as MXNet's
-own AMP converts it (idiomatic.mixed_precision) on the same fp32 Parameters: the kvstore sums fp32 gradients."""
+buffers (common/cpu_scratch.py), or it hangs. At --precision bf16 or fp16 every context trains the network's graph as
+MXNet's own AMP converts it (idiomatic.mixed_precision) on the same fp32 Parameters: the kvstore sums fp32 gradients.
+At fp16 the Trainer carries AMP's own loss scaler (idiomatic.init_loss_scaler): it checks the summed gradients, after
+the kvstore's all-reduce, and skips the update on every context (and process) alike when one overflows."""
 import os
 
 from mxnet import autograd, gluon, nd
@@ -15,7 +17,9 @@ from common.interface import Model, Network, Unavailable
 from common.sharding import micro_batches
 
 from . import distributed as dist, resnet
-from .idiomatic import Accumulation, build, canonical_names, evaluate as evaluate_gluon, is_resnet, mixed_precision
+from .devices import check_precision
+from .idiomatic import (Accumulation, amp_scaled, build, canonical_names, evaluate as evaluate_gluon, init_loss_scaler,
+                        is_resnet, loss_scale as trainer_loss_scale, mixed_precision)
 from .lenet import evaluate as evaluate_params, loss_sum, to_numpy as params_to_numpy
 from .optimizer import Trainer, get_trainer, canonical_state
 
@@ -36,9 +40,13 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     canonical `state` of a checkpoint if given (every context's updater, in every process, gets it), for either
     network (its parameters by their canonical names: idiomatic.canonical_names).
     The ResNet's sync BatchNorm: SyncBatchNorm over this process's contexts (CPU contexts run here; GPUs: written,
-    not run here). At network.precision bf16 the step trains the net's mixed_precision twin (contrib.amp's
+    not run here). At network.precision bf16 or fp16 the step trains the net's mixed_precision twin (contrib.amp's
     conversion, over the same Parameters: a CachedOp per context, as the net's); the Trainer updates the fp32
-    Parameters either way."""
+    Parameters either way. network.loss_scaling gives the Trainer AMP's loss scaler (idiomatic.init_loss_scaler),
+    which update_on_kvstore=False also keeps working: on the kvstore, pushpull would update the weights before
+    Trainer._update asks the scaler whether to skip, and a dist kvstore refuses the rescale changing with the scale.
+    fp16 needs GPUs (devices.check_precision)."""
+    check_precision(network.precision, devices)
     if network.sync and dist.is_initialized():
         raise Unavailable("Gluon's contrib SyncBatchNorm synchronises the contexts of one process only, not a "
                           "kvstore's workers: run --bn sync in 1 process")
@@ -58,6 +66,7 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     trainer._init_kvstore()
     trainer._init_params()
     nd.waitall()
+    init_loss_scaler(trainer, network.loss_scaling)
     return Model(net, trainer, devices, network.precision, mixed_precision(net, network.precision))
 
 
@@ -78,8 +87,10 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     optimizer.py clips that sum, the same on every context, and its schedule sets the rate, not `lr`.
     accumulate: each shard in that many micro-batches (common.sharding.micro_batches), Gluon's way: the Parameters'
     grad_req 'add', so each backward adds into their .grad, one trainer.step (its kvstore sums each key once), then
-    zero_grad for the next update (at bf16 added by hand: idiomatic.Accumulation says why). At bf16 each context's
-    forward is the net's mixed_precision twin: logits back in fp32, the loss in fp32."""
+    zero_grad for the next update (at bf16 added by hand: idiomatic.Accumulation says why). At bf16 or fp16 each
+    context's forward is the net's mixed_precision twin: logits back in fp32, the loss in fp32. With a loss scaler
+    every micro-batch's backward is from the losses times its scale (idiomatic.amp_scaled), and trainer.step skips
+    the update where the summed gradients overflow."""
     net, trainer = model.net if model.mixed is None else model.mixed, model.trainer
     X_shards, y_shards = batch
     adding = Accumulation(model.net, accumulate, model.precision)
@@ -89,7 +100,8 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
         with autograd.record():            # queued asynchronously: the contexts work in parallel
             losses = [loss_sum(net(X[part[i][0]:part[i][1]]), y[part[i][0]:part[i][1]])
                       for X, y, part in zip(X_shards, y_shards, parts)]
-        autograd.backward(losses)
+            heads = amp_scaled(losses, trainer)
+        autograd.backward(heads)
         adding.after_backward(last=i == accumulate - 1)
         loss += sum(micro.asscalar() for micro in losses)
     if not isinstance(trainer, Trainer):
@@ -97,6 +109,11 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     trainer.step(batch_size)
     adding.after_step()
     return loss / sum(len(y) for y in y_shards)
+
+
+def loss_scale(model):
+    """The scale the next step's losses are multiplied by: the Trainer's LossScaler's (idiomatic.loss_scale)."""
+    return trainer_loss_scale(model)
 
 
 def params(net):

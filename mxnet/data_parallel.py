@@ -1,14 +1,19 @@
 """Data parallelism from scratch in MXNet: split the batch, forward and backward on every context,
 sum the gradients across contexts, apply the same SGD update to every replica (or, with states, the same
-update of optimizer.py). One step for every network: `model` is lenet.py's or resnet.py's Functional."""
+update of optimizer.py). One step for every network: `model` is lenet.py's or resnet.py's Functional. With a loss
+scaler (--precision fp16) the backward is the scaled loss's, and the summed gradients are unscaled and checked before
+the update, which an overflow skips (common/loss_scaling.py). With --allreduce-dtype bf16 the gradients are summed in
+bf16 (on_the_wire)."""
+import numpy as np
 from mxnet import nd
 
 from common.buckets import plan
-from common.interface import StepSettings
+from common.interface import StepSettings, Unavailable
 from common.sharding import micro_batches, shard_bounds
 
 from . import distributed as dist
 from . import optimizer
+from .lenet import DTYPES
 
 
 def split_and_load(array, devices):
@@ -18,10 +23,13 @@ def split_and_load(array, devices):
             for (a, b), d in zip(shard_bounds(len(array), len(devices)), devices)]
 
 
-def allreduce(tensors, name=("tensor",)):
+def allreduce(tensors, name=("tensor",), dtype="fp32"):
     """Sum on the first tensor's context, then copy the sum back into every tensor, in place.
     In a multi-process run the local sum is also summed across processes by the kvstore, which needs a name for
-    each value, the same in every process (distributed.all_reduce turns it and the shape into a key)."""
+    each value, the same in every process (distributed.all_reduce turns it and the shape into a key). With dtype
+    'bf16' the sum is on_the_wire's."""
+    if dtype != "fp32":
+        return on_the_wire(tensors, name, dtype)
     for t in tensors[1:]:
         tensors[0] += t.copyto(tensors[0].context)
     if dist.is_initialized():
@@ -31,17 +39,51 @@ def allreduce(tensors, name=("tensor",)):
     return tensors
 
 
-def allreduce_gradients(grads, bucket_bytes=None):
+def on_the_wire(tensors, name, dtype):
+    """allreduce with `dtype` (bf16) on the wire, common.precision.summed_on_the_wire's sum, in place: every tensor
+    cast to it by amp_cast, the casts added up on the first tensor's context in context order by elemwise_add, across
+    processes by across_processes, the sum widened back into every tensor. amp_cast and elemwise_add round to nearest
+    even (their oneDNN kernels, on the CPU); astype and `+` or `+=` (Cast, broadcast_add) would truncate, as mshadow's
+    bf16_t keeps a float's upper 16 bits, and so would every kernel of a GPU: GPU contexts are refused."""
+    if any(t.context.device_type == "gpu" for t in tensors):
+        raise Unavailable(f"--allreduce-dtype {dtype} on MXNet GPUs: only its oneDNN (CPU) kernels round to bf16, its "
+                          f"GPU kernels truncate (mshadow's bf16_t)")
+    wire = [nd.amp_cast(t, dtype=DTYPES[dtype]) for t in tensors]
+    total = wire[0]
+    for w in wire[1:]:
+        nd.elemwise_add(total, w.as_in_context(total.context), out=total)
+    if dist.is_initialized():
+        total = across_processes(total, name)
+    for t in tensors:
+        nd.amp_cast(total.as_in_context(t.context), dtype=np.float32, out=t)
+    return tensors
+
+
+def across_processes(total, name):
+    """The sum of every process's bf16 `total`, in bf16. The kvstore's server refuses bf16 (its type switch stops on
+    "Unknown type enum 12"), so the values travel widened to fp32 (between processes the bytes are fp32's) and their
+    sum is rounded to bf16 once: with two processes that is the one fp32 addition elemwise_add makes and rounds, the
+    bf16 sum; past two the server's fp32 additions would each skip a rounding, so no other count runs."""
+    if dist.process_count() > 2:
+        raise Unavailable(f"--allreduce-dtype bf16 across {dist.process_count()} MXNet processes: its kvstore carries "
+                          f"no bf16, and its fp32 sum is the bf16 sum for only two processes")
+    wide = nd.amp_cast(total, dtype=np.float32)
+    dist.all_reduce(wide, name)
+    return nd.amp_cast(wide, dtype=total.dtype)
+
+
+def allreduce_gradients(grads, bucket_bytes=None, dtype="fp32"):
     """Every parameter's gradient summed across contexts, in place (grads[d]: context d's list): an allreduce per
     parameter (named by its index), or per bucket of parameters (common/buckets.py), each context's gradients
-    flattened into one buffer (nd.concat) and the sum written back into them, as DDP does."""
+    flattened into one buffer (nd.concat) and the sum written back into them, as DDP does. `dtype`: the precision
+    on the wire (allreduce's; a bucket is cast whole)."""
     if bucket_bytes is None:
         for i, per_device in enumerate(zip(*grads)):   # one parameter's gradient on every context
-            allreduce(list(per_device), ("gradient", i))
+            allreduce(list(per_device), ("gradient", i), dtype)
         return grads
     for b, bucket in enumerate(plan([g.size for g in grads[0]], bucket_bytes)):
         buffers = allreduce([nd.concat(*[device_grads[i].reshape(-1) for i in bucket], dim=0)
-                             for device_grads in grads], ("bucket", b))
+                             for device_grads in grads], ("bucket", b), dtype)
         for device_grads, buffer in zip(grads, buffers):
             start = 0
             for i in bucket:
@@ -49,6 +91,18 @@ def allreduce_gradients(grads, bucket_bytes=None):
                 g[:] = buffer[start:start + g.size].reshape(g.shape)   # in place: the parameter's .grad
                 start += g.size
     return grads
+
+
+def unscale_gradients(grads, scale):
+    """The all-reduced gradients of the scaled loss multiplied by 1/scale in fp32, in place (exact: scale is a power
+    of two), and whether every one is finite: multi_all_finite, the check of contrib.amp's LossScaler, on the first
+    context's (after the all-reduce every context holds the same sums, as every process does)."""
+    inverse = 1.0 / scale
+    for device_grads in grads:
+        for g in device_grads:
+            g *= inverse                   # in place: the parameter's .grad
+    finite = nd.multi_all_finite(*grads[0], num_arrays=len(grads[0]))
+    return bool(finite.asscalar())
 
 
 def sgd(params, grads, lr, batch_size):
@@ -66,26 +120,28 @@ def update(params, grads, scale):
         p -= scale * g                     # in place: NDArray's -= writes into p
 
 
-def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices):
+def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices, scale=None):
     """Every context's part of the step: its shard's summed loss, its replica's gradients and new BatchNorm state
     (model.loss_and_grads: the LeNet's contexts each on their own, queued asynchronously so that they work in
-    parallel; the ResNet's in lock-step, layer by layer, for its BatchNorm)."""
-    return model.loss_and_grads(replicas, bn_states, X_shards, y_shards, devices)
+    parallel; the ResNet's in lock-step, layer by layer, for its BatchNorm). With a loss scale, the gradients of the
+    loss times it (the loss itself unscaled)."""
+    return model.loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, scale)
 
 
-def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, devices, count):
+def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, devices, count, scale=None):
     """Gradient accumulation: each context's shard cut into `count` micro-batches (common.sharding.micro_batches), a
-    forward and backward each, their summed losses and gradients added up on the context (copied out of the
-    parameters' .grad, which the next backward overwrites); the BatchNorm states go through the micro-batches in
-    turn. Nothing crosses contexts here: the all-reduce comes once, after it."""
+    forward and backward each (every one from the same loss scale), their summed losses and gradients added up on the
+    context (copied out of the parameters' .grad, which the next backward overwrites); the BatchNorm states go through
+    the micro-batches in turn. Nothing crosses contexts here: the all-reduce comes once, after it."""
     if count == 1:
-        return loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices)
+        return loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices, scale)
     parts = [micro_batches(len(y), count) for y in y_shards]
     losses = grads = None
     for i in range(count):
         X_micro = [X[part[i][0]:part[i][1]] for X, part in zip(X_shards, parts)]
         y_micro = [y[part[i][0]:part[i][1]] for y, part in zip(y_shards, parts)]
-        micro_losses, micro_grads, bn_states = loss_and_grads(model, replicas, bn_states, X_micro, y_micro, devices)
+        micro_losses, micro_grads, bn_states = loss_and_grads(model, replicas, bn_states, X_micro, y_micro, devices,
+                                                              scale)
         if losses is None:
             losses, grads = list(micro_losses), [[g.copy() for g in device_grads] for device_grads in micro_grads]
         else:
@@ -95,15 +151,21 @@ def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, 
 
 
 def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
-                   bucket_bytes=None, units=None, accumulate=1):
+                   bucket_bytes=None, units=None, accumulate=1, scaler=None, allreduce_dtype="fp32"):
     """The step on shards already on their contexts: each context's loss and gradients, the gradients summed across
-    contexts (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same update on every replica (the
-    recipe's sgd, or optimizer.apply with each replica's state). `units`: the step's units (None: UNITS). Returns each
-    context's summed loss and each replica's new BatchNorm state."""
+    contexts (allreduce_gradients: per parameter, or by buckets of bucket_bytes; allreduce_dtype on the wire), the
+    same update on every replica (the recipe's sgd, or optimizer.apply with each replica's state). `units`: the
+    step's units (None: UNITS). With a `scaler` (common.loss_scaling.Scaler) the gradients are the loss's times its
+    scale, unscaled after the sum; where one is not finite no replica updates (nor its optimizer state), and the
+    scaler takes the verdict. Returns each context's summed loss and each replica's new BatchNorm state (kept when
+    the update is skipped)."""
     units = units or UNITS
+    scale = None if scaler is None else scaler.scale
     losses, grads, bn_states = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
-                                           y_shards, devices, accumulate)
-    allreduce_gradients(grads, bucket_bytes)
+                                           y_shards, devices, accumulate, scale)
+    allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
+    if scaler is not None and not scaler.update(unscale_gradients(grads, scale)):
+        return losses, bn_states
     if states is None:
         for params, device_grads in zip(replicas, grads):
             sgd(params, device_grads, lr, batch_size)
@@ -118,12 +180,14 @@ UNITS = {"update": update, "loss_and_grads": loss_and_grads, "step_on_shards": s
 
 def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, settings=StepSettings()):
     """One synchronous step of `model` (common.interface.CONTRACT): split_and_load, then step_on_shards with the run's
-    settings (its all-reduce's buckets, its compiled units). The replicas' new running statistics go into bn_states."""
+    settings (its all-reduce's buckets, its compiled units, its loss scaler, its dtype on the wire). The replicas'
+    new running statistics go into bn_states."""
     units = settings.units or UNITS
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, bn_states[:] = units["step_on_shards"](model, replicas, bn_states, X_shards, y_shards, devices, lr,
                                                    batch_size or len(X), states, settings.bucket_bytes, units,
-                                                   settings.accumulate)
+                                                   settings.accumulate, settings.scaler,
+                                                   settings.allreduce_dtype)
     return sum(loss.asscalar() for loss in losses) / len(X)
 
 

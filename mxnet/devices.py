@@ -9,6 +9,7 @@ if "bool" not in np.__dict__:
 
 import mxnet as mx  # noqa: E402
 
+from common.interface import Unavailable  # noqa: E402
 from common.sharding import check_device_count  # noqa: E402
 
 
@@ -22,6 +23,17 @@ def get_devices(n=None):
     if gpus:
         return [mx.gpu(i) for i in range(n or gpus)]
     return [mx.cpu(i) for i in range(n or 1)]
+
+
+def check_precision(precision, devices=None):
+    """MXNet 1.9.1's fp16 convolution and dense layer are cuDNN's: on CPU contexts its kernels refuse ("FP16 gemm on
+    cpu not implemented!", "float16 fully connected layer is currently only supported by CuDNN"), so --precision fp16
+    is refused in one line before any runs. `devices`: the run's contexts (None: those get_devices gives, GPUs where
+    there are any)."""
+    on_cpu = gpu_count() == 0 if devices is None else devices[0].device_type == "cpu"
+    if precision == "fp16" and on_cpu:
+        raise Unavailable("MXNet 1.9.1 computes fp16 convolutions and dense layers only with cuDNN: --precision "
+                          "fp16 needs a GPU (its CPU kernels refuse fp16)")
 
 
 def device_info(devices):

@@ -78,3 +78,8 @@ def sum_count(n):
     """The integer n summed over every worker (the test split's correct counts), through the kvstore as the
     gradients are; float64, exact for any count."""
     return int(all_reduce(mx.nd.array([n], dtype="float64"), ("correct count",)).asscalar())
+
+
+def process_count():
+    """The job's number of workers (the processes that train)."""
+    return KV.num_workers

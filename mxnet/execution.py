@@ -21,8 +21,8 @@ def hybridize(written, model):
     its graphs hold)."""
     compiled = model.hybridized()
 
-    def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices):
-        return compiled(replicas, bn_states, X_shards, y_shards, devices)
+    def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices, scale=None):
+        return compiled(replicas, bn_states, X_shards, y_shards, devices, scale)
     return loss_and_grads
 
 

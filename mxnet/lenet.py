@@ -7,11 +7,15 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 
 from common.lenet import LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
+from common.precision import is_low
+
+from .devices import check_precision
 
 CONV1, CONV2, FC1 = (LAYERS[name][1] for name in ("conv1", "conv2", "fc1"))   # weight shapes
 DEFAULT_LAYOUT = "nchw"   # execution.LAYOUTS' only key, here so that the networks' files need not import execution.py
-# MXNet's name for bfloat16 (contrib/amp/amp.py's): numpy has no such type, so MXNet 1.9.1 takes this structured dtype
-DTYPES = {"bf16": np.dtype([("bfloat16", np.uint16)])}
+# Each low precision's dtype as amp_cast takes it: MXNet's name for bfloat16 (contrib/amp/amp.py's), a structured dtype
+# because numpy has no such type; numpy's float16
+DTYPES = {"bf16": np.dtype([("bfloat16", np.uint16)]), "fp16": np.float16}
 
 
 def to_layout(X, layout=DEFAULT_LAYOUT):
@@ -28,24 +32,26 @@ def get_params(weights, device):
 
 
 def low(F, x, precision):
-    """x as a convolution or dense layer at `precision` takes it (common/precision.py): cast to bf16 as contrib.amp
-    casts its BF16_FUNCS' inputs, by amp_cast, whose backward casts the gradient back (an fp32 master weight gets
-    an fp32 gradient, a bf16 value). x itself at fp32: the fp32 graph is as it always was."""
-    return x if precision == "fp32" else F.amp_cast(x, dtype=DTYPES[precision])
+    """x as a convolution or dense layer at `precision` takes it (common/precision.py): cast to bf16 or fp16 as
+    contrib.amp casts its BF16_FUNCS' or FP16_FUNCS' inputs, by amp_cast, whose backward casts the gradient back (an
+    fp32 master weight gets an fp32 gradient, a bf16 or fp16 value). x itself at fp32: the fp32 graph is as it always
+    was."""
+    return F.amp_cast(x, dtype=DTYPES[precision]) if is_low(precision) else x
 
 
 def fp32(F, x, precision):
     """x, made at `precision`, widened to fp32 for what runs in fp32 whatever its input (common/precision.py): the
     ResNet's BatchNorm and global mean (mean, like log_softmax, is one of contrib.amp's FP32_FUNCS); x itself at
     fp32."""
-    return x if precision == "fp32" else F.amp_cast(x, dtype=np.float32)
+    return F.amp_cast(x, dtype=np.float32) if is_low(precision) else x
 
 
 def forward(params, X, F=nd, layout=DEFAULT_LAYOUT, precision="fp32"):
     """F is where the ops come from: mx.nd runs them one by one, mx.sym builds a graph of them, which is how
     hybridize traces this function (hybridized, below). A traced graph has no shapes to read: kernel sizes and
-    widths come from the spec. At bf16 the convolutions and dense layers take X and the weights cast (low), and
-    every op after them runs on the bf16 values they make, as contrib.amp runs them: the logits are bf16."""
+    widths come from the spec. At bf16 or fp16 the convolutions and dense layers take X and the weights cast (low),
+    and every op after them runs on the low-precision values they make, as contrib.amp runs them: so are the
+    logits."""
     w1, b1, w2, b2, w3, b3, w4, b4 = (low(F, p, precision) for p in params)
     relu = {"act_type": "relu"}            # Activation, not F.relu: its oneDNN kernel is faster (docs/results.md)
     pool = {"kernel": (POOL, POOL), "stride": (POOL, POOL), "pool_type": "avg"}
@@ -89,15 +95,23 @@ def loss_sum(logits, y):
     return cross_entropy(logits, y).sum()
 
 
-def loss_and_grads(replicas, X_shards, y_shards, forward=forward):
+def scaled(loss, scale):
+    """What the backward differentiates: the loss times the step's loss scale (common/loss_scaling.py), recorded, as
+    contrib.amp.scale_loss makes it; the loss itself without one (scale None). The scale is an input of the
+    multiplication, not of a traced graph: a new scale retraces nothing."""
+    return loss if scale is None else loss * scale
+
+
+def loss_and_grads(replicas, X_shards, y_shards, forward=forward, scale=None):
     """Each context's summed loss on its shard and its replica's gradients (in its parameters' .grad): a record and a
     backward per context, queued asynchronously, so the contexts work in parallel. `forward`(params, X): the written
-    one, or its hybridized graph."""
+    one, or its hybridized graph. With a loss scale the gradients are the scaled loss's (scaled), the losses not."""
     losses = []
     for params, X, y in zip(replicas, X_shards, y_shards):
         with autograd.record():
             loss = loss_sum(forward(params, X), y)
-        loss.backward()
+            head = scaled(loss, scale)
+        head.backward()
         losses.append(loss)
     return losses, [[p.grad for p in params] for params in replicas]
 
@@ -143,11 +157,14 @@ def canonical_names(net):
 class Functional:
     """The LeNet as the scratch step trains it (common.interface.FUNCTIONAL): replicas as lists of NDArrays, the
     forward as a function of them. Its settings: the layout (NCHW, the only one here) and the precision the step
-    computes at (common/precision.py; evaluate runs in fp32, as PyTorch's)."""
+    computes at (common/precision.py; evaluate runs in fp32, as PyTorch's). fp16 needs a GPU (check_precision)."""
     layout: str = DEFAULT_LAYOUT
     precision: str = "fp32"
     name = "lenet"
     param_names = PARAM_NAMES
+
+    def __post_init__(self):
+        check_precision(self.precision)
 
     def get_params(self, weights, device):
         return get_params(weights, device)
@@ -158,15 +175,16 @@ class Functional:
     def forward(self, params, X, F=nd):
         return forward(params, X, F, self.layout, self.precision)
 
-    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices):
-        return (*loss_and_grads(replicas, X_shards, y_shards, self.forward), bn_states)
+    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices, scale=None):
+        """The contract's, and the gradients of the loss times `scale` where the step scales it (data_parallel)."""
+        return (*loss_and_grads(replicas, X_shards, y_shards, self.forward, scale), bn_states)
 
     def hybridized(self):
         """loss_and_grads with the forward traced by hybridize (execution.py's graph level): one cached graph, its
-        backward too."""
+        backward too; the loss scale multiplies the graph's output, outside it."""
         compiled = hybridized(self.forward)
-        return lambda replicas, bn_states, X_shards, y_shards, devices: (
-            *loss_and_grads(replicas, X_shards, y_shards, compiled), bn_states)
+        return lambda replicas, bn_states, X_shards, y_shards, devices, scale=None: (
+            *loss_and_grads(replicas, X_shards, y_shards, compiled, scale), bn_states)
 
     def to_numpy(self, replica):
         return to_numpy(replica)

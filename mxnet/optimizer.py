@@ -331,14 +331,17 @@ class Trainer(gluon.Trainer):
         self.names = trainer_order(params, names)   # the canonical name of each index (None: not trained)
 
     def step(self, batch_size, ignore_stale_grad=False):
-        """The gradients are sums until update() rescales them by 1 / batch_size: the norm is clipped at
-        clip * batch_size. clip_global_norm adds 1e-8 to the summed norm where torch adds 1e-6 to the mean's
+        """The gradients are sums until update() rescales them by _scale / batch_size: the norm is clipped at
+        clip * batch_size / _scale (_scale is 1, or 1 / the loss scale, which amp.scale_loss sets: the scaled sum's
+        norm is clipped where the unscaled one's would be; an overflowing gradient stays inf or nan through it, and the
+        loss scaler skips the update). clip_global_norm adds 1e-8 to the summed norm where torch adds 1e-6 to the mean's
         (1e-6 * batch_size to the sum): the coefficients differ by ~1e-6 / norm, relative."""
         self.allreduce_grads()
         if self.clip_norm is not None:
             trained = [p for p in self._params if p.grad_req != "null"]   # running statistics have no gradient
             for grads in zip(*(p.list_grad() for p in trained)):   # one context's gradients
-                gluon.utils.clip_global_norm(list(grads), self.clip_norm * batch_size, check_isfinite=False)
+                gluon.utils.clip_global_norm(list(grads), self.clip_norm * batch_size / self._scale,
+                                             check_isfinite=False)
         self.update(batch_size, ignore_stale_grad)
 
 

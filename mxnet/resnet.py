@@ -12,7 +12,8 @@ from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, NUM_CLAS
                            by_canonical_name, has_projection, layer_arguments, layers, width_of)
 
 from . import distributed as dist
-from .lenet import DEFAULT_LAYOUT, fp32, hybridized, loss_sum, low
+from .devices import check_precision
+from .lenet import DEFAULT_LAYOUT, fp32, hybridized, loss_sum, low, scaled
 
 
 def to_layout(X, layout=DEFAULT_LAYOUT):
@@ -119,9 +120,10 @@ def replica_forward(F, p, s, X, training, width, bn=CANONICAL_BN, layout=DEFAULT
     generator: in training mode each BatchNorm yields its shard's moments and goes on with the sums sent back (its
     own, or every shard's: lock_step drives every replica's forward at once). What a layer needs after a yield (the
     block's input, for the shortcut) passes through it, so that the ops between two yields depend on nothing else:
-    there the graph level can cut the forward into graphs (segments). Returns the logits. At bf16 the convolutions
-    and the dense layer run in bf16 (conv), BatchNorm in fp32 (batch_norm), the ReLUs and adds on the bf16 values
-    they give, the global mean in fp32 (one of contrib.amp's FP32_FUNCS): the logits are bf16."""
+    there the graph level can cut the forward into graphs (segments). Returns the logits. At bf16 (fp16 alike) the
+    convolutions and the dense layer run in bf16 (conv), BatchNorm in fp32 (batch_norm), the ReLUs and adds on the
+    bf16 values they give, the global mean in fp32 (one of contrib.amp's FP32_FUNCS at either): the logits are
+    bf16."""
     def norm(name, h, keep=()):
         return batch_norm(F, p, s, name, h, keep, training, bn, width, precision)
     h, _ = yield from norm("stem.bn", conv(F, p, "stem.conv", to_layout(X, layout), width, precision))
@@ -204,15 +206,16 @@ def bn_state_to_numpy(bn_state):
 
 
 def loss_and_grads(replicas, bn_states, X_shards, y_shards, sync, layout=DEFAULT_LAYOUT, forward_shards=forward_shards,
-                   precision="fp32"):
+                   precision="fp32", scale=None):
     """The contexts' summed losses and each replica's gradients (in its parameters' .grad), from one backward through
     the whole lock-step forward: with sync, a replica's gradient includes what reaches it through the other shards'
     statistics. Also the replicas' new BatchNorm states. `forward_shards`: the written one, or segments', at
-    `precision`."""
+    `precision`. With a loss scale the gradients are the scaled losses' (lenet.scaled), the losses not."""
     with autograd.record():
         logits, new_states = forward_shards(replicas, bn_states, X_shards, True, CANONICAL_BN, sync, layout, precision)
         losses = [loss_sum(out, y) for out, y in zip(logits, y_shards)]
-    autograd.backward(losses)
+        heads = [scaled(loss, scale) for loss in losses]
+    autograd.backward(heads)
     if sync and dist.is_initialized():
         nd.waitall()   # AllSum.backward runs on an engine thread: its all-reduces first, then the gradients' (their
         #                kvstore keys are declared in the same order on every process, or the workers deadlock)
@@ -294,7 +297,8 @@ def run_segments(cut, replicas, X_shards):
 
 
 def hybridized_loss_and_grads(sync, layout=DEFAULT_LAYOUT, precision="fp32"):
-    """loss_and_grads with the forward as hybridize's graphs (above), made on a width's first step, at `precision`."""
+    """loss_and_grads with the forward as hybridize's graphs (above), made on a width's first step, at `precision`;
+    a loss scale multiplies the graphs' losses outside them (lenet.scaled)."""
     graphs = {}
 
     def traced(width):
@@ -308,15 +312,16 @@ def hybridized_loss_and_grads(sync, layout=DEFAULT_LAYOUT, precision="fp32"):
         logits, new_states = lock_step(nd, run_segments(traced(width), replicas, X_shards), bn_states, sync, bn, width)
         return logits, new_states
 
-    def compiled(replicas, bn_states, X_shards, y_shards):
+    def compiled(replicas, bn_states, X_shards, y_shards, scale=None):
         if sync:
-            return loss_and_grads(replicas, bn_states, X_shards, y_shards, sync, layout, segmented, precision)
+            return loss_and_grads(replicas, bn_states, X_shards, y_shards, sync, layout, segmented, precision, scale)
         losses, new_states = [], []
         for params, bn_state, X, y in zip(replicas, bn_states, X_shards, y_shards):
             with autograd.record():
                 logits, new_state = traced(params[0].shape[0])([params, bn_state], X)
                 loss = loss_sum(logits, y)
-            loss.backward()
+                head = scaled(loss, scale)
+            head.backward()
             losses.append(loss)
             new_states.append(new_state)
         return losses, [[p.grad for p in params] for params in replicas], new_states
@@ -338,12 +343,15 @@ class Functional:
     """The ResNet-18 as the scratch step trains it (common.interface.FUNCTIONAL): replicas and BatchNorm states as
     lists of NDArrays, the lock-step forward (forward_shards) as a function of them. Settings: the layout (NCHW, the
     only one here), sync, --bn sync, and the precision the step computes at (common/precision.py; evaluate runs in
-    fp32, as PyTorch's)."""
+    fp32, as PyTorch's). fp16 needs a GPU (check_precision)."""
     layout: str = DEFAULT_LAYOUT
     sync: bool = False
     precision: str = "fp32"
     name = "resnet18"
     param_names = PARAM_NAMES
+
+    def __post_init__(self):
+        check_precision(self.precision)
 
     def get_params(self, weights, device):
         return get_params(weights, device)
@@ -351,16 +359,17 @@ class Functional:
     def get_bn_state(self, state, device):
         return get_bn_state(state, device)
 
-    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices):
+    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices, scale=None):
+        """The contract's, and the gradients of the losses times `scale` where the step scales them (data_parallel)."""
         return loss_and_grads(replicas, bn_states, X_shards, y_shards, self.sync, self.layout, forward_shards,
-                              self.precision)
+                              self.precision, scale)
 
     def hybridized(self):
         """loss_and_grads as hybridize's graphs (execution.py's graph level): with local BatchNorm each replica's
         forward and backward one graph; with sync, its segments between the moments' all-reduces."""
         compiled = hybridized_loss_and_grads(self.sync, self.layout, self.precision)
-        return lambda replicas, bn_states, X_shards, y_shards, devices: compiled(replicas, bn_states, X_shards,
-                                                                                 y_shards)
+        return lambda replicas, bn_states, X_shards, y_shards, devices, scale=None: compiled(
+            replicas, bn_states, X_shards, y_shards, scale)
 
     def to_numpy(self, replica):
         return to_numpy(replica)
