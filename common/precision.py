@@ -35,10 +35,12 @@ DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}
 # itself, moves its loss by up to 4e-4 and all its gradients by 2e-2 in norm (64 images; 4e-2 at 16). A framework's
 # bf16 step must come within BOUND (the loss, relative) and GRADIENT_BOUND (every gradient at once, relative in
 # norm) of the reference's: tests/test_precision.py, where each framework's measured distance is given.
-# fp16 keeps 11 significant bits (2**-12 of a value), 8 times bf16's: its bounds are bf16's measured flips scaled
-# down, with the same margin.
+# fp16 keeps 11 significant bits (2**-12 of a value), 8 times bf16's: its loss's bound is bf16's scaled down. Its
+# gradients' is bf16's: most of their distance is a ReLU whose input lies within a rounding of zero and flips, which
+# fp16 shrinks only about twice (TensorFlow's ResNet at fp16: 1.8e-2 from the reference; the reference's own
+# gradients move 1.7e-2 to 2.4e-2 when its weights move 1e-6 of themselves).
 BOUND = {"fp32": 1e-5, "bf16": 5e-3, "fp16": 1e-3}
-GRADIENT_BOUND = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}
+GRADIENT_BOUND = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 5e-2}
 
 
 def check(precision):

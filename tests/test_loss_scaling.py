@@ -16,6 +16,9 @@ from conftest import framework_or_skip
 
 LR, STEPS, INTERVAL = 0.1, 6, 2
 PER_DEVICE = 16   # images a device: the fp16 backward overflows at the initial scale, not at half of it (by 18% or more)
+# The ResNet on 16 images a device is ill-conditioned: a channel whose batch variance is near zero amplifies rounding,
+# so fp32 gradients (PyTorch's and MXNet's alike, 1e-6 apart) are 2e-3 from float64's in norm (4e-6 on 64 images),
+# fp16's up to 7e-2: its gradients are compared on 64 images, in tests/test_precision.py.
 MARGIN = 1.18     # a scale this much above or below the one a step ran at overflows the same: the case is not borderline
 
 
@@ -41,36 +44,23 @@ def test_unscaling_is_exact_and_finds_a_non_finite_gradient():
 
 
 # ----------------------------------------------------------------------------------- a forced overflow, every mode
-def reference_run(network, data, rows, devices, scaling, precision):
-    """The step of common/backprop.py with dynamic loss scaling on `devices` shards of every batch of `rows`: each
-    shard's backward from the scale, the gradients summed in fp32, unscaled, the update skipped where one is not
-    finite. Returns, per step, (the scale it ran at, whether it updated, the mean loss), and the final weights.
-    Every step's overflow (or none) must hold at the scale times and divided by MARGIN: else the case is borderline,
-    and a framework's rounding could decide it either way."""
-    name = "lenet" if network == "lenet" else "resnet18"
-    weights = models.init_weights(name, 0, width=None if name == "lenet" else 8)
-    states = [models.init_bn_state(name, 8)] * devices
-    scaler, trace = Scaler(scaling), []
-    for batch in rows:
-        X, y = data.X_train[batch], data.y_train[batch]
-        total, grads, finite_at = 0.0, None, {}
-        for d, (a, b) in enumerate(shard_bounds(len(X), devices)):
-            for factor in (1 / MARGIN, MARGIN):
-                g = backprop.loss_and_grads(name, weights, states[d], X[a:b], y[a:b], precision,
-                                            scaler.scale * factor)[1]
-                finite_at[factor] = finite_at.get(factor, True) and unscaled(g, 1.0)[1]
-            loss, g, states[d] = backprop.loss_and_grads(name, weights, states[d], X[a:b], y[a:b], precision,
-                                                         scaler.scale)
-            total += loss
-            grads = g if grads is None else {n: grads[n] + g[n] for n in g}
-        grads, finite = unscaled(grads, scaler.scale)
-        if np.all(np.isfinite(X)):
-            assert finite_at[1 / MARGIN] == finite == finite_at[MARGIN], ("borderline", scaler.scale, finite_at)
-        ran_at = scaler.scale
-        if scaler.update(finite):
-            weights = {n: (w - np.float32(LR / len(X)) * grads[n]).astype(np.float32) for n, w in weights.items()}
-        trace.append((ran_at, finite, total / len(X)))
-    return trace, weights
+def reference_step(name, weights, state, X, y, devices, scale, precision):
+    """The step of common/backprop.py at `scale` from `weights` on `devices` shards: the mean loss, whether the
+    unscaled summed gradients are all finite (None where the verdict is borderline: it changes within MARGIN of the
+    scale, so a framework's rounding may decide it either way; an inf pixel decides it at any scale), and the SGD
+    update's movement of every weight (None where it skips)."""
+    total, grads, verdicts = 0.0, None, {factor: True for factor in (1 / MARGIN, MARGIN)}
+    for a, b in shard_bounds(len(X), devices):
+        for factor in verdicts:   # every shard's gradients finite, at each of the two scales
+            g = backprop.loss_and_grads(name, weights, state, X[a:b], y[a:b], precision, scale * factor)[1]
+            verdicts[factor] = verdicts[factor] and unscaled(g, 1.0)[1]
+        loss, g, _ = backprop.loss_and_grads(name, weights, state, X[a:b], y[a:b], precision, scale)
+        total += loss
+        grads = g if grads is None else {n: grads[n] + g[n] for n in g}
+    grads, finite = unscaled(grads, scale)
+    moved = {n: -LR / len(X) * g.astype(np.float64) for n, g in grads.items()} if finite else None
+    decided = not np.all(np.isfinite(X)) or set(verdicts.values()) == {finite}
+    return total / len(X), finite if decided else None, moved
 
 
 def forced_overflow_case(fw, network, devices):
@@ -108,10 +98,14 @@ MODE_DEVICES = {"scratch": 2, "builtin": 2, "idiomatic": 1}
 @pytest.mark.parametrize("network", ["lenet", pytest.param("resnet", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("mode", MODE_DEVICES)
 def test_a_forced_overflow_skips_the_step_halves_the_scale_and_grows_it_again(fw, mode, network, request):
-    """Six steps from a scale at which the backward overflows, the scale doubling after 2 finite steps: each step
-    runs at the reference's scale (exactly), skips where it skips (its weights unchanged, to the bit) and updates
-    where it updates, its loss within the precision's BOUND of the reference's; the final weights within
-    GRADIENT_BOUND of the reference's, relative to how far they moved."""
+    """Six steps from a scale at which the backward overflows, the scale doubling after 2 finite steps. Step by step,
+    from the weights the framework holds before it: the step skips exactly where the numpy reference's step from those
+    weights at that scale overflows (the weights unchanged, to the bit), and updates where it does not, moving the
+    weights (the LeNet's) as the reference's update does within GRADIENT_BOUND; its loss within BOUND. (Where the reference's
+    verdict changes within 18% of the scale, either is right; the first step's never does.) The scales follow the rule
+    (common/loss_scaling.py; MXNet's engines its late variant): halved at each overflow, doubled after 2 finite steps,
+    and the run both skips and grows. (Six steps compared against one reference run would compare chaos: at fp16 and
+    lr 0.1 the reference's own losses move 3e-3 when its weights move 1e-6 of themselves, its ResNet's 2e-2.)"""
     from harness.spec import RunSpec
     from harness.training.loop import Hooks, train
     devices_n = MODE_DEVICES[mode]
@@ -120,29 +114,39 @@ def test_a_forced_overflow_skips_the_step_halves_the_scale_and_grows_it_again(fw
         devices_n = 1
     data, level, initial = forced_overflow_case(fw, network, devices_n)
     name = "lenet" if network == "lenet" else "resnet18"
-    scaling = LossScaling(initial, INTERVAL, late=fw.name == "mxnet" and mode != "scratch")
-    trace, want = reference_run(network, data, first_rows(data, devices_n), devices_n, scaling, level)
-    assert not all(t[1] for t in trace) and sum(not t[1] for t in trace) < STEPS   # it overflows, and recovers
-    runner = make_runner(fw, mode, fw.get_devices(devices_n), Network(
-        name, models.init_bn_state(name, 8), False, level, LossScaling(initial, INTERVAL)))
+    state = models.init_bn_state(name, 8)
+    runner = make_runner(fw, mode, fw.get_devices(devices_n), Network(name, state, False, level,
+                                                                      LossScaling(initial, INTERVAL)))
     seen = []
     spec = RunSpec(framework=fw.name, model=name, mode=mode, devices=devices_n, batch_size=PER_DEVICE * devices_n,
                    epochs=1, max_steps=STEPS, lr=LR, precision=level)
     record = train(runner, data, spec, common_optim.Optimizer(lr=LR),
                    hooks=Hooks(before_step=lambda step, r: seen.append((r.loss_scale(), r.weights()))))
     seen.append((runner.loss_scale(), runner.weights()))
-    assert [s for s, _ in seen[:-1]] == [t[0] for t in trace]
     losses = [s / n for s, n in zip(record["step_loss_sums"], record["step_sizes"])]
-    for step, (ran_at, updated, loss) in enumerate(trace):
-        before, after = seen[step][1], seen[step + 1][1]
-        moved = max(float(np.max(np.abs(after[n] - before[n]))) for n in before)
-        assert (moved > 0) == updated, (step, moved, trace)
-        if math.isfinite(loss):
-            assert abs(losses[step] - loss) <= BOUND[level] * abs(loss), (step, losses, trace)
-    got, start = runner.weights(), models.init_weights(name, 0, width=None if name == "lenet" else 8)
-    diff = sum(np.sum((got[n].astype(np.float64) - want[n]) ** 2) for n in want)
-    moved = sum(np.sum((want[n].astype(np.float64) - start[n]) ** 2) for n in want)
-    assert math.sqrt(diff / moved) <= GRADIENT_BOUND[level], math.sqrt(diff / moved)
+    updated = []
+    for step, rows in enumerate(first_rows(data, devices_n)):
+        (scale, before), after = seen[step], seen[step + 1][1]
+        loss, finite, want = reference_step(name, before, state, data.X_train[rows], data.y_train[rows], devices_n,
+                                            scale, level)
+        moved = {n: after[n].astype(np.float64) - before[n] for n in before}
+        updated.append(any(np.any(m != 0) for m in moved.values()))
+        assert finite is not None or step > 0, "the first step's overflow is borderline: choose another case"
+        assert updated[-1] == finite or finite is None, (step, scale)
+        if updated[-1] and want is not None:
+            if network == "lenet":   # the ResNet's gradients: tests/test_precision.py, on 64 images (see CONDITIONING)
+                assert total_error(moved, want) <= GRADIENT_BOUND[level], (step, total_error(moved, want))
+            assert abs(losses[step] - loss) <= BOUND[level] * abs(loss), (step, losses[step], loss)
+    late = fw.name == "mxnet" and mode != "scratch"
+    assert [s for s, _ in seen[:-1]] == scales(LossScaling(initial, INTERVAL, late=late), updated)
+    steps = [(a, b) for (a, _), (b, _) in zip(seen, seen[1:])]
+    assert not updated[0] and any(b < a for a, b in steps) and any(b > a for a, b in steps)   # halved, grown again
+
+
+def total_error(moved, want):
+    """The movement's distance from the reference's, all weights at once, relative to the reference's."""
+    diff = sum(np.sum((moved[n] - want[n]) ** 2) for n in want)
+    return math.sqrt(diff / sum(np.sum(want[n] ** 2) for n in want))
 
 
 def test_mxnet_refuses_fp16_on_the_cpu_in_one_line():
