@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from common.interface import Model, Network, RosettaError, Unavailable
+from common.loss_scaling import LossScaling
 from common.sharding import micro_batches
 
 from . import lenet, resnet
@@ -37,7 +38,9 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     canonical `state` if given (every process loads the same one).
     The ResNet's BatchNorm under DDP: local (network.sync False) keeps DDP's default broadcast_buffers=True, rank 0's
     running statistics sent to every rank before each forward (each rank's shard then moves its own copy); sync is
-    torch.nn.SyncBatchNorm, for DDP on GPUs (nn.DataParallel's replicas in one process it does not synchronise)."""
+    torch.nn.SyncBatchNorm, for DDP on GPUs (nn.DataParallel's replicas in one process it does not synchronise).
+    The model's `mixed` is a torch.amp.GradScaler, PyTorch's dynamic loss scaler, set to network.loss_scaling and
+    enabled only with it (the AMP recipe's GradScaler(enabled=...)): one step for every precision."""
     device = devices[0]
     module = build(weights, network)
     if network.sync:   # every BatchNorm2d a SyncBatchNorm: its forward all-reduces the statistics over the group
@@ -54,24 +57,32 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
         raise RosettaError("PyTorch's built-in engine is DistributedDataParallel, one process per device, or on "
                            "GPUs nn.DataParallel in one process: start it through compare.py or torchrun "
                            "(docs/usage.md)")
+    scaling = network.loss_scaling or LossScaling()
+    scaler = torch.amp.GradScaler(device.type, scaling.initial, scaling.growth_factor, scaling.backoff_factor,
+                                  scaling.growth_interval, enabled=network.loss_scaling is not None)
     if optimizer is None or optimizer.is_recipe:
-        return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), device, network.precision)
-    return Model(net, get_trainer(net.parameters(), optimizer, state, param_names(module)), device, network.precision)
+        return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), device, network.precision, scaler)
+    return Model(net, get_trainer(net.parameters(), optimizer, state, param_names(module)), device, network.precision,
+                 scaler)
 
 
 def train_step(model, batch, lr, batch_size, accumulate=1):
-    """DDP averages gradients over processes; scaling each summed loss by world / global batch makes that
-    average the recipe's sum / global batch, exactly, even when the shards differ in size. nn.DataParallel
-    gathers the replicas' outputs on the first device, so the loss is the whole batch's, and its backward sums
-    the replicas' gradients into the module's parameters: world is 1. The batch is this process's part, on its
-    (first) device, from pipeline.py's DataLoader. Both have the summed gradient by the end of backward, so a
-    Trainer clips the global batch's mean gradient, the same on every process. A Trainer's scheduler sets the
-    rate; the recipe's SGD takes the harness's `lr`.
-    accumulate: the batch in that many micro-batches (common.sharding.micro_batches), each backward adding into the
-    parameters' .grad; DDP's no_sync keeps the first ones' backward from all-reducing, so the last one all-reduces the
-    whole sum, once (without it every backward would). The forward runs under torch.autocast at the network's
-    precision (lenet.autocast): DDP all-reduces the fp32 gradients of the fp32 parameters either way."""
-    net, trainer = model.net, model.trainer
+    """PyTorch's AMP recipe under DDP: each process differentiates its summed loss times the GradScaler's scale
+    (scaler.scale(loss).backward(): fp16's loss scaling, common/loss_scaling.py; a disabled scaler leaves the loss
+    as it is), and DDP averages the gradients over the processes. The update takes them times world / global batch,
+    the recipe's sum / global batch, even when the shards differ in size: the recipe's SGD by its rate, a Trainer
+    in its step (Trainer.step: unscaled first, so that it clips the global batch's mean gradient, the same on every
+    process). scaler.step skips the update where a gradient is not finite, on every process alike (the same
+    all-reduced gradients), and scaler.update moves the scale. nn.DataParallel gathers the replicas' outputs on the
+    first device, so the loss is the whole batch's, and its backward sums the replicas' gradients into the module's
+    parameters: world is 1. The batch is this process's part, on its (first) device, from pipeline.py's DataLoader.
+    A Trainer's scheduler sets the rate; the recipe's SGD takes the harness's `lr`.
+    accumulate: the batch in that many micro-batches (common.sharding.micro_batches), each backward (of its loss
+    times the same scale) adding into the parameters' .grad; DDP's no_sync keeps the first ones' backward from
+    all-reducing, so the last one all-reduces the whole sum, once (without it every backward would); one unscale,
+    step and scale update after them. The forward runs under torch.autocast at the network's precision
+    (lenet.autocast): DDP all-reduces the fp32 gradients of the fp32 parameters either way."""
+    net, trainer, scaler = model.net, model.trainer, model.mixed
     X, y = batch
     world = dist.get_world_size() if dist.is_initialized() else 1
     trainer.zero_grad()
@@ -82,13 +93,21 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
             with lenet.autocast(model.placement, model.precision):
                 logits = net(X[start:stop])
             micro_loss = loss_sum(logits, y[start:stop])
-            (micro_loss * world / batch_size).backward()
+            scaler.scale(micro_loss).backward()
         loss = loss + micro_loss.detach()
-    if not isinstance(trainer, Trainer):
+    if isinstance(trainer, Trainer):
+        trainer.step(scaler, world / batch_size)
+    else:
         for group in trainer.param_groups:
-            group["lr"] = lr
-    trainer.step()
+            group["lr"] = lr * world / batch_size
+        scaler.step(trainer)
+        scaler.update()
     return loss.item() / len(X)
+
+
+def loss_scale(model):
+    """The scale the next step's backward runs at: the GradScaler's (1.0 when it is disabled)."""
+    return model.mixed.get_scale()
 
 
 def primitives_step(net, X, y, devices, lr, batch_size):

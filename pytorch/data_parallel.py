@@ -49,6 +49,20 @@ def allreduce_gradients(grads, bucket_bytes=None):
     return grads
 
 
+def unscale_gradients(grads, scale):
+    """fp16's loss scaling (common/loss_scaling.py): every device's all-reduced gradients of the scaled loss times
+    1/scale, in place, in fp32 (exact: the scale is a power of two), and whether every one is finite. One call per
+    device of torch.amp.GradScaler's own kernel (its unscale_'s), which unscales and looks for an inf or nan at once:
+    a Python bool, read once per device."""
+    found = []
+    for device_grads in grads:
+        device = device_grads[0].device
+        found.append(torch.zeros((), dtype=torch.float32, device=device))
+        torch._amp_foreach_non_finite_check_and_unscale_(list(device_grads), found[-1],
+                                                         torch.tensor(1.0 / scale, dtype=torch.float32, device=device))
+    return not any(f.item() for f in found)
+
+
 def sgd(params, grads, lr, batch_size, units=None):
     """The recipe's update, lr / batch_size times the summed gradient, made in place by the unit `update` (of
     `units`, a level's; None: as written)."""
@@ -65,24 +79,27 @@ def update(params, grads, scale):
             p.sub_(g, alpha=scale)
 
 
-def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices, compiled_forward=None):
-    """Every device's part of the step: its shard's summed loss, its replica's gradients and new BatchNorm state
-    (model.loss_and_grads; compiled_forward: the network's forward where a level compiles it)."""
-    return model.loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, compiled_forward)
+def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices, compiled_forward=None, scale=1.0):
+    """Every device's part of the step: its shard's summed loss, its replica's gradients (of that loss times `scale`,
+    fp16's loss scale) and new BatchNorm state (model.loss_and_grads; compiled_forward: the network's forward where a
+    level compiles it)."""
+    return model.loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, compiled_forward, scale)
 
 
-def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, devices, count):
+def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, devices, count, scale=1.0):
     """Gradient accumulation: each device's shard cut into `count` micro-batches (common.sharding.micro_batches), a
-    forward and backward each, their summed losses and gradients added up on the device; the BatchNorm states go
-    through the micro-batches in turn. Nothing crosses devices here: the all-reduce comes once, after it."""
+    forward and backward each (all from the same loss `scale`), their summed losses and gradients added up on the
+    device; the BatchNorm states go through the micro-batches in turn. Nothing crosses devices here: the all-reduce
+    comes once, after it."""
     if count == 1:
-        return loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices)
+        return loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices, scale=scale)
     parts = [micro_batches(len(y), count) for y in y_shards]
     losses = grads = None
     for i in range(count):
         X_micro = [X[part[i][0]:part[i][1]] for X, part in zip(X_shards, parts)]
         y_micro = [y[part[i][0]:part[i][1]] for y, part in zip(y_shards, parts)]
-        micro_losses, micro_grads, bn_states = loss_and_grads(model, replicas, bn_states, X_micro, y_micro, devices)
+        micro_losses, micro_grads, bn_states = loss_and_grads(model, replicas, bn_states, X_micro, y_micro, devices,
+                                                              scale=scale)
         if losses is None:
             losses, grads = list(micro_losses), [list(g) for g in micro_grads]
         else:
@@ -92,15 +109,20 @@ def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, 
 
 
 def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
-                   bucket_bytes=None, units=None, accumulate=1):
+                   bucket_bytes=None, units=None, accumulate=1, scaler=None):
     """The step on shards already on their devices: each device's loss and gradients, the gradients summed across
     devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same update on every replica (the
-    recipe's sgd, or optimizer.apply with each replica's state). `units`: a level's, None as written. Returns each
-    device's summed loss and each replica's new BatchNorm state."""
+    recipe's sgd, or optimizer.apply with each replica's state). `units`: a level's, None as written. With a `scaler`
+    (common.loss_scaling.Scaler) the gradients are the loss's times its scale, unscaled after the all-reduce, and the
+    update is skipped where one is not finite (every replica sees the same sums, so every one skips). Returns each
+    device's summed loss and each replica's new BatchNorm state (kept when the update is skipped)."""
     units = units or UNITS
+    scale = 1.0 if scaler is None else scaler.scale
     losses, grads, new_bn_states = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
-                                               y_shards, devices, accumulate)
+                                               y_shards, devices, accumulate, scale)
     allreduce_gradients(grads, bucket_bytes)
+    if scaler is not None and not scaler.update(unscale_gradients(grads, scale)):
+        return losses, new_bn_states
     if states is None:
         for params, device_grads in zip(replicas, grads):
             sgd(params, device_grads, lr, batch_size, units)
@@ -115,12 +137,13 @@ UNITS = {"update": update, "loss_and_grads": loss_and_grads, "step_on_shards": s
 
 def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, settings=StepSettings()):
     """One step of the network `model` on a numpy batch (common.interface.CONTRACT): the replicas and states in place,
-    the new running statistics into bn_states' slots. Returns the mean loss."""
+    the new running statistics into bn_states' slots, settings.scaler's scale moved on. Returns the mean loss
+    (unscaled)."""
     units = settings.units or UNITS
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, bn_states[:] = units["step_on_shards"](model, replicas, bn_states, X_shards, y_shards, devices, lr,
                                                    batch_size or len(X), states, settings.bucket_bytes, units,
-                                                   settings.accumulate)
+                                                   settings.accumulate, settings.scaler)
     return sum(loss.item() for loss in losses) / len(X)
 
 

@@ -25,12 +25,14 @@ FORWARDS = {"lenet": (lenet.forward, None), "resnet18": (resnet.forward_shards, 
 def compiled_forward(written, model):
     """The unit loss_and_grads with `model`'s forward compiled by torch.compile: autograd.grad, the loop over the
     devices and the rest of the step run as written. Dynamo guards the compiled code (shapes, strides, the number of
-    shards, sync) and compiles it again for another configuration."""
+    shards, sync) and compiles it again for another configuration. fp16's loss scale never enters the compiled code:
+    the loss is multiplied by it outside, and the compiled backward takes the gradient it makes as an input, so a new
+    scale compiles nothing."""
     function, options = FORWARDS[model.name]
     forward = torch.compile(function, options=options)
 
-    def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices):
-        return written(model, replicas, bn_states, X_shards, y_shards, devices, forward)
+    def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices, scale=1.0):
+        return written(model, replicas, bn_states, X_shards, y_shards, devices, forward, scale)
     return loss_and_grads
 
 

@@ -7,11 +7,13 @@ import torch.nn.functional as F
 
 from common import lenet as lenet_spec, resnet as resnet_spec
 from common.interface import Model, Network, RosettaError, Unavailable
+from common.loss_scaling import LossScaling
+from common.precision import is_low
 from common.sharding import micro_batches
 
 from . import resnet
 from .execution import DEFAULT_LAYOUT, LAYOUTS
-from .lenet import build_model, to_layout, to_numpy as params_to_numpy
+from .lenet import DTYPES, build_model, to_layout, to_numpy as params_to_numpy
 from .optimizer import Trainer, canonical_state, get_trainer
 
 EXEC = "eager"
@@ -26,15 +28,20 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
     """The recipe's plain SGD (optimizer None or is_recipe) is torch.optim.SGD at the harness's rate; any other
     optimizer is optimizer.py's Trainer, as in builtin.py, from a checkpoint's canonical `state` if given. The
     network is the LeNet, or the ResNet with nn.BatchNorm2d (network.sync changes nothing on one device); the
-    Trainer knows its parameters by the network's names (its state's)."""
+    Trainer knows its parameters by the network's names (its state's). The model's `mixed` is the AMP recipe's
+    torch.amp.GradScaler, set to network.loss_scaling and enabled only with it (fp16's dynamic loss scaling)."""
     if len(devices) != 1:
         raise Unavailable("the idiomatic loop is the single-device reference: run it with 1 device")
     if port not in PORTS:
         raise RosettaError(f"unknown port {port!r}; choose from {', '.join(PORTS)}")
     net = build(weights, network).to(devices[0])
+    scaling = network.loss_scaling or LossScaling()
+    scaler = torch.amp.GradScaler(devices[0].type, scaling.initial, scaling.growth_factor, scaling.backoff_factor,
+                                  scaling.growth_interval, enabled=network.loss_scaling is not None)
     if optimizer is None or optimizer.is_recipe:
-        return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), precision=network.precision)
-    return Model(net, get_trainer(net.parameters(), optimizer, state, param_names(net)), precision=network.precision)
+        return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), precision=network.precision, mixed=scaler)
+    return Model(net, get_trainer(net.parameters(), optimizer, state, param_names(net)), precision=network.precision,
+                 mixed=scaler)
 
 
 def build(weights, network):
@@ -55,24 +62,35 @@ def param_names(net):
 def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     """The tutorial's step, with the loss summed rather than averaged and a learning rate of
     lr / batch_size: the recipe's update, whatever part of the batch is here. A Trainer gets the global batch's
-    mean gradient instead and its scheduler sets the rate. accumulate: the batch in that many micro-batches
-    (common.sharding.micro_batches), each backward adding into the parameters' .grad, one step after them. At bf16
-    the tutorial's torch.autocast wraps the forward and the loss (cross_entropy is on autocast's fp32 list)."""
-    net, trainer = model.net, model.trainer
+    mean gradient instead (Trainer.step divides) and its scheduler sets the rate. accumulate: the batch in that many
+    micro-batches (common.sharding.micro_batches), each backward adding into the parameters' .grad, one step after
+    them. At bf16 and fp16 the tutorial's torch.autocast wraps the forward and the loss (cross_entropy is on
+    autocast's fp32 list), and the AMP recipe's GradScaler (model.mixed) scales each micro-batch's summed loss by the
+    same scale, unscales the gradients once, skips the update where one is not finite and moves the scale; disabled
+    (no loss scaling), it passes everything through."""
+    net, trainer, scaler = model.net, model.trainer, model.mixed
     X, y = to_layout(torch.tensor(X, device=devices[0])), torch.tensor(y, device=devices[0])   # as split_and_load
     batch_size = batch_size or len(X)
     trainer.zero_grad()
     loss = 0.0
     for start, stop in micro_batches(len(y), accumulate):
-        with torch.autocast(devices[0].type, dtype=torch.bfloat16, enabled=model.precision == "bf16"):
+        with torch.autocast(devices[0].type, dtype=DTYPES[model.precision], enabled=is_low(model.precision)):
             micro = F.cross_entropy(net(X[start:stop]), y[start:stop], reduction="sum")
-        (micro / batch_size if isinstance(trainer, Trainer) else micro).backward()
+        scaler.scale(micro).backward()
         loss += micro.item()
-    if not isinstance(trainer, Trainer):
+    if isinstance(trainer, Trainer):
+        trainer.step(scaler, 1 / batch_size)
+    else:
         for group in trainer.param_groups:
             group["lr"] = lr / batch_size
-    trainer.step()
+        scaler.step(trainer)
+        scaler.update()
     return loss / len(X)
+
+
+def loss_scale(model):
+    """The scale the next step's backward runs at: the GradScaler's (1.0 when it is disabled)."""
+    return model.mixed.get_scale()
 
 
 def to_numpy(model):

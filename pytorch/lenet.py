@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common.lenet import LAYERS, PARAM_NAMES, POOL
+from common.precision import is_low
 
 
 # PyTorch picks its convolution path from the strides of the input and the kernel, so the memory layout is
@@ -17,6 +18,8 @@ from common.lenet import LAYERS, PARAM_NAMES, POOL
 # execution.py names and chooses the layouts (LAYOUTS); builtin.py and idiomatic.py run the default one.
 MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 DEFAULT_LAYOUT = "nhwc"   # execution.DEFAULT_LAYOUT: channels-last is faster here (execution.py says why)
+# Each precision's torch dtype (common.precision.DTYPES'): what torch.autocast computes in at bf16 and fp16
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def to_layout(t, layout=DEFAULT_LAYOUT):
@@ -42,7 +45,7 @@ def forward(params, X):
 
 
 def widened(t):
-    """A bf16 tensor in fp32; an fp32 or float64 one as it is (the tests run the network in float64)."""
+    """A bf16 or fp16 tensor in fp32; an fp32 or float64 one as it is (the tests run the network in float64)."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
@@ -53,24 +56,28 @@ def loss_sum(logits, y):
 
 
 def autocast(device, precision):
-    """PyTorch's own mixed precision around a forward: torch.autocast runs the convolutions and linear layers in bf16
-    (their fp32 weights cast on the way in), every op after them on what they give; off at fp32. The backward runs
-    each op in its forward's precision, and the cast's backward widens a weight's bf16 gradient to fp32."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    """PyTorch's own mixed precision around a forward: torch.autocast runs the convolutions and linear layers in the
+    precision's bf16 or fp16 (their fp32 weights cast on the way in), every op after them on what they give; off at
+    fp32. The backward runs each op in its forward's precision, and the cast's backward widens a weight's bf16 or fp16
+    gradient to fp32. The CPU's autocast takes fp16 as well as bf16 (torch 2.13)."""
+    return torch.autocast(device.type, dtype=DTYPES[precision], enabled=is_low(precision))
 
 
-def loss_and_grads(params, X, y, forward=forward, precision="fp32"):
-    """One device's part of the step: its shard's summed loss and the gradients (`forward` as written, or as a
-    compiled level makes it), the forward at `precision`."""
+def loss_and_grads(params, X, y, forward=forward, precision="fp32", scale=1.0):
+    """One device's part of the step: its shard's summed loss and the gradients of that loss times `scale` (fp16's
+    loss scale, common/loss_scaling.py; exact, a power of two), `forward` as written or as a compiled level makes it,
+    at `precision`. The loss comes back unscaled."""
     with autocast(X.device, precision):
         logits = forward(params, X)
     loss = loss_sum(logits, y)
-    return loss.detach(), torch.autograd.grad(loss, params)
+    return loss.detach(), torch.autograd.grad(loss * scale, params)
 
 
 def to_numpy(params):
-    """C-ordered whatever the layout: channels-last kernels would otherwise come out with their strides."""
-    return {name: np.ascontiguousarray(p.detach().cpu().numpy(), dtype=np.float32)
+    """Copies, C-ordered whatever the layout: a CPU tensor's numpy() is a view of it, which the next update would
+    change under the caller (a hook keeping the weights before each step), and channels-last kernels would come out
+    with their strides."""
+    return {name: np.array(p.detach().cpu().numpy(), dtype=np.float32, order="C")
             for name, p in zip(PARAM_NAMES, params)}
 
 
@@ -101,14 +108,14 @@ class Functional:
     def get_bn_state(self, state, device):
         return None
 
-    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices, compiled_forward=None):
-        """Each device's own loss and gradients, one device after another; on GPUs each call only queues the device's
-        kernels, so the devices work in parallel. Each shard is laid out as the replica's kernels are. The forward is
-        compiled_forward where a level compiles it (execution.py), else as written."""
+    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices, compiled_forward=None, scale=1.0):
+        """Each device's own loss and gradients (of its loss times `scale`), one device after another; on GPUs each
+        call only queues the device's kernels, so the devices work in parallel. Each shard is laid out as the replica's
+        kernels are. The forward is compiled_forward where a level compiles it (execution.py), else as written."""
         losses, grads = [], []
         for params, X, y in zip(replicas, X_shards, y_shards):
             loss, device_grads = loss_and_grads(params, to_layout(X, self.layout), y, compiled_forward or forward,
-                                                self.precision)
+                                                self.precision, scale)
             losses.append(loss)
             grads.append(device_grads)
         return losses, grads, bn_states

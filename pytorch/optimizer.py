@@ -76,14 +76,32 @@ class Trainer(typing.NamedTuple):
     def zero_grad(self):
         self.optimizer.zero_grad()
 
-    def step(self):
-        """Clip the gradients as backward left them (under DistributedDataParallel, already all-reduced), update,
-        and move the schedule to the next step's rate."""
+    def step(self, scaler=None, to_mean=1.0):
+        """The lines after loss.backward() in PyTorch's examples, with a torch.amp.GradScaler its AMP recipe's: the
+        gradients as backward left them (under DistributedDataParallel, already all-reduced) unscaled
+        (scaler.unscale_, before anything reads them) and times `to_mean` (to the global batch's mean: the engines
+        differentiate summed losses), clipped, the update (through the scaler, which skips it when a gradient is not
+        finite) and the scale's update; then the schedule moves to the next step's rate, only after an update that
+        ran: its count is the updates', as Adam's step count is (the canonical state has one step for both).
+        Returns whether the update ran."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)   # a no-op when the scaler is disabled
+        if to_mean != 1.0:
+            for p in params:
+                p.grad.mul_(to_mean)
         if self.clip_norm is not None:
-            params = [p for group in self.optimizer.param_groups for p in group["params"]]
             torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
-        self.optimizer.step()
+        if scaler is None:
+            self.optimizer.step()
+        else:
+            scale = scaler.get_scale()
+            scaler.step(self.optimizer)
+            scaler.update()
+            if scaler.get_scale() < scale:   # backed off: the scaler found a gradient not finite and skipped the step
+                return False
         self.scheduler.step()
+        return True
 
     def state_dict(self):
         """What PyTorch's "saving and loading a general checkpoint" saves beside the model: the optimizer's

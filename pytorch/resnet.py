@@ -78,7 +78,8 @@ def all_sum(parts):
 def batch_norm(ps, ss, name, hs, training, bn, sync, new_states):
     """common.resnet.batch_norm written out, on every shard at once: F.batch_norm would update running_var in place
     with the unbiased batch variance, PyTorch's convention, not necessarily `bn`'s. In fp32 whatever the input's
-    precision, the output in the input's (common/precision.py: nn.BatchNorm2d does the same under torch.autocast)."""
+    precision (bf16 or fp16), the output in the input's (common/precision.py: nn.BatchNorm2d does the same under
+    torch.autocast)."""
     c = (1, -1, 1, 1)
     dtype = hs[0].dtype
     hs = [lenet.widened(h) for h in hs]
@@ -123,8 +124,10 @@ def forward(params, bn_state, X, training, bn=CANONICAL_BN, layout=LAYOUT):
 
 
 def to_numpy(params):
-    """C-ordered whatever the layout: channels-last kernels would otherwise come out with their strides."""
-    return {name: np.ascontiguousarray(p.detach().cpu().numpy(), dtype=np.float32)
+    """Copies, C-ordered whatever the layout: a CPU tensor's numpy() is a view of it, which the next update would
+    change under the caller (a hook keeping the weights before each step), and channels-last kernels would come out
+    with their strides."""
+    return {name: np.array(p.detach().cpu().numpy(), dtype=np.float32, order="C")
             for name, p in zip(PARAM_NAMES, params)}
 
 
@@ -133,16 +136,16 @@ def bn_state_to_numpy(bn_state):
 
 
 def loss_and_grads(replicas, bn_states, X_shards, y_shards, sync=False, layout=LAYOUT, forward_shards=forward_shards,
-                   precision="fp32"):
+                   precision="fp32", scale=1.0):
     """The devices' summed losses and each replica's gradients, from one backward through the whole lock-step
     forward: with sync, a replica's gradient includes what reaches it through the other shards' statistics. Also the
     replicas' new BatchNorm states. `forward_shards` as written, or as a compiled level makes it, at `precision`
-    (lenet.autocast)."""
+    (lenet.autocast); the backward from the losses times `scale` (fp16's loss scale), the losses unscaled."""
     with lenet.autocast(X_shards[0].device, precision):
         logits, new_states = forward_shards(replicas, bn_states, X_shards, True, CANONICAL_BN, sync, layout)
     losses = [loss_sum(out, y) for out, y in zip(logits, y_shards)]
     params = [p for replica in replicas for p in replica]
-    grads = torch.autograd.grad(sum(loss.to(losses[0].device) for loss in losses), params)
+    grads = torch.autograd.grad(sum(loss.to(losses[0].device) for loss in losses) * scale, params)
     n = len(replicas[0])
     return [loss.detach() for loss in losses], [grads[i * n:(i + 1) * n] for i in range(len(replicas))], new_states
 
@@ -179,11 +182,11 @@ class Functional:
     def get_bn_state(self, state, device):
         return get_bn_state(state, device)
 
-    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices, compiled_forward=None):
-        """The lock-step forward of every shard and one backward; compiled_forward is forward_shards where a level
-        compiles it (execution.py)."""
+    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices, compiled_forward=None, scale=1.0):
+        """The lock-step forward of every shard and one backward (of the losses times `scale`); compiled_forward is
+        forward_shards where a level compiles it (execution.py)."""
         return loss_and_grads(replicas, bn_states, X_shards, y_shards, self.sync, self.layout,
-                              compiled_forward or forward_shards, self.precision)
+                              compiled_forward or forward_shards, self.precision, scale)
 
     def to_numpy(self, replica):
         return to_numpy(replica)
@@ -247,7 +250,8 @@ def build_model(weights, bn_state, bn=CANONICAL_BN):
 
 
 def model_to_numpy(model):
-    """(weights, BatchNorm state) of an idiomatic model, canonical numpy: build_model's inverse."""
+    """(weights, BatchNorm state) of an idiomatic model, canonical numpy: build_model's inverse. Copies, as
+    to_numpy's."""
     state = model.state_dict()
-    as_numpy = lambda name: np.ascontiguousarray(state[name].cpu().numpy(), dtype=np.float32)   # noqa: E731
+    as_numpy = lambda name: np.array(state[name].cpu().numpy(), dtype=np.float32, order="C")   # noqa: E731
     return {name: as_numpy(name) for name in PARAM_NAMES}, {name: as_numpy(name) for name in BN_STATE_NAMES}

@@ -448,7 +448,7 @@ def recipe_runs(digits, scratch_runners):
         if (spec, optimizer) not in done:
             runner = scratch_runners(spec)
             record = train(runner, digits, spec, optimizer)
-            # copies: PyTorch's to_numpy hands out views of the live tensors, and the runner trains again later
+            # copies: the runner trains again later, and the result is shared read-only
             done[spec, optimizer] = copies(runner.weights()), [copies(s) for s in runner.replica_bn_states()], record
         return done[spec, optimizer]
     return run

@@ -22,8 +22,8 @@ from ..training.loop import Hooks, train
 
 
 def traced(runner, data, epochs, batch_size, optimizer, seed=0, min_size=1, max_steps=None):
-    """Train `runner`; the weights before every step, then the final ones (copies: PyTorch's to_numpy hands out views
-    of the live tensors, which the next step updates in place), and the training record."""
+    """Train `runner`; the weights before every step, then the final ones (copies, which no later step can change),
+    and the training record."""
     trace = []
     spec = RunSpec(runner.fw.name, runner.network.name, epochs=epochs, batch_size=batch_size, lr=optimizer.lr,
                    seed=seed, devices=min_size, max_steps=max_steps)
@@ -33,7 +33,8 @@ def traced(runner, data, epochs, batch_size, optimizer, seed=0, min_size=1, max_
 
 
 def copies(weights):
-    """Copies, not views: PyTorch's to_numpy hands out views of the live tensors."""
+    """Copies: a trace must hold what the weights were, whatever a framework's to_numpy hands out (every one copies
+    now; PyTorch's handed out views of its live tensors until fp16's tests kept the weights before each step)."""
     return {name: np.array(w) for name, w in weights.items()}
 
 
