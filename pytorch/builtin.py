@@ -8,10 +8,12 @@ import contextlib
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from common.interface import Model, Network, RosettaError, Unavailable
 from common.loss_scaling import LossScaling
+from common.precision import check_wire
 from common.sharding import micro_batches
 
 from . import lenet, resnet
@@ -29,7 +31,7 @@ ALLREDUCE = "bucketed"
 LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, pipeline.py's batches
 
 
-def get_model(weights, devices, optimizer=None, state=None, network=Network()):
+def get_model(weights, devices, optimizer=None, state=None, network=Network(), allreduce_dtype="fp32"):
     """In a process group (distributed.py joined one), DistributedDataParallel over this process's one device;
     otherwise nn.DataParallel over its GPUs, the module on the first one, as its documentation requires. The
     recipe's plain SGD (optimizer None or is_recipe) is torch.optim.SGD at the harness's rate; any other optimizer
@@ -40,7 +42,10 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     running statistics sent to every rank before each forward (each rank's shard then moves its own copy); sync is
     torch.nn.SyncBatchNorm, for DDP on GPUs (nn.DataParallel's replicas in one process it does not synchronise).
     The model's `mixed` is a torch.amp.GradScaler, PyTorch's dynamic loss scaler, set to network.loss_scaling and
-    enabled only with it (the AMP recipe's GradScaler(enabled=...)): one step for every precision."""
+    enabled only with it (the AMP recipe's GradScaler(enabled=...)): one step for every precision.
+    allreduce_dtype 'bf16' (--allreduce-dtype) registers DDP's bf16 communication hook (bf16_hook); nn.DataParallel
+    sums its replicas' gradients inside their backward, with no hook, and refuses it."""
+    check_wire(allreduce_dtype)
     device = devices[0]
     module = build(weights, network)
     if network.sync:   # every BatchNorm2d a SyncBatchNorm: its forward all-reduces the statistics over the group
@@ -51,7 +56,12 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
                                           device_ids=[device.index] if device.type == "cuda" else None)
         except ValueError as err:   # torch's own reason: SyncBatchNorm runs on GPUs only
             raise Unavailable(f"torch.nn.SyncBatchNorm under DistributedDataParallel: {err}") from None
+        if allreduce_dtype == "bf16":
+            net.register_comm_hook(None, bf16_hook())   # None: the hooks' default group, WORLD
     elif not dist.is_initialized() and device.type == "cuda":
+        if allreduce_dtype == "bf16":
+            raise Unavailable(f"--allreduce-dtype {allreduce_dtype} in nn.DataParallel: its replicas' gradients are "
+                              "summed in their backward (Broadcast's reduce_add), in their dtype; DDP takes a hook")
         net = nn.DataParallel(module.to(device), device_ids=[d.index for d in devices])
     else:
         raise RosettaError("PyTorch's built-in engine is DistributedDataParallel, one process per device, or on "
@@ -64,6 +74,27 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
         return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), device, network.precision, scaler)
     return Model(net, get_trainer(net.parameters(), optimizer, state, param_names(module)), device, network.precision,
                  scaler)
+
+
+def bf16_hook():
+    """DDP's communication hook that puts bf16 on the wire: torch's own bf16_compress_hook under NCCL. DDP refuses
+    that function by its name unless torch was built with CUDA and NCCL 2.10+ (DistributedDataParallel.
+    _check_comm_hook), though gloo sums bf16 tensors on the CPU: there it is bf16_on_gloo, the same steps."""
+    return bf16_compress_hook if dist.get_backend() == "nccl" else bf16_on_gloo
+
+
+def bf16_on_gloo(process_group, bucket):
+    """bf16_compress_hook (torch.distributed.algorithms.ddp_comm_hooks.default_hooks) as torch 2.13 writes it, under
+    a name DDP accepts: the bucket's fp32 buffer cast to bf16 and divided by the world size there (DDP averages),
+    all-reduced as bf16 (gloo's sum rounded to bf16), and widened back into the bucket's buffer, which DDP then
+    copies into the parameters' .grad. Its branch for compiled autograd is left out: DDP here runs eagerly."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(group.size())
+
+    def decompress(fut):
+        return buffer.copy_(fut.value()[0])   # in place, as torch's does (pytorch/pytorch#45968: peak memory)
+    return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)
 
 
 def train_step(model, batch, lr, batch_size, accumulate=1):
@@ -81,7 +112,9 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     times the same scale) adding into the parameters' .grad; DDP's no_sync keeps the first ones' backward from
     all-reducing, so the last one all-reduces the whole sum, once (without it every backward would); one unscale,
     step and scale update after them. The forward runs under torch.autocast at the network's precision
-    (lenet.autocast): DDP all-reduces the fp32 gradients of the fp32 parameters either way."""
+    (lenet.autocast): DDP all-reduces the fp32 gradients of the fp32 parameters either way (in bf16 on the wire
+    with get_model's hook, which averages as DDP does, dividing before the sum: exact for a power-of-two world, the
+    update is then lr / batch times the bf16 sum)."""
     net, trainer, scaler = model.net, model.trainer, model.mixed
     X, y = batch
     world = dist.get_world_size() if dist.is_initialized() else 1

@@ -1,8 +1,8 @@
 """Data parallelism from scratch in PyTorch: split the batch, forward and backward on every device,
 sum the gradients across devices, apply the same SGD update to every replica (or, with states, the same
 update of optimizer.py). One step for every network: the network (a Functional of lenet.py or resnet.py) brings its
-forward, its loss and its BatchNorm state; the run's settings (the all-reduce's buckets, the compiled units) are
-the step's arguments."""
+forward, its loss and its BatchNorm state; the run's settings (the all-reduce's buckets, the compiled units, the
+gradients' precision on the wire) are the step's arguments."""
 import torch
 import torch.distributed as dist
 
@@ -11,6 +11,7 @@ from common.interface import StepSettings
 from common.sharding import micro_batches, shard_bounds
 
 from . import optimizer
+from .lenet import DTYPES
 
 
 def split_and_load(array, devices):
@@ -19,29 +20,37 @@ def split_and_load(array, devices):
     return [torch.tensor(array[a:b], device=d) for (a, b), d in zip(shard_bounds(len(array), len(devices)), devices)]
 
 
-def allreduce(tensors):
+def allreduce(tensors, dtype="fp32"):
     """Sum on the first tensor's device, then copy the sum back into every tensor, in place.
-    In a multi-process run the local sum is also summed across processes by torch.distributed."""
+    In a multi-process run the local sum is also summed across processes by torch.distributed. With dtype 'bf16'
+    (--allreduce-dtype) the sum is common.precision.summed_on_the_wire's: every tensor cast to bf16 (rounded to
+    nearest even), the bf16 tensors added in device order (each `+=` rounded), all_reduce'd as bf16 (gloo and NCCL
+    sum bf16 tensors), and the sum widened back into every tensor."""
     with torch.no_grad():
-        for t in tensors[1:]:
-            tensors[0] += t.to(tensors[0].device)
+        wire = tensors if dtype == "fp32" else [t.to(DTYPES[dtype]) for t in tensors]
+        total = wire[0]
+        for t in wire[1:]:
+            total += t.to(total.device)
         if dist.is_initialized():
-            dist.all_reduce(tensors[0])
-        for t in tensors[1:]:
-            t.copy_(tensors[0].to(t.device))
+            dist.all_reduce(total)
+        for t in tensors:
+            if t is not total:   # at fp32 the first tensor holds the sum already
+                t.copy_(total.to(t.device))
     return tensors
 
 
-def allreduce_gradients(grads, bucket_bytes=None):
+def allreduce_gradients(grads, bucket_bytes=None, dtype="fp32"):
     """Every parameter's gradient summed across devices, in place (grads[d]: device d's list): an allreduce per
     parameter, or per bucket of parameters (common/buckets.py), each device's gradients flattened into one buffer
-    (torch.cat) and the sum copied back into them, as DistributedDataParallel does."""
+    (torch.cat) and the sum copied back into them, as DistributedDataParallel does. `dtype`: the precision on the
+    wire (allreduce's; a bucket is cast whole, as DDP's bf16_compress_hook casts its bucket)."""
     if bucket_bytes is None:
         for per_device in zip(*grads):     # one parameter's gradient on every device
-            allreduce(list(per_device))
+            allreduce(list(per_device), dtype)
         return grads
     for bucket in plan([g.numel() for g in grads[0]], bucket_bytes):
-        buffers = allreduce([torch.cat([device_grads[i].reshape(-1) for i in bucket]) for device_grads in grads])
+        buffers = allreduce([torch.cat([device_grads[i].reshape(-1) for i in bucket]) for device_grads in grads],
+                            dtype)
         for device_grads, buffer in zip(grads, buffers):
             pieces = buffer.split([device_grads[i].numel() for i in bucket])
             for i, piece in zip(bucket, pieces):
@@ -109,18 +118,19 @@ def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, 
 
 
 def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
-                   bucket_bytes=None, units=None, accumulate=1, scaler=None):
+                   bucket_bytes=None, units=None, accumulate=1, scaler=None, allreduce_dtype="fp32"):
     """The step on shards already on their devices: each device's loss and gradients, the gradients summed across
-    devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same update on every replica (the
-    recipe's sgd, or optimizer.apply with each replica's state). `units`: a level's, None as written. With a `scaler`
-    (common.loss_scaling.Scaler) the gradients are the loss's times its scale, unscaled after the all-reduce, and the
-    update is skipped where one is not finite (every replica sees the same sums, so every one skips). Returns each
-    device's summed loss and each replica's new BatchNorm state (kept when the update is skipped)."""
+    devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes; allreduce_dtype on the wire), the
+    same update on every replica (the recipe's sgd, or optimizer.apply with each replica's state). `units`: a level's,
+    None as written. With a `scaler` (common.loss_scaling.Scaler) the gradients are the loss's times its scale,
+    unscaled after the all-reduce, and the update is skipped where one is not finite (every replica sees the same
+    sums, so every one skips). Returns each device's summed loss and each replica's new BatchNorm state (kept when
+    the update is skipped)."""
     units = units or UNITS
     scale = 1.0 if scaler is None else scaler.scale
     losses, grads, new_bn_states = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
                                                y_shards, devices, accumulate, scale)
-    allreduce_gradients(grads, bucket_bytes)
+    allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
     if scaler is not None and not scaler.update(unscale_gradients(grads, scale)):
         return losses, new_bn_states
     if states is None:
@@ -143,7 +153,7 @@ def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, s
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, bn_states[:] = units["step_on_shards"](model, replicas, bn_states, X_shards, y_shards, devices, lr,
                                                    batch_size or len(X), states, settings.bucket_bytes, units,
-                                                   settings.accumulate, settings.scaler)
+                                                   settings.accumulate, settings.scaler, settings.allreduce_dtype)
     return sum(loss.item() for loss in losses) / len(X)
 
 

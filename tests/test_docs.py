@@ -138,7 +138,8 @@ def test_the_framework_folders_hold_the_same_files():
 # PyTorch's own: nn.DataParallel's primitives; and helpers of its translation that the others fold into their
 # Functional or need not (the strides a buffer keeps, Inductor's options per network, the parameters' names by count;
 # torch.autocast's one context around a forward, where the others cast at each layer: low, compute)
-PYTORCH_ONLY = {"builtin.py": {"primitives_step"}, "checkpoint.py": {"width_of_state"},
+# (bf16_hook, bf16_on_gloo: DDP's communication hook for --allreduce-dtype bf16; the others cast in their own step)
+PYTORCH_ONLY = {"builtin.py": {"primitives_step", "bf16_hook", "bf16_on_gloo"}, "checkpoint.py": {"width_of_state"},
                 "execution.py": {"compiled_forward"}, "idiomatic.py": {"param_names"}, "optimizer.py": {"buffer_like"},
                 "lenet.py": {"accuracy", "loss_and_grads", "widened", "autocast"}, "resnet.py": {"to_layout", "accuracy", "loss_and_grads",
                                                                          "batch_statistics"}}
