@@ -2,7 +2,7 @@
 sum the gradients across devices, apply the same SGD update to every replica (or, with optimizer states,
 optimizer.py's update: common/optim.py's). One step for every network: the model (lenet.Functional or
 resnet.Functional) says how each device's loss and gradients are computed; the run's settings (the all-reduce's
-buckets, the compiled units, the loss scaler of fp16) come in as arguments."""
+buckets, the compiled units, the loss scaler of fp16, the gradients' dtype on the wire) come in as arguments."""
 import tensorflow as tf
 
 from common.buckets import plan
@@ -10,6 +10,7 @@ from common.interface import StepSettings
 from common.sharding import micro_batches, shard_bounds
 
 from . import distributed as dist, optimizer
+from .lenet import COMPUTE_DTYPES
 
 
 def split_and_load(array, devices):
@@ -22,30 +23,54 @@ def split_and_load(array, devices):
     return shards
 
 
-def allreduce(tensors):
+def allreduce(tensors, dtype="fp32"):
     """Sum on the first tensor's device, then copy the sum back to every device. TensorFlow tensors are
     immutable: each slot of the list gets a new tensor (a tf.Variable is assigned in place instead).
-    In a multi-process run the local sum is also summed across processes by TensorFlow's collectives."""
-    with tf.device(tensors[0].device):
-        total = tf.add_n(tensors)          # add_n copies the other tensors onto this device
+    In a multi-process run the local sum is also summed across processes by TensorFlow's collectives.
+    With dtype 'bf16', common.precision.summed_on_the_wire's sum: on_the_wire's bf16 sum, widened back on each
+    device."""
+    if dtype == "fp32":
+        with tf.device(tensors[0].device):
+            total = tf.add_n(tensors)      # add_n copies the other tensors onto this device
+    else:
+        total = on_the_wire(tensors, dtype)
     if dist.is_initialized():
         total = dist.all_reduce(total)
     for i, t in enumerate(tensors):
         with tf.device(t.device):
+            summed = total if dtype == "fp32" else tf.cast(total, t.dtype)
             if isinstance(t, tf.Variable):
-                t.assign(total)
+                t.assign(summed)
             else:
-                tensors[i] = tf.identity(total)
+                tensors[i] = tf.identity(summed)
     return tensors
 
 
-def allreduce_gradients(grads, bucket_bytes=None):
+def on_the_wire(tensors, dtype):
+    """The bf16 (`dtype`) sum of `tensors` on the first one's device: each cast on its own device, the casts added in
+    device order, every addition rounded (tf.cast and the CPU's bf16 add round to nearest even). A fold of
+    tf.math.add, not add_n: add_n takes up to 9 inputs in order, and groups more otherwise (measured in
+    tests/test_wire_tensorflow.py). Across processes the strategy's collective sums the bf16 tensors (its CPU kernel
+    takes any dtype and adds with the Add kernel, bf16's rounding): two processes of a device each step as two devices
+    of one process, to the bit; past two its ring adds in an order of its own, as summed_on_the_wire allows."""
+    wire = []
+    for t in tensors:
+        with tf.device(t.device):
+            wire.append(tf.cast(t, COMPUTE_DTYPES[dtype]))
+    with tf.device(tensors[0].device):
+        total = wire[0]
+        for w in wire[1:]:
+            total = tf.math.add(total, w)
+    return total
+
+
+def allreduce_gradients(grads, bucket_bytes=None, dtype="fp32"):
     """Every parameter's gradient summed across devices (grads[d]: device d's list): an allreduce per parameter, or
     per bucket of parameters (common/buckets.py), each device's gradients flattened into one buffer (tf.concat) and
-    the sum cut back into their shapes (tf.split), as DistributedDataParallel does. Returns new lists (tensors are
-    immutable)."""
+    the sum cut back into their shapes (tf.split), as DistributedDataParallel does. `dtype`: the precision on the
+    wire (allreduce's; a bucket is cast whole). Returns new lists (tensors are immutable)."""
     if bucket_bytes is None:
-        summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
+        summed = [allreduce(list(per_device), dtype) for per_device in zip(*grads)]   # one parameter on every device
         return [list(device_grads) for device_grads in zip(*summed)]
     grads = [list(device_grads) for device_grads in grads]
     for bucket in plan([g.shape.num_elements() for g in grads[0]], bucket_bytes):
@@ -53,7 +78,7 @@ def allreduce_gradients(grads, bucket_bytes=None):
         for device_grads in grads:
             with tf.device(device_grads[bucket[0]].device):
                 buffers.append(tf.concat([tf.reshape(device_grads[i], [-1]) for i in bucket], 0))
-        for device_grads, buffer in zip(grads, allreduce(buffers)):
+        for device_grads, buffer in zip(grads, allreduce(buffers, dtype)):
             with tf.device(buffer.device):
                 pieces = tf.split(buffer, [device_grads[i].shape.num_elements() for i in bucket])
                 for i, piece in zip(bucket, pieces):
@@ -146,20 +171,21 @@ def update_replicas(replicas, grads, lr, batch_size, states=None):
 
 
 def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
-                   bucket_bytes=None, units=None, accumulate=1, scale=None):
+                   bucket_bytes=None, units=None, accumulate=1, scale=None, allreduce_dtype="fp32"):
     """The step on shards already on their devices: each device's loss and gradients (units' loss_and_grads), the
-    gradients summed across devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same
-    update on every replica (update_replicas). With a loss `scale` (a tensor) the gradients are of the losses times
-    it, unscaled after the all-reduce (unscale_gradients), and the update runs only where every one is finite: a
-    tf.cond, so a skipped step assigns no weight, buffer or step count (the BatchNorm states the forward made are
-    kept). Returns each device's summed loss (unscaled), the replicas' new BatchNorm states and whether the gradients
-    were finite (None without a scale). As one graph (the default level), it is traced per model, device list,
-    optimizer, bucket size and units (Python values), and whether it scales; lr, batch_size and the scale are tensors,
-    and reduce_retracing turns the shard shapes into None after the first new shape."""
+    gradients summed across devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes; in
+    allreduce_dtype on the wire), the same update on every replica (update_replicas). With a loss `scale` (a tensor)
+    the gradients are of the losses times it, unscaled after the all-reduce (unscale_gradients), and the update runs
+    only where every one is finite: a tf.cond, so a skipped step assigns no weight, buffer or step count (the
+    BatchNorm states the forward made are kept). Returns each device's summed loss (unscaled), the replicas' new
+    BatchNorm states and whether the gradients were finite (None without a scale). As one graph (the default level),
+    it is traced per model, device list, optimizer, bucket size, units and dtype on the wire (Python values), and
+    whether it scales; lr, batch_size and the scale are tensors, and reduce_retracing turns the shard shapes into
+    None after the first new shape."""
     units = units or UNITS
     losses, grads, bn_states = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
                                            y_shards, devices, accumulate, scale)
-    grads = allreduce_gradients(grads, bucket_bytes)
+    grads = allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
     if scale is None:
         update_replicas(replicas, grads, lr, batch_size, states)
         return losses, bn_states, None
@@ -173,9 +199,10 @@ UNITS = {"update": update, "loss_and_grads": loss_and_grads, "step_on_shards": s
 
 def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, settings=StepSettings()):
     """One synchronous step of `model` on a numpy batch (common.interface.CONTRACT): split_and_load, step_on_shards
-    (settings.units' or, without them, as written), the mean loss; bn_states get the new running statistics. With
-    settings.scaler the step runs at its scale and the scaler takes the step's check (one host read): the step has
-    already skipped its update where scaler.update(finite) says so, since that returns `finite` itself."""
+    (settings.units' or, without them, as written; settings.allreduce_dtype on the wire), the mean loss; bn_states
+    get the new running statistics. With settings.scaler the step runs at its scale and the scaler takes the step's
+    check (one host read): the step has already skipped its update where scaler.update(finite) says so, since that
+    returns `finite` itself."""
     units = settings.units or UNITS
     scaler = settings.scaler
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
@@ -183,7 +210,7 @@ def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, s
         model, replicas, list(bn_states), X_shards, y_shards, tuple(devices),
         tf.constant(lr, tf.float32), tf.constant(batch_size or len(X), tf.float32),   # tensors: no retrace per value
         states, settings.bucket_bytes, units, settings.accumulate,
-        None if scaler is None else tf.constant(scaler.scale, tf.float32))
+        None if scaler is None else tf.constant(scaler.scale, tf.float32), settings.allreduce_dtype)
     bn_states[:] = new_states
     if scaler is not None:
         scaler.update(bool(finite))
