@@ -34,7 +34,16 @@ rounding, lenet.accumulated_conv_backward; its dense layers sum in fp32 too), so
 step on one, the global batch's gradients rounded once (to fp32's order of summation). A Flax layer at bf16 makes its
 kernel's and bias's gradients bf16 tensors: the all-reduces XLA puts in their batch sums under jit (42 of the 178 in
 the ResNet's --bn sync step) are typed bf16, which XLA's CPU compiler sums in fp32 (its all-reduce-promotion pass) and
-rounds back to bf16, one rounding more than the fp32 sum; BatchNorm's moments and parameters are all-reduced fp32."""
+rounds back to bf16, one rounding more than the fp32 sum; BatchNorm's moments and parameters are all-reduced fp32.
+--precision fp16 computes in fp16 in the same places (Flax's dtype=fp16), and JAX has no loss scaler of its own: the
+compiled step is common/loss_scaling.py's rule, written here (update_if_finite). It differentiates the loss times the
+scale, an argument of the compiled step (traced: no new program per scale), unscales the all-reduced gradients in
+fp32 and updates only where every one is finite (lax.cond: a skipped step keeps the parameters and the Optax state;
+the BatchNorm statistics its forward made are kept); the trainer reads `finite` back with the loss and moves its
+scale on the host (common.loss_scaling.Scaler, the trainer's own state beside the Optax state: loss_scale). The LeNet
+then steps in shard_map's form: each device's backward rounds its own gradients to fp16, as the rule's step does, and
+the psum adds them in fp32 (get_model). The ResNet's --bn sync step stays jit's: a Flax layer's fp16 weight gradient is
+then all-reduced inside its batch sum and rounded once, so it overflows where the global batch's gradient does."""
 import functools
 
 import jax
@@ -49,13 +58,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from common.buckets import plan
 from common.interface import Model, Network, RosettaError
 from common.lenet import PARAM_NAMES
+from common.loss_scaling import Scaler
 from common.resnet import PARAM_NAMES as RESNET_PARAMS
 
 from . import resnet
 from .data_parallel import flatten, unflatten
 from .execution import DEFAULT_LAYOUT, LAYOUTS, compiler_options
 from .idiomatic import evaluate as evaluate_flax
-from .lenet import evaluate as evaluate_params, forward, held, to_numpy as params_to_numpy
+from .lenet import evaluate as evaluate_params, forward, held, scaled, to_numpy as params_to_numpy
 from .optimizer import optax_canonical, optax_state, get_trainer
 
 
@@ -82,11 +92,12 @@ def mesh_of(devices):
     return Mesh(np.array([by_id[int(i)] for i in ids]), ("devices",))
 
 
-def summed_loss(params, X, y, mask, precision="fp32"):
-    """The summed cross-entropy, and each row's (padding rows, mask 0, count nothing). The forward at `precision`
-    (lenet.forward's casts: at bf16 its convolutions and dense layers in bf16 on the fp32 parameters), the loss in fp32
-    from its logits (rows_of)."""
-    return rows_of(forward(params, X, precision=precision), y, mask)
+def summed_loss(params, X, y, mask, precision="fp32", loss_scale=None):
+    """The summed cross-entropy (times fp16's `loss_scale`, if given: lenet.scaled), and each row's, unscaled (padding
+    rows, mask 0, count nothing). The forward at `precision` (lenet.forward's casts: at bf16 its convolutions and dense
+    layers in bf16 on the fp32 parameters), the loss in fp32 from its logits (rows_of)."""
+    total, rows = rows_of(forward(params, X, precision=precision), y, mask)
+    return scaled(total, loss_scale)[0], rows
 
 
 def rows_of(logits, y, mask):
@@ -145,29 +156,47 @@ def accumulated(loss_and_grads, X, y, mask, count, stats=None, cut=micro_batch):
     return jnp.concatenate(rows), grads, stats
 
 
-def jit_step(precision, params, X, y, mask, scale):
+def jit_step(precision, params, X, y, mask, scale, loss_scale):
     """Written for one device; the shardings of its inputs make it data-parallel."""
-    (_, rows), grads = loss_rows_and_grads(params, X, y, mask, precision)
-    return [p - scale * g for p, g in zip(params, grads)], rows
+    (_, rows), grads = loss_rows_and_grads(params, X, y, mask, precision, loss_scale)
+    params, _, finite = update_if_finite(None, params, None, grads, scale, loss_scale)
+    return params, rows, finite
 
 
-def device_grads(params, X, y, mask, count, precision="fp32"):
+def update_if_finite(tx, params, opt_state, grads, scale, loss_scale):
+    """descend's update of the all-reduced gradients; at fp16 (a `loss_scale`) the gradients of the scaled loss are
+    multiplied by 1/loss_scale in fp32 (exact: a power of two) and the update runs only where every one is finite
+    (lax.cond: else the parameters and the Optax state come back as they were). Returns (params, opt_state, finite).
+    optax.apply_if_finite skips a non-finite update alike, but is not the rule: it keeps no scale (the gradients
+    come to it scaled, and nothing unscales them, halves or grows the scale), and after max_consecutive_errors skips
+    in a row it applies the non-finite update, where the rule skips every overflow."""
+    if loss_scale is None:
+        return *descend(tx, params, opt_state, grads, scale), jnp.array(True)
+    grads = jax.tree.map(lambda g: g * (1 / loss_scale), grads)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+    params, opt_state = lax.cond(finite, lambda: descend(tx, params, opt_state, grads, scale),
+                                 lambda: (params, opt_state))
+    return params, opt_state, finite
+
+
+def device_grads(params, X, y, mask, count, precision="fp32", loss_scale=None):
     """This device's rows' losses and their gradients' sum, over `count` micro-batches. lax.pvary marks the
     parameters as this device's copy: without it shard_map's gradient of a replicated input comes back already
     summed over the mesh, and the psum after would count it twice (the shard_map gradient trap). The gradients are
     the fp32 parameters' (a cast's transpose widens a bf16 op's gradient): the micro-batches add up, and the psum
-    sums, in fp32."""
+    sums, in fp32. At fp16 every micro-batch's loss is scaled by the one `loss_scale`."""
     def loss_and_grads(X, y, mask, _):
-        (_, rows), grads = loss_rows_and_grads(lax.pvary(params, "devices"), X, y, mask, precision)
+        (_, rows), grads = loss_rows_and_grads(lax.pvary(params, "devices"), X, y, mask, precision, loss_scale)
         return rows, grads, None
     return accumulated(loss_and_grads, X, y, mask, count)[:2]
 
 
-def shard_map_step(bucket_bytes, count, precision, params, X, y, mask, scale):
+def shard_map_step(bucket_bytes, count, precision, params, X, y, mask, scale, loss_scale):
     """Runs on every device with its own rows (in `count` micro-batches), then the all-reduce."""
-    rows, grads = device_grads(params, X, y, mask, count, precision)
+    rows, grads = device_grads(params, X, y, mask, count, precision, loss_scale)
     grads = psum_gradients(grads, bucket_bytes)     # the all-reduce, said explicitly
-    return [p - scale * g for p, g in zip(params, grads)], rows
+    params, _, finite = update_if_finite(None, params, None, grads, scale, loss_scale)
+    return params, rows, finite
 
 
 def optax_update(tx, params, opt_state, grads, scale):
@@ -176,30 +205,34 @@ def optax_update(tx, params, opt_state, grads, scale):
     return optax.apply_updates(params, updates), opt_state
 
 
-def jit_optax_step(tx, precision, params, opt_state, X, y, mask, scale):
+def jit_optax_step(tx, precision, params, opt_state, X, y, mask, scale, loss_scale):
     """jit_step with Optax's update: its gradient is the global one (XLA all-reduces it before the clipping)."""
-    (_, rows), grads = loss_rows_and_grads(params, X, y, mask, precision)
-    return *optax_update(tx, params, opt_state, grads, scale), rows
+    (_, rows), grads = loss_rows_and_grads(params, X, y, mask, precision, loss_scale)
+    params, opt_state, finite = update_if_finite(tx, params, opt_state, grads, scale, loss_scale)
+    return params, opt_state, rows, finite
 
 
-def shard_map_optax_step(tx, bucket_bytes, count, precision, params, opt_state, X, y, mask, scale):
+def shard_map_optax_step(tx, bucket_bytes, count, precision, params, opt_state, X, y, mask, scale, loss_scale):
     """shard_map_step with Optax's update, after the psum: clipping by the global norm sees the all-reduced
     gradient, never this device's own."""
-    rows, grads = device_grads(params, X, y, mask, count, precision)
-    return *optax_update(tx, params, opt_state, psum_gradients(grads, bucket_bytes), scale), rows
+    rows, grads = device_grads(params, X, y, mask, count, precision, loss_scale)
+    params, opt_state, finite = update_if_finite(tx, params, opt_state, psum_gradients(grads, bucket_bytes), scale,
+                                                 loss_scale)
+    return params, opt_state, rows, finite
 
 
-# Every step is compiled for the network's precision (`network`: get_model's), at bf16 without XLA's excess precision
-# (execution.compiler_options: each bf16 rounding the step writes stays, the weight gradients' too).
+# Every step is compiled for the network's precision (`network`: get_model's), at bf16 and fp16 without XLA's excess
+# precision (execution.compiler_options: each rounding the step writes stays, the weight gradients' too, and at fp16
+# an overflow with it). Its last argument is the loss scale (None: none), its last output whether the update ran.
 def compile_step(mesh, form, bucket_bytes=None, count=1, network=Network()):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     options = compiler_options(network)
     if form == "jit":
-        return jax.jit(functools.partial(jit_step, network.precision), out_shardings=(replicated, rows),
+        return jax.jit(functools.partial(jit_step, network.precision), out_shardings=(replicated, rows, replicated),
                        compiler_options=options)
     return jax.jit(jax.shard_map(functools.partial(shard_map_step, bucket_bytes, count, network.precision), mesh=mesh,
-                                 in_specs=(P(), P("devices"), P("devices"), P("devices"), P()),
-                                 out_specs=(P(), P("devices"))), compiler_options=options)
+                                 in_specs=(P(), P("devices"), P("devices"), P("devices"), P(), P()),
+                                 out_specs=(P(), P("devices"), P())), compiler_options=options)
 
 
 def compile_optax_step(mesh, form, tx, bucket_bytes=None, count=1, network=Network()):
@@ -207,19 +240,20 @@ def compile_optax_step(mesh, form, tx, bucket_bytes=None, count=1, network=Netwo
     options = compiler_options(network)
     if form == "jit":
         return jax.jit(functools.partial(jit_optax_step, tx, network.precision),
-                       out_shardings=(replicated, replicated, rows), compiler_options=options)
+                       out_shardings=(replicated, replicated, rows, replicated), compiler_options=options)
     return jax.jit(jax.shard_map(functools.partial(shard_map_optax_step, tx, bucket_bytes, count, network.precision),
-                                 mesh=mesh, in_specs=(P(), P(), P("devices"), P("devices"), P("devices"), P()),
-                                 out_specs=(P(), P(), P("devices"))), compiler_options=options)
+                                 mesh=mesh, in_specs=(P(), P(), P("devices"), P("devices"), P("devices"), P(), P()),
+                                 out_specs=(P(), P(), P("devices"), P())), compiler_options=options)
 
 
-def batchnorm_loss(graphdef, params, stats, X, y, mask):
-    """The Flax ResNet's summed loss in training mode, each row's, and its new BatchNorm statistics. copy: fresh
-    Variables at this trace level, which the forward may update. The module computes at the precision it was built
-    with (resnet.build_model: Flax's dtype), the loss in fp32 from its logits (rows_of)."""
+def batchnorm_loss(graphdef, params, stats, X, y, mask, loss_scale=None):
+    """The Flax ResNet's summed loss in training mode (times fp16's `loss_scale`, if given), each row's (unscaled),
+    and its new BatchNorm statistics. copy: fresh Variables at this trace level, which the forward may update. The
+    module computes at the precision it was built with (resnet.build_model: Flax's dtype), the loss in fp32 from its
+    logits (rows_of)."""
     model = nnx.merge(graphdef, params, stats, copy=True)
     total, rows = rows_of(model(X, mask), y, mask)
-    return total, (rows, nnx.state(model, nnx.BatchStat))
+    return scaled(total, loss_scale)[0], (rows, nnx.state(model, nnx.BatchStat))
 
 
 def descend(tx, params, opt_state, grads, scale):
@@ -244,31 +278,37 @@ def micro_batch_of_every_device(devices, arrays, mask, i, count):
     return [joined(a) for a in arrays], joined(mask)
 
 
-def batchnorm_grads(graphdef, params, stats, X, y, mask, count, cut=micro_batch):
-    """The ResNet's rows' losses, their gradients' sum and the new statistics, over `count` micro-batches."""
+def batchnorm_grads(graphdef, params, stats, X, y, mask, count, cut=micro_batch, loss_scale=None):
+    """The ResNet's rows' losses, their gradients' sum (of the loss times `loss_scale`, if given) and the new
+    statistics, over `count` micro-batches."""
     def loss_and_grads(X, y, mask, stats):
         (_, (rows, stats)), grads = jax.value_and_grad(batchnorm_loss, argnums=1, has_aux=True)(
-            graphdef, params, stats, X, y, mask)
+            graphdef, params, stats, X, y, mask, loss_scale)
         return rows, grads, stats
     return accumulated(loss_and_grads, X, y, mask, count, stats, cut)
 
 
-def jit_batchnorm_step(graphdef, tx, devices, count, params, stats, opt_state, X, y, mask, scale):
+def jit_batchnorm_step(graphdef, tx, devices, count, params, stats, opt_state, X, y, mask, scale, loss_scale):
     """Written for one device: the global batch's statistics (each micro-batch's, every device's rows of it),
     whatever the shardings. Accumulating, each micro-batch's gradient is a global array that XLA all-reduces: the
-    synchronised BatchNorm pays one all-reduce per micro-batch (its statistics need them anyway)."""
+    synchronised BatchNorm pays one all-reduce per micro-batch (its statistics need them anyway). The new statistics
+    are kept whether the update runs or not."""
     rows, grads, stats = batchnorm_grads(graphdef, params, stats, X, y, mask, count,
-                                         functools.partial(micro_batch_of_every_device, devices))
-    return *descend(tx, params, opt_state, grads, scale), stats, rows
+                                         functools.partial(micro_batch_of_every_device, devices), loss_scale)
+    params, opt_state, finite = update_if_finite(tx, params, opt_state, grads, scale, loss_scale)
+    return params, opt_state, stats, rows, finite
 
 
-def shard_map_batchnorm_step(graphdef, tx, bucket_bytes, count, params, stats, opt_state, X, y, mask, scale):
+def shard_map_batchnorm_step(graphdef, tx, bucket_bytes, count, params, stats, opt_state, X, y, mask, scale,
+                             loss_scale):
     """Each device's shard, statistics and running statistics (its block of the stacked `stats`), then the psum and
     the update of the all-reduced gradient."""
     own = jax.tree.map(lambda s: s[0], stats)
-    rows, grads, own = batchnorm_grads(graphdef, lax.pvary(params, "devices"), own, X, y, mask, count)
-    grads = psum_gradients(grads, bucket_bytes)
-    return *descend(tx, params, opt_state, grads, scale), jax.tree.map(lambda s: s[None], own), rows
+    rows, grads, own = batchnorm_grads(graphdef, lax.pvary(params, "devices"), own, X, y, mask, count,
+                                       loss_scale=loss_scale)
+    params, opt_state, finite = update_if_finite(tx, params, opt_state, psum_gradients(grads, bucket_bytes), scale,
+                                                 loss_scale)
+    return params, opt_state, jax.tree.map(lambda s: s[None], own), rows, finite
 
 
 def compile_batchnorm_step(mesh, graphdef, sync, tx=None, bucket_bytes=None, count=1, network=Network()):
@@ -276,20 +316,22 @@ def compile_batchnorm_step(mesh, graphdef, sync, tx=None, bucket_bytes=None, cou
     options = compiler_options(network)   # the module computes at the precision graphdef was built with
     if sync:
         return jax.jit(functools.partial(jit_batchnorm_step, graphdef, tx, mesh.size, count),
-                       out_shardings=(replicated, replicated, replicated, rows), compiler_options=options)
+                       out_shardings=(replicated, replicated, replicated, rows, replicated), compiler_options=options)
     return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef, tx, bucket_bytes, count),
                                  mesh=mesh, in_specs=(P(), P("devices"), P(), P("devices"), P("devices"),
-                                                      P("devices"), P()),
-                                 out_specs=(P(), P(), P("devices"), P("devices"))), compiler_options=options)
+                                                      P("devices"), P(), P()),
+                                 out_specs=(P(), P(), P("devices"), P("devices"), P())), compiler_options=options)
 
 
 class Compiled:
     """A trainer's compiled step, one per micro-batch count (--accumulate; an epoch's last batch may cut fewer), each
     made once by make(form, count). `form` is get_model's, or shard_map's once the LeNet accumulates: under jit
-    every micro-batch's gradient would be all-reduced (accumulated's docstring). lower() gives a step's program."""
+    every micro-batch's gradient would be all-reduced (accumulated's docstring). lower() gives a step's program.
+    `scaler`: fp16's loss scaler (common.loss_scaling.Scaler; None: no loss scaling), the trainer's state as the Optax
+    state is: the compiled step takes its scale and gives back whether the gradients were finite, which moves it."""
 
-    def __init__(self, make, form, switches=True):
-        self.make, self.form, self.switches, self.made = make, form, switches, {}
+    def __init__(self, make, form, switches=True, scaler=None):
+        self.make, self.form, self.switches, self.made, self.scaler = make, form, switches, {}, scaler
 
     def step(self, count=1):
         if count not in self.made:
@@ -299,7 +341,18 @@ class Compiled:
         return self.made[count]
 
     def lower(self, *args, count=1):
-        return self.step(count).lower(*args)
+        """The program of a step on `args`, at the loss scale this trainer runs (none: the step's last argument)."""
+        return self.step(count).lower(*args, self.loss_scale())
+
+    def loss_scale(self):
+        """The scale the next step runs at, as the compiled step takes it: a traced scalar (no program per scale)."""
+        return None if self.scaler is None else jnp.float32(self.scaler.scale)
+
+    def rescale(self, finite):
+        """The loss scaling's rule after a step whose gradients were `finite` or not (read here: a replicated scalar,
+        read once, as the loss is)."""
+        if self.scaler is not None:
+            self.scaler.update(bool(finite.addressable_data(0)))
 
 
 class Step(Compiled):
@@ -307,7 +360,9 @@ class Step(Compiled):
     opt_state = None
 
     def __call__(self, net, X, y, mask, scale, count=1):
-        return self.step(count)(net, X, y, mask, scale)
+        net, rows, finite = self.step(count)(net, X, y, mask, scale, self.loss_scale())
+        self.rescale(finite)
+        return net, rows
 
 
 class BatchNormTrainer(Compiled):
@@ -315,24 +370,27 @@ class BatchNormTrainer(Compiled):
     transformation its state (opt_state) goes through the step and comes back new, as OptaxTrainer's. Its form
     follows the BatchNorm, accumulating or not."""
 
-    def __init__(self, make, graphdef, sync, form, opt_state=None):
-        super().__init__(make, form, switches=False)
+    def __init__(self, make, graphdef, sync, form, opt_state=None, scaler=None):
+        super().__init__(make, form, switches=False, scaler=scaler)
         self.graphdef, self.sync, self.opt_state = graphdef, sync, opt_state
 
     def __call__(self, net, X, y, mask, scale, count=1):
-        params, self.opt_state, stats, rows = self.step(count)(*net, self.opt_state, X, y, mask, scale)
+        params, self.opt_state, stats, rows, finite = self.step(count)(*net, self.opt_state, X, y, mask, scale,
+                                                                       self.loss_scale())
+        self.rescale(finite)
         return [params, stats], rows
 
 
 class OptaxTrainer(Compiled):
     """Optax's transformation is pure: this holds its state between steps and threads it through the step."""
 
-    def __init__(self, make, opt_state, form):
-        super().__init__(make, form)
+    def __init__(self, make, opt_state, form, scaler=None):
+        super().__init__(make, form, scaler=scaler)
         self.opt_state = opt_state
 
     def __call__(self, net, X, y, mask, scale, count=1):
-        net, self.opt_state, rows = self.step(count)(net, self.opt_state, X, y, mask, scale)
+        net, self.opt_state, rows, finite = self.step(count)(net, self.opt_state, X, y, mask, scale, self.loss_scale())
+        self.rescale(finite)
         return net, rows
 
 
@@ -341,10 +399,15 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
     transformation (optimizer.py), its state made by a compiled tx.init, or holding the canonical `state` of a
     checkpoint (buffers laid out as the parameters, every count at its step): global arrays replicated over the
     mesh, across processes too. The form: jit's, or shard_map's where the all-reduce is bucketed (bucket_bytes, the
-    run's --allreduce: common.buckets.bucket_bytes). At bf16 (network.precision) the parameters and the Optax state
-    stay fp32 global arrays and the compiled step computes in bf16 (the module docstring); the model carries the
-    precision (Model.precision; no mixed form beside the net)."""
-    mesh, form = mesh_of(devices), form or ("shard_map" if bucket_bytes else "jit")
+    run's --allreduce: common.buckets.bucket_bytes) or the loss scaled (fp16: under jit XLA all-reduces inside each
+    weight gradient's batch sum, before its one rounding to fp16, so the global batch's sum would overflow where every
+    device's own gradient, the rule's, is finite; the module docstring). At bf16 (network.precision) the parameters
+    and the Optax state stay fp32 global arrays and the compiled step computes in bf16 (the module docstring); the
+    model carries the precision (Model.precision; no mixed form beside the net). network.loss_scaling (fp16's): the
+    trainer's loss scaler, common/loss_scaling.py's rule with the run's initial scale, interval and factors (JAX has
+    none of its own)."""
+    mesh, form = mesh_of(devices), form or ("shard_map" if bucket_bytes or network.loss_scaling else "jit")
+    scaler = None if network.loss_scaling is None else Scaler(network.loss_scaling)
     bucket_bytes = bucket_bytes if form == "shard_map" else None
     replicated = NamedSharding(mesh, P())   # every device holds the whole parameter
     tx = None if optimizer is None or optimizer.is_recipe else get_trainer(optimizer)
@@ -375,17 +438,18 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
         opt_state = None if tx is None else optax_start(params, host, laid_out, RESNET_PARAMS)
         make = lambda form, count: compile_batchnorm_step(   # noqa: E731
             mesh, graphdef, network.sync, tx, None if network.sync else bucket_bytes, count, network)
-        trainer = BatchNormTrainer(make, graphdef, network.sync, "jit" if network.sync else "shard_map", opt_state)
+        trainer = BatchNormTrainer(make, graphdef, network.sync, "jit" if network.sync else "shard_map", opt_state,
+                                   scaler)
         return Model([params, stats], trainer, mesh, network.precision)
     host = [held(name, weights[name]) for name in PARAM_NAMES]
     params = [replicate(w) for w in host]
     if tx is None:
-        return Model(params, Step(lambda form, count: compile_step(mesh, form, bucket_bytes, count, network), form),
-                     mesh, network.precision)
+        return Model(params, Step(lambda form, count: compile_step(mesh, form, bucket_bytes, count, network), form,
+                                  scaler=scaler), mesh, network.precision)
     laid_out = lambda arrays: [held(name, arrays[name]) for name in PARAM_NAMES]   # noqa: E731
     opt_state = optax_start(params, host, laid_out, PARAM_NAMES)
     return Model(params, OptaxTrainer(lambda form, count: compile_optax_step(mesh, form, tx, bucket_bytes, count,
-                                                                             network), opt_state, form),
+                                                                             network), opt_state, form, scaler),
                  mesh, network.precision)
 
 
@@ -400,6 +464,11 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     rate = lr if trainer.opt_state is None else 1.0
     net[:], losses = trainer(net, X, y, mask, jnp.float32(rate / batch_size), accumulate)
     return sum(float(shard.data.sum()) for shard in losses.addressable_shards) / rows
+
+
+def loss_scale(model):
+    """The scale the next step runs at: the trainer's loss scaler's (get_model's network.loss_scaling)."""
+    return model.trainer.scaler.scale
 
 
 def local_params(model):

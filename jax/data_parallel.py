@@ -1,8 +1,9 @@
 """Data parallelism from scratch in JAX: split the batch, forward and backward on every device, sum the
 gradients across devices, apply the same update to every replica. One step for every network: the network is
 a Functional (lenet.py's, resnet.py's) handed in, and the run's settings (the all-reduce's buckets, the compiled
-units of execution.compile) come in with it, never through this module. JAX functions are pure and its
-arrays immutable: every step makes new arrays, and the lists that hold them are re-pointed at them."""
+units of execution.compile, fp16's loss scaler) come in with it, never through this module. JAX functions are pure
+and its arrays immutable: every step makes new arrays, and the lists that hold them are re-pointed at them.
+JAX has no loss scaler: at fp16 the step is common/loss_scaling.py's rule, written here (step_on_shards)."""
 import functools
 
 import jax
@@ -60,6 +61,24 @@ def allreduce_gradients(grads, bucket_bytes=None):
     return grads
 
 
+def unscale_gradients(grads, scale):
+    """fp16's loss scaling: every device's all-reduced gradients, of the loss times `scale`, multiplied by 1/scale in
+    fp32 (exact: the scale is a power of two) and re-pointed in their list slots (arrays are immutable); returns
+    whether every one is finite. One compiled call per device (unscaled), one read for all their checks."""
+    inverse, checks = np.float32(1.0 / scale), []
+    for device_grads in grads:
+        device_grads[:], finite = unscaled(device_grads, inverse)
+        checks.append(finite)
+    return bool(all(jax.device_get(checks)))
+
+
+@jax.jit
+def unscaled(grads, inverse):
+    """One device's gradients times `inverse` (traced: a new scale compiles nothing), and whether all are finite."""
+    grads = [g * inverse for g in grads]
+    return grads, jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads]))
+
+
 @jax.jit
 def flatten(arrays):
     return jnp.concatenate([a.ravel() for a in arrays])
@@ -86,24 +105,27 @@ def update(params, grads, scale):
     return [p - scale * g for p, g in zip(params, grads)]
 
 
-def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices):
-    """Each device's summed loss on its shard, its gradients and its new BatchNorm state: the network's own
-    (model.loss_and_grads: the LeNet's loop over the devices, the ResNet's lock-step forward)."""
-    return model.loss_and_grads(replicas, bn_states, X_shards, y_shards, devices)
+def loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices, scale=None):
+    """Each device's summed loss on its shard, its gradients (of the loss times the loss `scale`, if given) and its
+    new BatchNorm state: the network's own (model.loss_and_grads: the LeNet's loop over the devices, the ResNet's
+    lock-step forward)."""
+    return model.loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, scale)
 
 
-def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, devices, count):
+def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, devices, count, scale=None):
     """Gradient accumulation: each device's shard cut into `count` micro-batches (common.sharding.micro_batches), a
-    forward and backward each, their summed losses and gradients added up on the device (new arrays); the BatchNorm
-    states go through the micro-batches in turn. Nothing crosses devices here: the all-reduce comes once, after it."""
+    forward and backward each (at the one loss `scale`), their summed losses and gradients added up on the device (new
+    arrays); the BatchNorm states go through the micro-batches in turn. Nothing crosses devices here: the all-reduce
+    comes once, after it."""
     if count == 1:
-        return loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices)
+        return loss_and_grads(model, replicas, bn_states, X_shards, y_shards, devices, scale)
     parts = [micro_batches(len(y), count) for y in y_shards]
     losses = grads = None
     for i in range(count):
         X_micro = [X[part[i][0]:part[i][1]] for X, part in zip(X_shards, parts)]
         y_micro = [y[part[i][0]:part[i][1]] for y, part in zip(y_shards, parts)]
-        micro_losses, micro_grads, bn_states = loss_and_grads(model, replicas, bn_states, X_micro, y_micro, devices)
+        micro_losses, micro_grads, bn_states = loss_and_grads(model, replicas, bn_states, X_micro, y_micro, devices,
+                                                              scale)
         if losses is None:
             losses, grads = list(micro_losses), [list(g) for g in micro_grads]
         else:
@@ -113,15 +135,21 @@ def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, 
 
 
 def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
-                   bucket_bytes=None, units=None, accumulate=1):
+                   bucket_bytes=None, units=None, accumulate=1, scaler=None):
     """The step on shards already on their devices: each device's loss and gradients, the gradients summed across
     devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same update on every replica (with
     states, optimizer.py's, each replica's state advancing); bn_states[:] gets the new running statistics. `units`:
-    execution.compile's (None: UNITS, as written). Returns each device's summed loss."""
+    execution.compile's (None: UNITS, as written). With `scaler` (fp16's common.loss_scaling.Scaler) the gradients are
+    the loss's times scaler.scale (an argument of the compiled loss_and_grads, not a constant), unscaled after the
+    all-reduce, and the update runs only where scaler.update(finite) says so: a skipped step moves no weight and no
+    optimizer state, and keeps the running statistics its forward made. Returns each device's summed loss."""
     units = units or UNITS
+    scale = None if scaler is None else np.float32(scaler.scale)
     losses, grads, bn_states[:] = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
-                                              y_shards, devices, accumulate)
+                                              y_shards, devices, accumulate, scale)
     grads = allreduce_gradients(grads, bucket_bytes)
+    if scaler is not None and not scaler.update(unscale_gradients(grads, scale)):
+        return losses   # an overflow: skipped
     for i, (params, device_grads) in enumerate(zip(replicas, grads)):
         if states is None:
             sgd(params, device_grads, lr, batch_size, units["update"])
@@ -139,11 +167,11 @@ UNITS = {"update": update, "optimizer.update": optimizer.update, "loss_and_grads
 
 def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, settings=StepSettings()):
     """One step of the network `model` (lenet.Functional or resnet.Functional) with the run's settings (bucket_bytes,
-    units): split_and_load, the step on the shards, the mean loss over X."""
+    units, accumulate, scaler): split_and_load, the step on the shards, the mean loss over X."""
     units = settings.units or UNITS
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses = units["step_on_shards"](model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size or len(X),
-                                     states, settings.bucket_bytes, units, settings.accumulate)
+                                     states, settings.bucket_bytes, units, settings.accumulate, settings.scaler)
     return sum(float(loss) for loss in jax.device_get(losses)) / len(X)   # one wait for every device's loss
 
 

@@ -11,8 +11,9 @@ resnet.process_sum, a collective of its own outside any mesh: there it runs op b
 Its layout: lax convolutions run in the layout their dimension numbers name: NCHW/OIHW, the canonical one,
 or NHWC/HWIO with the weights converted (common/layouts.py) and the batch transposed inside the step. XLA's
 CPU convolutions are faster in NHWC here (the transpose included; docs/results.md), so it is the default.
-At bf16 (the model's precision field) the compiled step keeps every rounding to bf16 the forward and backward
-write (compiler_options).
+At bf16 or fp16 (the model's precision field) the compiled step keeps every rounding to bf16 or fp16 the forward and
+backward write (compiler_options). At fp16 the loss scale is an argument of the compiled loss_and_grads, traced:
+every scale the run moves to runs the same program.
 Nothing here sets anything on another module: compile returns the units, and the layout is the model's field."""
 import dataclasses
 import functools
@@ -33,9 +34,11 @@ NAMES = {"eager": "eager", "graph": "jax.jit"}
 
 
 def compiler_options(model):
-    """XLA's options for compiling the model's step: at bf16, no excess precision. XLA allows it by default
+    """XLA's options for compiling the model's step: at bf16 or fp16, no excess precision. XLA allows it by default
     (xla_allow_excess_precision) and drops a rounding to bf16 that is widened again: the weight gradients of the bf16
-    convolutions reached their fp32 master weights unrounded, not the bf16 values common/precision.py says."""
+    convolutions reached their fp32 master weights unrounded, not the bf16 values common/precision.py says. At fp16
+    the rounding is also where an overflow becomes inf: without it a weight gradient past 65504 would reach its fp32
+    master weight finite, and the step the loss scaling must skip would run."""
     return {"xla_allow_excess_precision": False} if is_low(getattr(model, "precision", "fp32")) else None
 
 
@@ -47,8 +50,8 @@ def per_device(unit, model):
         return lock_step(unit, model)
     compiled = jax.jit(unit, static_argnums=0, compiler_options=compiler_options(model))
 
-    def each_device(model, replicas, bn_states, X_shards, y_shards, devices):
-        parts = [compiled(model, [params], [bn_state], [X], [y], [None])   # one device: nothing to place
+    def each_device(model, replicas, bn_states, X_shards, y_shards, devices, scale=None):
+        parts = [compiled(model, [params], [bn_state], [X], [y], [None], scale)   # one device: nothing to place
                  for params, bn_state, X, y in zip(replicas, bn_states, X_shards, y_shards)]
         return tuple([part[i][0] for part in parts] for i in range(3))   # losses, grads, bn_states
     return each_device
@@ -59,30 +62,31 @@ def lock_step(unit, model):
     devices. Each replica, BatchNorm state and shard becomes its device's block of a global array (made from the
     arrays where they are); under shard_map each device runs the lock-step forward on its own block, its BatchNorm
     moments lax.psum'd over the mesh (the model's axis). The shards are padded to one shape with rows labelled -1,
-    which the statistics and the loss leave out. Across processes it stays as written (COMPILES says so)."""
+    which the statistics and the loss leave out. The loss scale (None: none) is every device's. Across processes it
+    stays as written (COMPILES says so)."""
     if dist.is_initialized():
         return unit
     meshed, programs = dataclasses.replace(model, axis="devices"), {}
 
-    def on_the_mesh(model, replicas, bn_states, X_shards, y_shards, devices):
+    def on_the_mesh(model, replicas, bn_states, X_shards, y_shards, devices, scale=None):
         if tuple(devices) not in programs:
             mesh = Mesh(np.array(devices), ("devices",))
             programs[tuple(devices)] = mesh, jax.jit(jax.shard_map(
-                functools.partial(one_block, unit, meshed), mesh=mesh, in_specs=P("devices"), out_specs=P("devices")),
-                compiler_options=compiler_options(model))
+                functools.partial(one_block, unit, meshed), mesh=mesh, in_specs=(P("devices"),) * 4 + (P(),),
+                out_specs=P("devices")), compiler_options=compiler_options(model))
         mesh, program = programs[tuple(devices)]
         rows = max(len(X) for X in X_shards)
         X_shards = [jnp.pad(X, ((0, rows - len(X)),) + ((0, 0),) * (X.ndim - 1)) for X in X_shards]
         y_shards = [jnp.pad(y.astype(jnp.int32), (0, rows - len(y)), constant_values=-1) for y in y_shards]
         blocks = [stacked(mesh, per_device) for per_device in (replicas, bn_states, X_shards, y_shards)]
-        return tuple(unstacked(out, devices) for out in program(*blocks))   # losses, grads, bn_states
+        return tuple(unstacked(out, devices) for out in program(*blocks, scale))   # losses, grads, bn_states
     return on_the_mesh
 
 
-def one_block(unit, model, replicas, bn_states, X, y):
+def one_block(unit, model, replicas, bn_states, X, y, scale):
     """Inside shard_map: the unit on this device's block of each argument (leading axis 1), as on one device."""
     first = lambda tree: jax.tree.map(lambda a: a[0], tree)   # noqa: E731
-    out = unit(model, [first(replicas)], [first(bn_states)], [X[0]], [y[0]], [None])
+    out = unit(model, [first(replicas)], [first(bn_states)], [X[0]], [y[0]], [None], scale)
     return jax.tree.map(lambda a: a[None], [part[0] for part in out])
 
 

@@ -2,8 +2,9 @@
 order. lax convolutions take any layout they are told (dimension numbers): in the canonical one, NCHW/OIHW,
 the weights need no conversion; in the channels-last one, NHWC/HWIO, common/layouts.py converts them.
 JAX arrays are immutable: an update makes new arrays, and the replica's list slots are re-pointed at them.
-JAX has no automatic mixed precision: at bf16 (common/precision.py) the casts are written here, in the traced
-forward, and jax.grad transposes them (a cast's transpose widens the gradient back to the fp32 master weight)."""
+JAX has no automatic mixed precision: at bf16 or fp16 (common/precision.py) the casts are written here, in the traced
+forward, and jax.grad transposes them (a cast's transpose widens the gradient back to the fp32 master weight).
+Nor has it a loss scaler: at fp16 the step differentiates the loss times the scale it is given (scaled_loss)."""
 import dataclasses
 import functools
 
@@ -15,7 +16,7 @@ from jax import lax
 
 from common.layouts import to_canonical, to_channels_last
 from common.lenet import LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
-from common.precision import is_low
+from common.precision import DTYPES, is_low
 
 # execution.py names and chooses the layouts (LAYOUTS; its DEFAULT_LAYOUT is this one, kept here for the models).
 DIMENSIONS = {"nchw": ("NCHW", "OIHW", "NCHW"), "nhwc": ("NHWC", "HWIO", "NHWC")}   # input, kernel, output
@@ -45,16 +46,22 @@ def avg_pool(h, layout):
             / (POOL * POOL)).astype(h.dtype)
 
 
+def compute_dtype(precision):
+    """The dtype a convolution or dense layer computes in at a low precision: bfloat16 or float16."""
+    return jnp.dtype(DTYPES[precision])
+
+
 def low(x, precision):
-    """x as a convolution or dense layer at `precision` takes it: cast to bf16 at bf16, unchanged at fp32."""
-    return x.astype(jnp.bfloat16) if is_low(precision) else x
+    """x as a convolution or dense layer at `precision` takes it: cast to bf16 at bf16, to fp16 at fp16, unchanged
+    at fp32."""
+    return x.astype(compute_dtype(precision)) if is_low(precision) else x
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
 def accumulated_conv(h, w, strides, padding, dims):
-    """The bf16 convolution given in fp32 (preferred_element_type), for its bias to be added before the one rounding.
-    Its own backward: JAX 0.7's transpose of it convolves the fp32 cotangent with a bf16 operand, which lax rejects
-    ("requires arguments to have the same dtypes"; jax-ml/jax#31592, fixed after 0.7.1)."""
+    """The bf16 (or fp16) convolution given in fp32 (preferred_element_type), for its bias to be added before the one
+    rounding. Its own backward: JAX 0.7's transpose of it convolves the fp32 cotangent with a bf16 operand, which lax
+    rejects ("requires arguments to have the same dtypes"; jax-ml/jax#31592, fixed after 0.7.1)."""
     return lax.conv_general_dilated(h, w, strides, padding, dimension_numbers=dims, preferred_element_type=jnp.float32)
 
 
@@ -63,21 +70,24 @@ def accumulated_conv_forward(h, w, strides, padding, dims):
 
 
 def accumulated_conv_backward(strides, padding, dims, operands, g):
-    """The cotangent comes back through the output's cast to bf16: a bf16 value, cast to bf16 exactly. The input's
-    gradient is a bf16 convolution (XLA's CPU computes it in fp32 and rounds its output once); the weight's is summed
-    in fp32 and rounded once too, but written as an fp32 convolution of the bf16 values (their products are exact in
-    fp32, as the bf16 one computes them: the same bits on the CPU), so its sum over the batch stays fp32 until the
-    rounding: under jit over a mesh (builtin.py) the all-reduce XLA places inside that sum is then fp32, where after a
-    bf16 convolution it is a bf16 one (XLA's CPU sums it in fp32 and rounds the sum back to bf16). What
-    preferred_element_type=f32 would say, which JAX 0.7.1 cannot transpose (accumulated_conv)."""
+    """The cotangent comes back through the output's cast to bf16 (fp16): a bf16 (fp16) value, cast to it exactly.
+    Both gradients are fp32 convolutions of the low-precision values (their products are exact in fp32), each summed in
+    fp32 and rounded once to the low precision (common/precision.py), as a bf16 convolution computes on XLA's CPU
+    (widened to fp32, one rounding: the same bits). An fp16 convolution XLA's CPU runs in fp16 itself, rounding as it
+    sums (9 of 10 outputs a rounding off), so the input's gradient is written in fp32 too. The weight's sum over the
+    batch stays fp32 until the rounding: under jit over a mesh (builtin.py) the all-reduce XLA places inside that sum
+    is then fp32, where after a bf16 convolution it is a bf16 one (XLA's CPU sums it in fp32 and rounds the sum back
+    to bf16); at fp16 its one rounding is where an overflow makes inf. What preferred_element_type=f32 would say,
+    which JAX 0.7.1 cannot transpose (accumulated_conv)."""
     h, w = operands
 
     def conv(h, w):
         return lax.conv_general_dilated(h, w, strides, padding, dimension_numbers=dims)
-    g = g.astype(h.dtype)
-    dh = jax.vjp(lambda h: conv(h, w), h)[1](g)[0]
-    dw = jax.vjp(lambda w: conv(h.astype(jnp.float32), w), w.astype(jnp.float32))[1](g.astype(jnp.float32))[0]
-    return dh, dw.astype(w.dtype)
+    wide = lambda x: x.astype(jnp.float32)   # noqa: E731
+    g = wide(g.astype(h.dtype))
+    dh = jax.vjp(lambda h: conv(h, wide(w)), wide(h))[1](g)[0]
+    dw = jax.vjp(lambda w: conv(wide(h), w), wide(w))[1](g)[0]
+    return dh.astype(h.dtype), dw.astype(w.dtype)
 
 
 accumulated_conv.defvjp(accumulated_conv_forward, accumulated_conv_backward)
@@ -85,12 +95,12 @@ accumulated_conv.defvjp(accumulated_conv_forward, accumulated_conv_backward)
 
 def convolution(h, w, b, strides, padding, dims, precision="fp32"):
     """Convolution plus bias, the bias broadcast along the output's channel axis. At bf16 input, weight and bias in
-    bf16, the products and the bias summed in fp32 and rounded to bf16 once (common/precision.py)."""
+    bf16, the products and the bias summed in fp32 and rounded to bf16 once (common/precision.py); at fp16 in fp16."""
     if is_low(precision):
         h = accumulated_conv(low(h, precision), low(w, precision), strides, padding, dims)
         b = low(b, precision).astype(jnp.float32)   # widened before broadcasting: its gradient summed in fp32
         h = h + lax.broadcast_in_dim(b, h.shape, (dims[2].index("C"),))
-        return h.astype(jnp.bfloat16)
+        return h.astype(compute_dtype(precision))
     h = lax.conv_general_dilated(h, w, strides, padding, dimension_numbers=dims)
     return h + lax.broadcast_in_dim(b, h.shape, (dims[2].index("C"),))
 
@@ -101,17 +111,17 @@ def conv(h, w, b, layout, precision="fp32"):
 
 
 def dense(h, w, b, precision="fp32"):
-    """h @ w + b; at bf16 on bf16 values, the products and the bias summed in fp32 (preferred_element_type) and
-    rounded to bf16 once."""
+    """h @ w + b; at bf16 (fp16) on bf16 (fp16) values, the products and the bias summed in fp32
+    (preferred_element_type) and rounded to bf16 (fp16) once."""
     if is_low(precision):
         h = jnp.matmul(low(h, precision), low(w, precision), preferred_element_type=jnp.float32) + low(b, precision)
-        return h.astype(jnp.bfloat16)
+        return h.astype(compute_dtype(precision))
     return h @ w + b
 
 
 def forward(params, X, layout=DEFAULT_LAYOUT, precision="fp32"):
     """Logits of the NCHW batch X on one replica held in `layout`, computed at `precision` (Python values: static
-    under jax.jit); at bf16 every activation is bf16, the logits too."""
+    under jax.jit); at bf16 (fp16) every activation is bf16 (fp16), the logits too."""
     w1, b1, w2, b2, w3, b3, w4, b4 = params
     if layout == "nchw":                   # canonical dense weights are (out, in)
         w3, w4 = w3.T, w4.T
@@ -132,6 +142,17 @@ def loss_sum(logits, y):
 def summed_loss(params, X, y, layout=DEFAULT_LAYOUT, precision="fp32"):
     """One shard's summed loss, as a function of the replica: what its gradients are taken of."""
     return loss_sum(forward(params, X, layout, precision), y)
+
+
+def scaled(loss, scale):
+    """The loss times fp16's loss scale (common/loss_scaling.py: the backward starts from the scale, not 1), and the
+    loss itself (value_and_grad's aux: the step returns it unscaled). `scale` is traced under jax.jit, not a constant:
+    a new scale compiles nothing; None (no loss scaling) leaves the loss as it is."""
+    return (loss if scale is None else loss * scale), loss
+
+
+def scaled_loss(params, X, y, scale, layout=DEFAULT_LAYOUT, precision="fp32"):
+    return scaled(summed_loss(params, X, y, layout, precision), scale)
 
 
 def to_numpy(params, layout=DEFAULT_LAYOUT):
@@ -169,12 +190,14 @@ class Functional:
     def get_bn_state(self, state, device):
         return None   # no BatchNorm
 
-    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices):
+    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices, scale=None):
         """Each device's summed loss and gradients, its own work: dispatched asynchronously, the devices work in
-        parallel (JAX places each op where its inputs are)."""
+        parallel (JAX places each op where its inputs are). `scale`: the loss scale the gradients are taken at (None:
+        none); the losses are unscaled."""
         losses, grads = [], []
         for params, X, y in zip(replicas, X_shards, y_shards):
-            loss, device_grads = jax.value_and_grad(summed_loss)(params, X, y, self.layout, self.precision)
+            (_, loss), device_grads = jax.value_and_grad(scaled_loss, has_aux=True)(params, X, y, scale, self.layout,
+                                                                                    self.precision)
             losses.append(loss)
             grads.append(device_grads)
         return losses, grads, bn_states
@@ -190,10 +213,24 @@ class Functional:
 
 
 def flax_dtypes(precision="fp32"):
-    """Flax's mixed precision, as its modules take it: compute in `dtype` (bf16 at bf16: nnx.Conv and nnx.Linear cast
-    their input, kernel and bias to it; None, the default: their inputs' and parameters' fp32) and keep the parameters
-    in `param_dtype`, fp32 (the master weights: their gradients come back fp32 through the casts)."""
-    return {"dtype": jnp.bfloat16 if is_low(precision) else None, "param_dtype": jnp.float32}
+    """Flax's mixed precision, as its modules take it: compute in `dtype` (bf16 at bf16, fp16 at fp16: nnx.Conv and
+    nnx.Linear cast their input, kernel and bias to it; None, the default: their inputs' and parameters' fp32) and keep
+    the parameters in `param_dtype`, fp32 (the master weights: their gradients come back fp32 through the casts)."""
+    return {"dtype": compute_dtype(precision) if is_low(precision) else None, "param_dtype": jnp.float32}
+
+
+def widened_conv(lhs, rhs, *args, **kwargs):
+    """lax.conv_general_dilated of low-precision operands summed in fp32 and rounded once (common/precision.py), as
+    XLA's CPU computes a bf16 convolution on its own; an fp16 one it computes in fp16, rounding its partial sums (most
+    outputs a rounding or more off: tests/test_fp16_jax.py)."""
+    wide = [a.astype(jnp.float32) for a in (lhs, rhs)]
+    return lax.conv_general_dilated(*wide, *args, **kwargs).astype(lhs.dtype)
+
+
+def flax_conv(precision="fp32"):
+    """nnx.Conv's arguments at `precision`: flax_dtypes', and at fp16 its own hook for the convolution it runs
+    (conv_general_dilated) set to widened_conv, so that Flax's fp16 convolutions accumulate in fp32 on the CPU too."""
+    return {**flax_dtypes(precision), **({"conv_general_dilated": widened_conv} if precision == "fp16" else {})}
 
 
 class LeNet(nnx.Module):
@@ -202,14 +239,15 @@ class LeNet(nnx.Module):
     and its weights are the canonical ones converted by common/layouts.py. At bf16 its layers compute in bf16
     (flax_dtypes): each adds its bias in bf16 to its bf16-rounded products (two roundings, not common/precision.py's
     one) and sums the bias's gradient over the batch in bf16 (XLA rounds a bf16 reduction's partial sums), and
-    nnx.avg_pool sums in bf16 (lax.reduce_window in its input's dtype)."""
+    nnx.avg_pool sums in bf16 (lax.reduce_window in its input's dtype); at fp16 alike, in fp16, its convolutions
+    summing in fp32 (flax_conv)."""
 
     def __init__(self, rngs, precision="fp32"):
         (c1, _, k1, _), (c2, _, k2, _) = LAYERS["conv1"][1], LAYERS["conv2"][1]
         (h1, f1), h2 = LAYERS["fc1"][1], LAYERS["fc2"][1][1]
-        dtypes = flax_dtypes(precision)
-        self.conv1 = nnx.Conv(1, c1, (k1, k1), padding="VALID", **dtypes, rngs=rngs)
-        self.conv2 = nnx.Conv(c1, c2, (k2, k2), padding="VALID", **dtypes, rngs=rngs)
+        dtypes, convs = flax_dtypes(precision), flax_conv(precision)
+        self.conv1 = nnx.Conv(1, c1, (k1, k1), padding="VALID", **convs, rngs=rngs)
+        self.conv2 = nnx.Conv(c1, c2, (k2, k2), padding="VALID", **convs, rngs=rngs)
         self.fc1 = nnx.Linear(f1, h1, **dtypes, rngs=rngs)
         self.fc2 = nnx.Linear(h2, NUM_CLASSES, **dtypes, rngs=rngs)
 

@@ -18,7 +18,8 @@ from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, PARAM_NA
                            layer_arguments, layers)
 
 from . import distributed as dist
-from .lenet import DEFAULT_LAYOUT, DIMENSIONS, convolution, dense, flax_dtypes, held, loss_sum, to_layout
+from .lenet import (DEFAULT_LAYOUT, DIMENSIONS, convolution, dense, flax_conv, flax_dtypes, held, loss_sum, scaled,
+                    to_layout)
 
 
 def get_params(weights, device, layout=DEFAULT_LAYOUT):
@@ -118,9 +119,9 @@ def forward_shards(replicas, bn_states, X_shards, devices, training, bn=CANONICA
     """Every replica on its own shard, in lock-step, layer by layer: a synchronised BatchNorm needs every shard's
     moments before any shard is normalised. Logits per shard; in training mode also each replica's new BatchNorm
     state (a list in BN_STATE_NAMES order). Pure: `training`, `bn`, `sync`, `layout`, `axis` (the mesh axis of
-    the compiled form, its padded rows marked by `masks`) and `precision` are static under jax.jit. At bf16 the
-    activations are bf16 (the residual add too), the global average pooling accumulating in fp32 (jnp.mean of bf16
-    sums in fp32 and rounds once)."""
+    the compiled form, its padded rows marked by `masks`) and `precision` are static under jax.jit. At bf16 (fp16)
+    the activations are bf16 (fp16; the residual add too), the global average pooling accumulating in fp32 (jnp.mean
+    of bf16 or fp16 sums in fp32 and rounds once)."""
     ps, ss = [dict(zip(PARAM_NAMES, r)) for r in replicas], [dict(zip(BN_STATE_NAMES, s)) for s in bn_states]
     new_states = [{} for _ in replicas]
     convs = lambda name, hs: [conv(p, name, h, layout, precision) for p, h in zip(ps, hs)]   # noqa: E731
@@ -158,15 +159,16 @@ def bn_state_to_numpy(bn_state):
     return {name: np.asarray(t, dtype=np.float32) for name, t in zip(BN_STATE_NAMES, bn_state)}
 
 
-def shard_loss(replicas, bn_states, X_shards, y_shards, devices, sync, layout, axis=None, precision="fp32"):
-    """The shards' summed loss through the lock-step forward at `precision`, and the new BatchNorm states
-    (value_and_grad's aux). Under shard_map (`axis`) rows labelled -1 are padding: out of the statistics and the
-    loss."""
+def shard_loss(replicas, bn_states, X_shards, y_shards, devices, sync, layout, axis=None, precision="fp32",
+               scale=None):
+    """The shards' summed loss through the lock-step forward at `precision` (times the loss `scale`, lenet.scaled),
+    and each shard's loss (unscaled) with the new BatchNorm states (value_and_grad's aux). Under shard_map (`axis`)
+    rows labelled -1 are padding: out of the statistics and the loss."""
     masks = [y >= 0 for y in y_shards] if axis else None
     logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync, layout,
                                         axis, masks, precision)
     losses = [loss_sum(out, y) if axis is None else kept_loss_sum(out, y) for out, y in zip(logits, y_shards)]
-    return sum(jax.device_put(loss, devices[0]) for loss in losses), (losses, new_states)
+    return scaled(sum(jax.device_put(loss, devices[0]) for loss in losses), scale)[0], (losses, new_states)
 
 
 def kept_loss_sum(logits, y):
@@ -211,13 +213,14 @@ class Functional:
     def get_bn_state(self, state, device):
         return get_bn_state(state, device)
 
-    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices):
-        """Each device's summed loss, each replica's gradients and new BatchNorm state: one jax.value_and_grad through
-        the whole lock-step forward. Local BatchNorm: each replica's gradient is its own shard's (execution.py may
-        compile each device's part on its own). Sync: a replica's gradient includes what reaches it through the other
-        shards' statistics: written op by op across the devices' arrays, compiled under shard_map (execution.py)."""
+    def loss_and_grads(self, replicas, bn_states, X_shards, y_shards, devices, scale=None):
+        """Each device's summed loss, each replica's gradients (of the loss times `scale`, fp16's loss scale, if given)
+        and new BatchNorm state: one jax.value_and_grad through the whole lock-step forward. Local BatchNorm: each
+        replica's gradient is its own shard's (execution.py may compile each device's part on its own). Sync: a
+        replica's gradient includes what reaches it through the other shards' statistics: written op by op across the
+        devices' arrays, compiled under shard_map (execution.py)."""
         (_, (losses, new_states)), grads = jax.value_and_grad(shard_loss, has_aux=True)(
-            replicas, bn_states, X_shards, y_shards, devices, self.sync, self.layout, self.axis, self.precision)
+            replicas, bn_states, X_shards, y_shards, devices, self.sync, self.layout, self.axis, self.precision, scale)
         return losses, grads, new_states
 
     def to_numpy(self, replica):
@@ -232,15 +235,15 @@ class Functional:
 
 class Residual(nnx.Module):
     """d2l's Residual in Flax NNX: channels-last, explicit ((1, 1), (1, 1)) padding (Conv's default is 'SAME').
-    `dtypes`: lenet.flax_dtypes, every layer's (the ResNet's docstring)."""
+    `precision`: every layer's (the ResNet's docstring)."""
 
-    def __init__(self, c_in, c, stride, bn_args, rngs, dtypes):
-        pad = ((1, 1), (1, 1))
-        self.conv1 = nnx.Conv(c_in, c, (3, 3), strides=stride, padding=pad, **dtypes, rngs=rngs)
+    def __init__(self, c_in, c, stride, bn_args, rngs, precision):
+        pad, dtypes, convs = ((1, 1), (1, 1)), flax_dtypes(precision), flax_conv(precision)
+        self.conv1 = nnx.Conv(c_in, c, (3, 3), strides=stride, padding=pad, **convs, rngs=rngs)
         self.bn1 = nnx.BatchNorm(c, **bn_args, **dtypes, rngs=rngs)
-        self.conv2 = nnx.Conv(c, c, (3, 3), padding=pad, **dtypes, rngs=rngs)
+        self.conv2 = nnx.Conv(c, c, (3, 3), padding=pad, **convs, rngs=rngs)
         self.bn2 = nnx.BatchNorm(c, **bn_args, **dtypes, rngs=rngs)
-        self.conv3 = nnx.Conv(c_in, c, (1, 1), strides=stride, padding="VALID", **dtypes, rngs=rngs) \
+        self.conv3 = nnx.Conv(c_in, c, (1, 1), strides=stride, padding="VALID", **convs, rngs=rngs) \
             if has_projection(stride) else None
 
     def __call__(self, X, mask=None):
@@ -253,21 +256,23 @@ class ResNet(nnx.Module):
     """The same ResNet-18 as an idiomatic Flax NNX module: it takes the canonical NCHW batch and transposes it, like
     Keras's Permute. model.train() / model.eval() switch its BatchNorm layers (use_running_average). `mask`, one
     value per image (0: padding), keeps padded rows out of the batch statistics (builtin.py's padded shards).
-    At bf16 (`precision`) every layer is built with Flax's dtype=bf16, param_dtype=fp32 (lenet.flax_dtypes): the
+    At bf16 (`precision`; fp16 alike) every layer is built with Flax's dtype=bf16, param_dtype=fp32 (flax_dtypes): the
     convolutions and fc compute in bf16 (their bias added in bf16 after the products are rounded, two roundings, and
     the bias's gradient summed over the batch in bf16); nnx.BatchNorm takes its statistics in fp32 whatever its dtype
     (normalization.py's _compute_stats promotes to at least fp32), normalises in fp32 (its fp32 mean and scale promote
     the bf16 input) and rounds its output to bf16; the residual add and ReLU run on bf16 values; the global average
-    pooling (jnp.mean) sums bf16 in fp32 and rounds once."""
+    pooling (jnp.mean) sums bf16 in fp32 and rounds once. At fp16 the same in fp16, the convolutions summing in fp32
+    (lenet.flax_conv: XLA's CPU would sum an fp16 convolution in fp16) and the bias's gradient summed over the batch
+    in fp16 (XLA's CPU rounds an fp16 reduction's partial sums)."""
 
     def __init__(self, width, bn_args, rngs, precision="fp32"):
         dtypes = flax_dtypes(precision)
-        self.conv = nnx.Conv(1, width, (3, 3), padding=((1, 1), (1, 1)), **dtypes, rngs=rngs)
+        self.conv = nnx.Conv(1, width, (3, 3), padding=((1, 1), (1, 1)), **flax_conv(precision), rngs=rngs)
         self.bn = nnx.BatchNorm(width, **bn_args, **dtypes, rngs=rngs)
         blocks, c_in = [], width
         for block, stride in BLOCKS:
             c = layers(width)[f"{block}.conv1"][1][0]
-            blocks.append(Residual(c_in, c, stride, bn_args, rngs, dtypes))
+            blocks.append(Residual(c_in, c, stride, bn_args, rngs, precision))
             c_in = c
         self.blocks = nnx.List(blocks)
         self.fc = nnx.Linear(c_in, layers(width)["fc"][1][0], **dtypes, rngs=rngs)
