@@ -14,10 +14,10 @@ from common.precision import check as check_precision, check_wire
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 # The fields that make a row of the table what it is (the rest say where the data and files are).
-ROW_FIELDS = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "accumulate", "precision", "allreduce_dtype", "loss_scale",
-              "loss_scale_interval", "devices", "processes", "cores", "epochs", "batch_size", "lr",
-              "seed", "init", "threads", "optimizer", "momentum", "weight_decay", "lr_schedule", "warmup_epochs",
-              "clip_norm", "lr_scaling", "reference_batch", "target_accuracy")
+ROW_FIELDS = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "accumulate", "precision",
+              "allreduce_dtype", "loss_scale", "loss_scale_interval", "devices", "processes", "cores", "epochs",
+              "batch_size", "lr", "seed", "init", "threads", "optimizer", "momentum", "weight_decay", "lr_schedule",
+              "warmup_epochs", "clip_norm", "lr_scaling", "reference_batch", "target_accuracy")
 
 
 def default_epochs(dataset):
@@ -47,7 +47,7 @@ class RunSpec:
     layout: str = "default"          # the scratch step's memory layout (each execution.py's LAYOUTS)
     allreduce: str = "per-tensor"    # the scratch step's sum of the gradients: per-tensor | bucketed (common/buckets.py)
     accumulate: int = 1              # the scratch step's micro-batches per device's shard, one all-reduce per update
-    precision: str = "fp32"          # fp32 | bf16 | fp16: what the network computes in, fp32 master weights (common/precision.py)
+    precision: str = "fp32"          # fp32 | bf16 | fp16: the compute, fp32 master weights (common/precision.py)
     allreduce_dtype: str = "fp32"    # fp32 | bf16: the gradients' precision on the wire (common/precision.py)
     loss_scale: float = 2.0 ** 16    # fp16's dynamic loss scaling: the initial scale (common/loss_scaling.py)
     loss_scale_interval: int = 2000  # ... and the finite steps after which it doubles

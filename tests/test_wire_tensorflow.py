@@ -3,7 +3,7 @@ bf16 tf.math.add round to nearest even, so the casts added in device order are c
 sum to the bit, for any number of devices; add_n's would be up to 9 inputs, and not past them. Every exec level traces
 the step per dtype on the wire, so none bakes the other's. Across processes MultiWorkerMirroredStrategy's collective
 takes the bf16 tensors as they are: two processes of a device each step as two devices of one process do, to the
-bit."""
+bit (tests/test_wire_processes.py)."""
 import numpy as np
 import pytest
 
@@ -12,10 +12,7 @@ from common.interface import Network, StepSettings
 from common.sharding import shard_bounds
 from conftest import framework_or_skip
 from harness.loader import load_module
-from harness.processes.launch import run_workers
 
-SPEC = {"framework": "tensorflow", "mode": "scratch", "dataset": "digits", "epochs": 1, "batch_size": 97, "lr": 0.2,
-        "seed": 5, "threads": 1, "max_steps": 2}
 LR = 0.1
 
 
@@ -98,28 +95,3 @@ def test_every_level_steps_by_the_bf16_sum_and_traces_per_dtype(fw, digits, leve
     step = settings.units["step_on_shards"]
     if level != "eager":
         assert step.experimental_get_tracing_count() == 2
-
-
-def trained(tmp_path, devices, processes, allreduce_dtype, allreduce="per-tensor"):
-    """(results in rank order, the final weights) of SPEC's steps on `devices` in `processes` workers."""
-    out = tmp_path / f"{devices}d-{processes}p-{allreduce_dtype}-{allreduce}.npz"
-    results = run_workers({**SPEC, "devices": devices, "processes": processes, "allreduce": allreduce,
-                           "allreduce_dtype": allreduce_dtype, "weights_out": str(out)}, timeout=400)
-    return results, (dict(np.load(out)) if out.exists() else None)
-
-
-@pytest.mark.slow   # starts real worker processes
-@pytest.mark.parametrize("allreduce", ["per-tensor", "bucketed"])
-def test_two_processes_sum_in_bf16_as_two_devices_do(tmp_path, allreduce):
-    """2 processes of a device each, bf16 on the wire: the strategy's collective all-reduces the bf16 tensors (its CPU
-    kernel takes any dtype, its Add kernel rounds bf16), and the weights after two steps are the in-process 2-device
-    bf16 step's to the bit, not the fp32 wire's (the setting crossed the processes)."""
-    framework_or_skip("tensorflow")
-    _, in_process = trained(tmp_path, 2, 1, "bf16", allreduce)
-    results, across = trained(tmp_path, 2, 2, "bf16", allreduce)
-    assert all(r["status"] == "ok" for r in results), results[0].get("error")
-    assert len({r["digest"] for r in results}) == 1, "processes hold different weights"
-    for name, value in in_process.items():
-        np.testing.assert_array_equal(across[name], value, err_msg=name)
-    _, fp32 = trained(tmp_path, 2, 1, "fp32", allreduce)
-    assert any(not np.array_equal(fp32[name], value) for name, value in in_process.items())

@@ -14,18 +14,32 @@ import subprocess
 import sys
 import time
 
+# The best GFLOP/s of an n x n matmul in each of the named precisions: numpy's BLAS for fp32 (the yardstick of every
+# row), PyTorch's oneDNN kernels for fp32, bf16 and fp16 (numpy has neither low precision; these use the CPU's bf16
+# dot products, AVX512_BF16 or AMX, where it has them).
 MATMUL = """
 import json, sys, time
-import numpy as np
-n = int(sys.argv[1])
-a, b = np.ones((n, n), np.float32), np.ones((n, n), np.float32)
-a @ b
-best, start = 0.0, time.perf_counter()
-while time.perf_counter() - start < float(sys.argv[2]):
-    t = time.perf_counter()
+n, seconds, library = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+names, threads = sys.argv[4].split(","), int(sys.argv[5])
+if library == "torch":
+    import torch
+    torch.set_num_threads(threads)
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    make = lambda name: torch.ones((n, n), dtype=dtypes[name])
+else:
+    import numpy as np
+    make = lambda name: np.ones((n, n), np.float32)
+out = {}
+for name in names:
+    a = b = make(name)
     a @ b
-    best = max(best, 2 * n**3 / (time.perf_counter() - t) / 1e9)
-print(json.dumps(best))
+    best, start = 0.0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        a @ b
+        best = max(best, 2 * n**3 / (time.perf_counter() - t) / 1e9)
+    out[name] = best
+print(json.dumps(out))
 """
 STEADY = """
 import json, os, sys, time
@@ -44,24 +58,6 @@ for _ in range(int(sys.argv[3]) + 1):
     times.append(time.perf_counter() - t)
 print(json.dumps(times))
 """
-# The same matmul in bf16 and fp16, by PyTorch (numpy has neither): oneDNN's kernels, which use the CPU's bf16 dot
-# products (AVX512_BF16, AMX) where it has them; its fp32 matmul too, so the ratio is one library's.
-LOW_MATMUL = """
-import json, sys, time
-import torch
-torch.set_num_threads(int(sys.argv[3]))
-n, out = int(sys.argv[1]), {}
-for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
-    a = b = torch.ones((n, n), dtype=dtype)
-    a @ b
-    best, start = 0.0, time.perf_counter()
-    while time.perf_counter() - start < float(sys.argv[2]):
-        t = time.perf_counter()
-        a @ b
-        best = max(best, 2 * n**3 / (time.perf_counter() - t) / 1e9)
-    out[name] = best
-print(json.dumps(out))
-"""
 QUIET_SHARE = 0.05   # other processes may use at most this share of the machine's CPU time
 
 
@@ -70,20 +66,23 @@ def blas_env(threads):
     return {**os.environ, **{v: str(threads) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}}
 
 
+def matmul_peaks(threads, library="numpy", names=("fp32",), n=2048, seconds=2.0):
+    """{precision: best GFLOP/s of an n x n matmul}, by `library`, in a fresh process whose threads are fixed before
+    it starts its BLAS."""
+    out = subprocess.run([sys.executable, "-c", MATMUL, str(n), str(seconds), library, ",".join(names), str(threads)],
+                         env=blas_env(threads), capture_output=True, text=True, timeout=120, check=True).stdout
+    return json.loads(out)
+
+
 def matmul_peak(threads, n=2048, seconds=2.0):
-    """Best GFLOP/s of an n x n float32 matmul, threads fixed before numpy starts its BLAS."""
-    env = blas_env(threads)
-    out = subprocess.run([sys.executable, "-c", MATMUL, str(n), str(seconds)], env=env, capture_output=True,
-                         text=True, timeout=120, check=True).stdout
-    return float(json.loads(out))
+    """Best GFLOP/s of an n x n float32 matmul (numpy's BLAS)."""
+    return matmul_peaks(threads, n=n, seconds=seconds)["fp32"]
 
 
 def low_matmul_peaks(threads, n=2048, seconds=1.5):
-    """Best GFLOP/s of an n x n matmul in fp32, bf16 and fp16 by PyTorch's CPU kernels, in a fresh process with
-    `threads` threads: the yardstick of --precision's rows, and what the hardware gives bf16 over fp32."""
-    out = subprocess.run([sys.executable, "-c", LOW_MATMUL, str(n), str(seconds), str(threads)], env=blas_env(threads),
-                         capture_output=True, text=True, timeout=120, check=True).stdout
-    return json.loads(out)
+    """The matmul peaks in fp32, bf16 and fp16 by PyTorch's CPU kernels: the yardstick of --precision's rows, and what
+    the hardware gives bf16 over fp32."""
+    return matmul_peaks(threads, "torch", ("fp32", "bf16", "fp16"), n, seconds)
 
 
 def machine_lockstep(cores, step_seconds=0.1, steps=60):
