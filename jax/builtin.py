@@ -56,7 +56,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from common.buckets import plan
-from common.interface import Model, Network, RosettaError
+from common.interface import Model, Network, RosettaError, Unavailable
 from common.lenet import PARAM_NAMES
 from common.loss_scaling import Scaler
 from common.resnet import PARAM_NAMES as RESNET_PARAMS
@@ -110,18 +110,27 @@ def rows_of(logits, y, mask):
 loss_rows_and_grads = jax.value_and_grad(summed_loss, has_aux=True)
 
 
-def psum_gradients(grads, bucket_bytes):
+def psum_gradients(grads, bucket_bytes, dtype="fp32"):
     """The all-reduce of one device's gradients under shard_map: a psum per tensor, or per bucket (each bucket's
-    gradients concatenated into one buffer, psummed once, cut back into their shapes), as DDP's buckets."""
+    gradients concatenated into one buffer, psummed once, cut back into their shapes), as DDP's buckets. With `dtype`
+    "bf16" on the wire each tensor (or bucket) is cast to bf16 before its psum and the sum widened back to fp32
+    (compiled without excess precision, execution.compiler_options, or XLA drops the casts)."""
     if bucket_bytes is None:
-        return lax.psum(grads, "devices")
+        return jax.tree.map(lambda g: psum_on_the_wire(g, dtype), grads)
     leaves, tree = jax.tree.flatten(grads)
     summed = list(leaves)
     for bucket in plan([g.size for g in leaves], bucket_bytes):   # the scratch step's flatten and unflatten
-        total = lax.psum(flatten([leaves[i] for i in bucket]), "devices")
+        total = psum_on_the_wire(flatten([leaves[i] for i in bucket]), dtype)
         for i, piece in zip(bucket, unflatten(total, tuple(leaves[i].shape for i in bucket))):
             summed[i] = piece
     return jax.tree.unflatten(tree, summed)
+
+
+def psum_on_the_wire(x, dtype):
+    """lax.psum of x over the mesh with `dtype` on the wire (fp32: x's own, as it always ran)."""
+    if dtype == "fp32":
+        return lax.psum(x, "devices")
+    return lax.psum(x.astype(jnp.bfloat16), "devices").astype(x.dtype)
 
 
 def micro_batch(arrays, mask, i, count):
@@ -191,10 +200,10 @@ def device_grads(params, X, y, mask, count, precision="fp32", loss_scale=None):
     return accumulated(loss_and_grads, X, y, mask, count)[:2]
 
 
-def shard_map_step(bucket_bytes, count, precision, params, X, y, mask, scale, loss_scale):
+def shard_map_step(bucket_bytes, wire, count, precision, params, X, y, mask, scale, loss_scale):
     """Runs on every device with its own rows (in `count` micro-batches), then the all-reduce."""
     rows, grads = device_grads(params, X, y, mask, count, precision, loss_scale)
-    grads = psum_gradients(grads, bucket_bytes)     # the all-reduce, said explicitly
+    grads = psum_gradients(grads, bucket_bytes, wire)     # the all-reduce, said explicitly
     params, _, finite = update_if_finite(None, params, None, grads, scale, loss_scale)
     return params, rows, finite
 
@@ -212,11 +221,12 @@ def jit_optax_step(tx, precision, params, opt_state, X, y, mask, scale, loss_sca
     return params, opt_state, rows, finite
 
 
-def shard_map_optax_step(tx, bucket_bytes, count, precision, params, opt_state, X, y, mask, scale, loss_scale):
+def shard_map_optax_step(tx, bucket_bytes, wire, count, precision, params, opt_state, X, y, mask, scale, loss_scale):
     """shard_map_step with Optax's update, after the psum: clipping by the global norm sees the all-reduced
     gradient, never this device's own."""
     rows, grads = device_grads(params, X, y, mask, count, precision, loss_scale)
-    params, opt_state, finite = update_if_finite(tx, params, opt_state, psum_gradients(grads, bucket_bytes), scale,
+    summed = psum_gradients(grads, bucket_bytes, wire)
+    params, opt_state, finite = update_if_finite(tx, params, opt_state, summed, scale,
                                                  loss_scale)
     return params, opt_state, rows, finite
 
@@ -224,24 +234,26 @@ def shard_map_optax_step(tx, bucket_bytes, count, precision, params, opt_state, 
 # Every step is compiled for the network's precision (`network`: get_model's), at bf16 and fp16 without XLA's excess
 # precision (execution.compiler_options: each rounding the step writes stays, the weight gradients' too, and at fp16
 # an overflow with it). Its last argument is the loss scale (None: none), its last output whether the update ran.
-def compile_step(mesh, form, bucket_bytes=None, count=1, network=Network()):
+def compile_step(mesh, form, bucket_bytes=None, count=1, network=Network(), wire="fp32"):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
-    options = compiler_options(network)
+    options = compiler_options(network, wire)
     if form == "jit":
         return jax.jit(functools.partial(jit_step, network.precision), out_shardings=(replicated, rows, replicated),
                        compiler_options=options)
-    return jax.jit(jax.shard_map(functools.partial(shard_map_step, bucket_bytes, count, network.precision), mesh=mesh,
+    return jax.jit(jax.shard_map(functools.partial(shard_map_step, bucket_bytes, wire, count, network.precision),
+                                 mesh=mesh,
                                  in_specs=(P(), P("devices"), P("devices"), P("devices"), P(), P()),
                                  out_specs=(P(), P("devices"), P())), compiler_options=options)
 
 
-def compile_optax_step(mesh, form, tx, bucket_bytes=None, count=1, network=Network()):
+def compile_optax_step(mesh, form, tx, bucket_bytes=None, count=1, network=Network(), wire="fp32"):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
-    options = compiler_options(network)
+    options = compiler_options(network, wire)
     if form == "jit":
         return jax.jit(functools.partial(jit_optax_step, tx, network.precision),
                        out_shardings=(replicated, replicated, rows, replicated), compiler_options=options)
-    return jax.jit(jax.shard_map(functools.partial(shard_map_optax_step, tx, bucket_bytes, count, network.precision),
+    return jax.jit(jax.shard_map(functools.partial(shard_map_optax_step, tx, bucket_bytes, wire, count,
+                                                   network.precision),
                                  mesh=mesh, in_specs=(P(), P(), P("devices"), P("devices"), P("devices"), P(), P()),
                                  out_specs=(P(), P(), P("devices"), P())), compiler_options=options)
 
@@ -299,25 +311,26 @@ def jit_batchnorm_step(graphdef, tx, devices, count, params, stats, opt_state, X
     return params, opt_state, stats, rows, finite
 
 
-def shard_map_batchnorm_step(graphdef, tx, bucket_bytes, count, params, stats, opt_state, X, y, mask, scale,
+def shard_map_batchnorm_step(graphdef, tx, bucket_bytes, wire, count, params, stats, opt_state, X, y, mask, scale,
                              loss_scale):
     """Each device's shard, statistics and running statistics (its block of the stacked `stats`), then the psum and
     the update of the all-reduced gradient."""
     own = jax.tree.map(lambda s: s[0], stats)
     rows, grads, own = batchnorm_grads(graphdef, lax.pvary(params, "devices"), own, X, y, mask, count,
                                        loss_scale=loss_scale)
-    params, opt_state, finite = update_if_finite(tx, params, opt_state, psum_gradients(grads, bucket_bytes), scale,
+    summed = psum_gradients(grads, bucket_bytes, wire)
+    params, opt_state, finite = update_if_finite(tx, params, opt_state, summed, scale,
                                                  loss_scale)
     return params, opt_state, jax.tree.map(lambda s: s[None], own), rows, finite
 
 
-def compile_batchnorm_step(mesh, graphdef, sync, tx=None, bucket_bytes=None, count=1, network=Network()):
+def compile_batchnorm_step(mesh, graphdef, sync, tx=None, bucket_bytes=None, count=1, network=Network(), wire="fp32"):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
-    options = compiler_options(network)   # the module computes at the precision graphdef was built with
+    options = compiler_options(network, wire)   # the module computes at the precision graphdef was built with
     if sync:
         return jax.jit(functools.partial(jit_batchnorm_step, graphdef, tx, mesh.size, count),
                        out_shardings=(replicated, replicated, replicated, rows, replicated), compiler_options=options)
-    return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef, tx, bucket_bytes, count),
+    return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef, tx, bucket_bytes, wire, count),
                                  mesh=mesh, in_specs=(P(), P("devices"), P(), P("devices"), P("devices"),
                                                       P("devices"), P(), P()),
                                  out_specs=(P(), P(), P("devices"), P("devices"), P())), compiler_options=options)
@@ -394,7 +407,8 @@ class OptaxTrainer(Compiled):
         return net, rows
 
 
-def get_model(weights, devices, optimizer=None, state=None, form=None, network=Network(), bucket_bytes=None):
+def get_model(weights, devices, optimizer=None, state=None, form=None, network=Network(), bucket_bytes=None,
+              allreduce_dtype="fp32"):
     """The recipe's plain SGD (optimizer None or its is_recipe) is today's step; any other optimizer is Optax's
     transformation (optimizer.py), its state made by a compiled tx.init, or holding the canonical `state` of a
     checkpoint (buffers laid out as the parameters, every count at its step): global arrays replicated over the
@@ -405,8 +419,15 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
     and the Optax state stay fp32 global arrays and the compiled step computes in bf16 (the module docstring); the
     model carries the precision (Model.precision; no mixed form beside the net). network.loss_scaling (fp16's): the
     trainer's loss scaler, common/loss_scaling.py's rule with the run's initial scale, interval and factors (JAX has
-    none of its own)."""
-    mesh, form = mesh_of(devices), form or ("shard_map" if bucket_bytes or network.loss_scaling else "jit")
+    none of its own). allreduce_dtype "bf16" (--allreduce-dtype): the psum's casts (psum_gradients), so shard_map's
+    form; under jit XLA places the all-reduces inside the batch sums, where no cast can reach: a jit step refuses it
+    (the ResNet's --bn sync)."""
+    wire = allreduce_dtype
+    mesh = mesh_of(devices)
+    form = form or ("shard_map" if bucket_bytes or network.loss_scaling or wire != "fp32" else "jit")
+    if wire != "fp32" and (form == "jit" or (network.bn_state is not None and network.sync)):
+        raise Unavailable("JAX's jit step all-reduces where XLA places it, in the sum's own dtype: --allreduce-dtype "
+                          "bf16 needs shard_map's psum (the ResNet with --bn local)")
     scaler = None if network.loss_scaling is None else Scaler(network.loss_scaling)
     bucket_bytes = bucket_bytes if form == "shard_map" else None
     replicated = NamedSharding(mesh, P())   # every device holds the whole parameter
@@ -437,19 +458,20 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
             resnet.build_model(arrays, network.bn_state), nnx.Param, nnx.BatchStat)[1]
         opt_state = None if tx is None else optax_start(params, host, laid_out, RESNET_PARAMS)
         make = lambda form, count: compile_batchnorm_step(   # noqa: E731
-            mesh, graphdef, network.sync, tx, None if network.sync else bucket_bytes, count, network)
+            mesh, graphdef, network.sync, tx, None if network.sync else bucket_bytes, count, network, wire)
         trainer = BatchNormTrainer(make, graphdef, network.sync, "jit" if network.sync else "shard_map", opt_state,
                                    scaler)
         return Model([params, stats], trainer, mesh, network.precision)
     host = [held(name, weights[name]) for name in PARAM_NAMES]
     params = [replicate(w) for w in host]
     if tx is None:
-        return Model(params, Step(lambda form, count: compile_step(mesh, form, bucket_bytes, count, network), form,
+        return Model(params, Step(lambda form, count: compile_step(mesh, form, bucket_bytes, count, network, wire),
+                                  form,
                                   scaler=scaler), mesh, network.precision)
     laid_out = lambda arrays: [held(name, arrays[name]) for name in PARAM_NAMES]   # noqa: E731
     opt_state = optax_start(params, host, laid_out, PARAM_NAMES)
     return Model(params, OptaxTrainer(lambda form, count: compile_optax_step(mesh, form, tx, bucket_bytes, count,
-                                                                             network), opt_state, form, scaler),
+                                                                             network, wire), opt_state, form, scaler),
                  mesh, network.precision)
 
 

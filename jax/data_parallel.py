@@ -28,11 +28,17 @@ def split_and_load(array, devices):
     return [jax.device_put(array[a:b], d) for (a, b), d in zip(shard_bounds(len(array), len(devices)), devices)]
 
 
-def allreduce(tensors):
+def allreduce(tensors, dtype="fp32"):
     """Sum on the first tensor's device, then copy the sum to every device. JAX arrays are immutable: each
     slot of the list gets a new array (device_put copies the sum across).
-    In a multi-process run the local sum is also summed across processes by JAX's collectives."""
+    In a multi-process run the local sum is also summed across processes by JAX's collectives. With dtype "bf16" (the
+    wire's, common.precision.summed_on_the_wire) each tensor is cast to bf16 on its own device, the casts added in
+    device order (eager bf16 adds, each rounded to nearest even), summed across processes as bf16 and widened back."""
     if len(tensors) == 1 and not dist.is_initialized():   # one device in one process: already the sum
+        return tensors
+    if dtype != "fp32":
+        widened = allreduce([t.astype(jnp.bfloat16) for t in tensors])
+        tensors[:] = [t.astype(jnp.float32) for t in widened]
         return tensors
     first = device_of(tensors[0])
     total = tensors[0]
@@ -44,17 +50,17 @@ def allreduce(tensors):
     return tensors
 
 
-def allreduce_gradients(grads, bucket_bytes=None):
+def allreduce_gradients(grads, bucket_bytes=None, dtype="fp32"):
     """Every parameter's gradient summed across devices (grads[d]: device d's list): an allreduce per parameter, or
     per bucket of parameters (common/buckets.py), each device's gradients flattened into one buffer and the sum cut
-    back into their shapes (flatten, unflatten: compiled, on the device that holds them), as DDP does. Returns new
-    lists (arrays are immutable)."""
+    back into their shapes (flatten, unflatten: compiled, on the device that holds them), as DDP does. `dtype`: the
+    wire's (allreduce's; a bucket is cast as one buffer). Returns new lists (arrays are immutable)."""
     if bucket_bytes is None:
-        summed = [allreduce(list(per_device)) for per_device in zip(*grads)]   # one parameter on every device
+        summed = [allreduce(list(per_device), dtype) for per_device in zip(*grads)]   # one parameter on every device
         return [list(device_grads) for device_grads in zip(*summed)]
     grads = [list(device_grads) for device_grads in grads]
     for bucket in plan([g.size for g in grads[0]], bucket_bytes):
-        buffers = allreduce([flatten([device_grads[i] for i in bucket]) for device_grads in grads])
+        buffers = allreduce([flatten([device_grads[i] for i in bucket]) for device_grads in grads], dtype)
         for device_grads, buffer in zip(grads, buffers):
             for i, piece in zip(bucket, unflatten(buffer, tuple(device_grads[i].shape for i in bucket))):
                 device_grads[i] = piece
@@ -135,19 +141,20 @@ def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, 
 
 
 def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
-                   bucket_bytes=None, units=None, accumulate=1, scaler=None):
+                   bucket_bytes=None, units=None, accumulate=1, scaler=None, allreduce_dtype="fp32"):
     """The step on shards already on their devices: each device's loss and gradients, the gradients summed across
     devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same update on every replica (with
     states, optimizer.py's, each replica's state advancing); bn_states[:] gets the new running statistics. `units`:
     execution.compile's (None: UNITS, as written). With `scaler` (fp16's common.loss_scaling.Scaler) the gradients are
     the loss's times scaler.scale (an argument of the compiled loss_and_grads, not a constant), unscaled after the
     all-reduce, and the update runs only where scaler.update(finite) says so: a skipped step moves no weight and no
-    optimizer state, and keeps the running statistics its forward made. Returns each device's summed loss."""
+    optimizer state, and keeps the running statistics its forward made. `allreduce_dtype`: the wire's (allreduce; the
+    all-reduce runs op by op at every exec level, so no compiled unit bakes it). Returns each device's summed loss."""
     units = units or UNITS
     scale = None if scaler is None else np.float32(scaler.scale)
     losses, grads, bn_states[:] = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
                                               y_shards, devices, accumulate, scale)
-    grads = allreduce_gradients(grads, bucket_bytes)
+    grads = allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
     if scaler is not None and not scaler.update(unscale_gradients(grads, scale)):
         return losses   # an overflow: skipped
     for i, (params, device_grads) in enumerate(zip(replicas, grads)):
@@ -167,11 +174,12 @@ UNITS = {"update": update, "optimizer.update": optimizer.update, "loss_and_grads
 
 def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, settings=StepSettings()):
     """One step of the network `model` (lenet.Functional or resnet.Functional) with the run's settings (bucket_bytes,
-    units, accumulate, scaler): split_and_load, the step on the shards, the mean loss over X."""
+    units, accumulate, scaler, allreduce_dtype): split_and_load, the step on the shards, the mean loss over X."""
     units = settings.units or UNITS
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses = units["step_on_shards"](model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size or len(X),
-                                     states, settings.bucket_bytes, units, settings.accumulate, settings.scaler)
+                                     states, settings.bucket_bytes, units, settings.accumulate, settings.scaler,
+                                     settings.allreduce_dtype)
     return sum(float(loss) for loss in jax.device_get(losses)) / len(X)   # one wait for every device's loss
 
 

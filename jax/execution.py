@@ -33,13 +33,15 @@ from .lenet import DEFAULT_LAYOUT
 NAMES = {"eager": "eager", "graph": "jax.jit"}
 
 
-def compiler_options(model):
-    """XLA's options for compiling the model's step: at bf16 or fp16, no excess precision. XLA allows it by default
-    (xla_allow_excess_precision) and drops a rounding to bf16 that is widened again: the weight gradients of the bf16
-    convolutions reached their fp32 master weights unrounded, not the bf16 values common/precision.py says. At fp16
-    the rounding is also where an overflow becomes inf: without it a weight gradient past 65504 would reach its fp32
+def compiler_options(model, allreduce_dtype="fp32"):
+    """XLA's options for compiling the model's step: at bf16 or fp16, or bf16 on the wire, no excess precision. XLA
+    allows it by default (xla_allow_excess_precision) and drops a rounding to bf16 that is widened again: the weight
+    gradients of the bf16 convolutions reached their fp32 master weights unrounded, not the bf16 values
+    common/precision.py says, and a bf16 psum's casts vanish (the CPU sums a bf16 all-reduce in fp32). At fp16 the
+    rounding is also where an overflow becomes inf: without it a weight gradient past 65504 would reach its fp32
     master weight finite, and the step the loss scaling must skip would run."""
-    return {"xla_allow_excess_precision": False} if is_low(getattr(model, "precision", "fp32")) else None
+    low = is_low(getattr(model, "precision", "fp32")) or allreduce_dtype != "fp32"
+    return {"xla_allow_excess_precision": False} if low else None
 
 
 def per_device(unit, model):
