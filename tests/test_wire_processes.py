@@ -1,6 +1,7 @@
 """--allreduce-dtype bf16 across processes, in the scratch step: two processes of a device each sum in bf16 exactly as
 two devices of one process do (MXNet through the kvstore's fp32 sum of two bf16 values rounded once, which is one
-bf16 addition; TensorFlow through the collective, which takes bf16 tensors on the CPU), and the setting crosses the
+bf16 addition; TensorFlow through the collective, which takes bf16 tensors on the CPU; JAX through its process-mesh
+sum, which XLA's CPU promotes to fp32 between converts: one addition, rounded once), and the setting crosses the
 processes (the weights are not the fp32 wire's). PyTorch's (gloo) and DDP's: tests/test_wire_pytorch.py."""
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ def trained(tmp_path, framework, devices, processes, allreduce_dtype, allreduce=
 
 
 @pytest.mark.slow   # starts real worker processes (MXNet's: a scheduler and a server too)
-@pytest.mark.parametrize("framework", ["mxnet", "tensorflow"])
+@pytest.mark.parametrize("framework", ["mxnet", "tensorflow", "jax"])
 @pytest.mark.parametrize("allreduce", ["per-tensor", "bucketed"])
 def test_two_processes_sum_in_bf16_as_two_devices_do(tmp_path, framework, allreduce):
     framework_or_skip(framework)
