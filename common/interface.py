@@ -141,6 +141,6 @@ def choose(option, names, default, framework, what="mode", reasons=None):
 # Deep Learning names them in every framework), for a built-in engine its handle on the devices the replicas live on
 # (a device, the contexts, the strategy, the mesh; None for the single-device loop), the network's precision, and
 # its mixed-precision form where the framework makes one beside the net (MXNet's AMP-converted graph over the same
-# Parameters; PyTorch's GradScaler, disabled without loss scaling; None where the network itself carries it, as a
-# Keras dtype policy or a Flax dtype does).
+# Parameters; PyTorch's GradScaler, disabled without loss scaling; the idiomatic JAX loop's loss scaler; None where
+# the network itself carries the precision, as a Keras dtype policy does).
 Model = collections.namedtuple("Model", "net trainer placement precision mixed", defaults=(None, "fp32", None))
