@@ -291,6 +291,10 @@ def test_bf16_on_the_wire_rounds_each_gradient_and_each_sum():
                                                           "bf16").astype(np.float32))
     assert wire[0] == 1 + 2 ** -6 and wire[1] == 3.0   # a tie to even, and a sum below half a bf16 step lost
     np.testing.assert_array_equal(precision.summed_on_the_wire([a, b], "fp32"), a + b)
+    from harness.studies.benchmark import aggregate
+    trial = {"framework": "jax", "status": "ok", "images_per_second": 10.0, "devices": 2, "allreduce_dtype": "bf16"}
+    assert aggregate([trial])["allreduce_bytes"] == 2 * 129068 and "allreduce_bytes" not in aggregate([
+        {**trial, "devices": 1}])   # a row records what a device sends per step; one device sends nothing
     assert precision.wire_bytes(models.parameter_count("lenet"), "bf16") * 2 == \
         precision.wire_bytes(models.parameter_count("lenet"), "fp32") == 4 * 129068   # the LeNet's gradients
 

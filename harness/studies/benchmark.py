@@ -101,7 +101,7 @@ def aggregate(trials):
     row["images_per_second_min"], row["images_per_second_max"] = (min(ips), max(ips)) if ips else (None, None)
     flops = flops_per_image(row.get("model") or "lenet", row.get("width"))
     row["gflops"] = row["images_per_second"] * flops / 1e9 if row["images_per_second"] else None
-    if row["devices"] > 1:   # what each device sends into the all-reduce per step, in the wire's dtype
+    if row.get("devices", 1) > 1:   # what each device sends into the all-reduce per step, in the wire's dtype
         row["allreduce_bytes"] = wire_bytes(parameter_count(row.get("model") or "lenet", row.get("width")),
                                             row.get("allreduce_dtype", "fp32"))
     if len(trials) > 1:   # each trial's metrics: what --resume restores the trials from
