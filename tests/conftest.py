@@ -122,6 +122,18 @@ def assert_evaluated_together(records, fw, weights, data):
     assert [r["test_accuracy"] for r in records] == [alone] * len(records)
 
 
+@pytest.fixture(scope="module")
+def pt():
+    """PyTorch's framework module (get_devices, ...), for PyTorch's own test files."""
+    return framework_or_skip("pytorch")
+
+
+@pytest.fixture(scope="module")
+def torch(pt):
+    import torch
+    return torch
+
+
 @pytest.fixture(params=FRAMEWORKS)
 def fw(request):
     return framework_or_skip(request.param)

@@ -10,23 +10,11 @@ from common.interface import Network, StepSettings
 from common.loss_scaling import LossScaling, Scaler
 from common.optim import Optimizer
 from common.precision import is_representable
-from conftest import framework_or_skip
 from harness.loader import load_module
 
 LR, BATCH = 0.1, 16
 LOW_OPS = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight",
            "fc2.bias")   # every LeNet parameter feeds a convolution or a dense layer, which autocast runs low
-
-
-@pytest.fixture(scope="module")
-def pt():
-    return framework_or_skip("pytorch")
-
-
-@pytest.fixture(scope="module")
-def torch(pt):
-    import torch
-    return torch
 
 
 def batch(digits, n=BATCH, start=0):

@@ -20,17 +20,6 @@ NAMES = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight
 
 
 @pytest.fixture(scope="module")
-def pt():
-    return framework_or_skip("pytorch")
-
-
-@pytest.fixture(scope="module")
-def torch(pt):
-    import torch
-    return torch
-
-
-@pytest.fixture(scope="module")
 def builtin(pt):
     return load_module("pytorch", "builtin")
 
