@@ -46,7 +46,7 @@ class Scratch:
         state (the recipe's sgd has none): zero, or the canonical `state` of a checkpoint."""
         self.replicas = [self.functional.get_params(weights, d) for d in self.devices]
         self.bn_states = [self.functional.get_bn_state(self.network.bn_state, d) for d in self.devices]
-        if self.network.loss_scaling is not None:   # a new run: a new scale (a checkpoint's: restore_scaler)
+        if self.network.loss_scaling is not None:   # from the first scale (a checkpoint does not keep one yet)
             self.settings = self.settings._replace(scaler=Scaler(self.network.loss_scaling))
         self.states = None if optimizer.is_recipe else [
             self.fw.init_state(r, optimizer) if state is None else self.fw.state_from_numpy(state, r, optimizer,
