@@ -39,13 +39,12 @@ FRAMEWORK_DEFAULTS = {
 
 class Scaler:
     """The scale of one run and its count of finite steps: the state that --precision fp16 adds to the step (and to
-    its checkpoint). update() is the rule, after each step's gradients are checked."""
+    its checkpoint, once checkpoints keep it). update() is the rule, after each step's gradients are checked."""
 
-    def __init__(self, config=LossScaling(), scale=None, good_steps=0, decided=None):
+    def __init__(self, config=LossScaling()):
         self.config = LossScaling(*config)
-        self.scale = float(config.initial if scale is None else scale)
-        self.good_steps = int(good_steps)
-        self.decided = self.scale if decided is None else float(decided)   # `late` scalers: the next-but-one scale
+        self.scale = self.decided = float(config.initial)   # decided: a `late` scaler's next-but-one scale
+        self.good_steps = 0
 
     def update(self, finite):
         """The step's gradients were all finite (True) or not: the next scale. Returns whether the update ran.
@@ -65,9 +64,6 @@ class Scaler:
         else:
             self.scale = self.decided = base
         return finite
-
-    def state(self):
-        return {"scale": self.scale, "good_steps": self.good_steps, "decided": self.decided}
 
 
 def check(initial, growth_interval):
