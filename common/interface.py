@@ -114,7 +114,8 @@ FUNCTIONAL = {
 # `precision` is what the network computes in (common/precision.py: fp32, or bf16 or fp16 with fp32 master weights),
 # by the framework's own mixed precision. The scratch step's Functional carries the same precision as a field.
 # `loss_scaling` (a common.loss_scaling.LossScaling, or None) asks the engine for its own dynamic loss scaler, set to
-# it: what fp16 needs. Engines then define loss_scale(model) -> the scale the next step runs at.
+# it: what fp16 needs. Engines then define scaler_state(model) -> that scaler between steps (a
+# common.loss_scaling.ScalerState: what a checkpoint keeps) and restore_scaler(model, state), which carries on from one.
 Network = collections.namedtuple("Network", "name bn_state sync precision loss_scaling",
                                  defaults=("lenet", None, False, "fp32", None))
 

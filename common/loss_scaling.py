@@ -6,8 +6,9 @@ scale S (a power of two, so scaling is exact), all-reduces the scaled gradients 
 checks them:
 - every gradient finite: the update runs on the unscaled gradients; after `growth_interval` such steps in a row the
   scale is multiplied by `growth_factor` (the count starts again);
-- any gradient inf or nan (an overflow in fp16): the step is skipped (no weight, momentum or step count changes),
-  the scale is multiplied by `backoff_factor` and the count starts again.
+- any gradient inf or nan (an overflow in fp16): the step is skipped (no weight, momentum or step count changes,
+  so a learning-rate schedule, whose position is the step count, stays where it was, as every framework's engine
+  keeps it), the scale is multiplied by `backoff_factor` and the count starts again.
 Every replica sees the same summed gradients, so every replica skips the same steps. bf16 has fp32's exponent and
 needs no scale.
 
@@ -37,14 +38,32 @@ FRAMEWORK_DEFAULTS = {
 }
 
 
-class Scaler:
-    """The scale of one run and its count of finite steps: the state that --precision fp16 adds to the step (and to
-    its checkpoint, once checkpoints keep it). update() is the rule, after each step's gradients are checked."""
+# What a scaler holds between steps, and what a checkpoint keeps of it: the scale the next step runs at, the one a
+# `late` scaler has decided for the step after (else the same), and the finite steps counted towards the next growth.
+# Every framework's scaler holds these three (GradScaler's scale and _growth_tracker; Keras's dynamic_scale and
+# step_counter; MXNet's _loss_scale, _next_loss_scale and _unskipped), so a run resumes where it stopped.
+ScalerState = collections.namedtuple("ScalerState", "scale decided good_steps")
 
-    def __init__(self, config=LossScaling()):
+
+class Scaler:
+    """The scale of one run and its count of finite steps: the state that --precision fp16 adds to the step and to
+    its checkpoint (`state`: a ScalerState to start from; None: the first scale). update() is the rule, after each
+    step's gradients are checked."""
+
+    def __init__(self, config=LossScaling(), state=None):
         self.config = LossScaling(*config)
         self.scale = self.decided = float(config.initial)   # decided: a `late` scaler's next-but-one scale
         self.good_steps = 0
+        self.skipped = 0   # the steps this scaler skipped: the schedule counts only the updates that ran
+        if state is not None:
+            self.restore(state)
+
+    def state(self):
+        return ScalerState(self.scale, self.decided, self.good_steps)
+
+    def restore(self, state):
+        """Carry on from a checkpoint's ScalerState."""
+        self.scale, self.decided, self.good_steps = float(state.scale), float(state.decided), int(state.good_steps)
 
     def update(self, finite):
         """The step's gradients were all finite (True) or not: the next scale. Returns whether the update ran.
@@ -54,6 +73,7 @@ class Scaler:
         if not finite:
             base *= self.config.backoff_factor
             self.good_steps = 0
+            self.skipped += 1
         else:
             self.good_steps += 1
             if self.good_steps == self.config.growth_interval:

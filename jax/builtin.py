@@ -488,9 +488,14 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     return sum(float(shard.data.sum()) for shard in losses.addressable_shards) / rows
 
 
-def loss_scale(model):
-    """The scale the next step runs at: the trainer's loss scaler's (get_model's network.loss_scaling)."""
-    return model.trainer.scaler.scale
+def scaler_state(model):
+    """The trainer's loss scaler between steps (common.loss_scaling.ScalerState; None without one)."""
+    return None if model.trainer.scaler is None else model.trainer.scaler.state()
+
+
+def restore_scaler(model, state):
+    """The trainer's loss scaler carries on from a checkpoint's ScalerState."""
+    model.trainer.scaler.restore(state)
 
 
 def local_params(model):

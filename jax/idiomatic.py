@@ -158,9 +158,14 @@ def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     return float(loss) / len(X)
 
 
-def loss_scale(model):
-    """The scale the next step runs at: the model's loss scaler's (get_model's network.loss_scaling)."""
-    return model.mixed.scale
+def scaler_state(model):
+    """The model's loss scaler between steps (common.loss_scaling.ScalerState; None without one)."""
+    return None if model.mixed is None else model.mixed.state()
+
+
+def restore_scaler(model, state):
+    """The model's loss scaler carries on from a checkpoint's ScalerState."""
+    model.mixed.restore(state)
 
 
 def to_numpy(model):

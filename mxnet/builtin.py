@@ -19,7 +19,8 @@ from common.sharding import micro_batches
 from . import distributed as dist, resnet
 from .devices import check_precision
 from .idiomatic import (Accumulation, amp_scaled, build, canonical_names, evaluate as evaluate_gluon, init_loss_scaler,
-                        is_resnet, loss_scale as trainer_loss_scale, mixed_precision)
+                        is_resnet, mixed_precision, restore_scaler,
+                        scaler_state)   # noqa: F401 (scaler_state, restore_scaler: both engines' Trainer has it)
 from .lenet import evaluate as evaluate_params, loss_sum, to_numpy as params_to_numpy
 from .optimizer import Trainer, get_trainer, canonical_state
 
@@ -109,11 +110,6 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
     trainer.step(batch_size)
     adding.after_step()
     return loss / sum(len(y) for y in y_shards)
-
-
-def loss_scale(model):
-    """The scale the next step's losses are multiplied by: the Trainer's LossScaler's (idiomatic.loss_scale)."""
-    return trainer_loss_scale(model)
 
 
 def params(net):

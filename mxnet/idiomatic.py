@@ -9,6 +9,7 @@ from mxnet.contrib import amp
 from mxnet.contrib.amp.loss_scaler import LossScaler
 
 from common.interface import Model, Network, RosettaError, Unavailable
+from common.loss_scaling import ScalerState
 from common.precision import is_low
 from common.sharding import micro_batches
 
@@ -201,9 +202,19 @@ def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     return loss / len(X)
 
 
-def loss_scale(model):
-    """The scale the next step's loss is multiplied by: the Trainer's LossScaler's."""
-    return model.trainer._amp_loss_scaler.loss_scale
+def scaler_state(model):
+    """contrib.amp's LossScaler between steps (common.loss_scaling.ScalerState; None without one): the scale the next
+    step's loss is multiplied by, the one it decided for the step after (a `late` scaler) and its finite steps."""
+    scaler = getattr(model.trainer, "_amp_loss_scaler", None)
+    if scaler is None:
+        return None
+    return ScalerState(scaler.loss_scale, scaler._next_loss_scale, scaler._unskipped)
+
+
+def restore_scaler(model, state):
+    """The LossScaler carries on from a checkpoint's ScalerState (amp keeps it in no file of its own)."""
+    scaler = model.trainer._amp_loss_scaler
+    scaler._loss_scale, scaler._next_loss_scale, scaler._unskipped = state.scale, state.decided, state.good_steps
 
 
 def to_numpy(model):

@@ -12,14 +12,14 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compr
 from torch.nn.parallel import DistributedDataParallel
 
 from common.interface import Model, Network, RosettaError, Unavailable
-from common.loss_scaling import LossScaling
 from common.precision import check_wire
 from common.sharding import micro_batches
 
 from . import lenet, resnet
 from .data_parallel import sgd
 from .execution import DEFAULT_LAYOUT, LAYOUTS
-from .idiomatic import build, evaluate as evaluate_idiomatic, is_resnet, param_names
+from .idiomatic import build, evaluate as evaluate_idiomatic, grad_scaler, is_resnet, param_names, restore_scaler, \
+    scaler_state   # noqa: F401 (scaler_state, restore_scaler: both engines' model.mixed is a GradScaler)
 from .lenet import loss_sum, to_numpy as params_to_numpy
 from .optimizer import Trainer, canonical_state, get_trainer
 
@@ -67,9 +67,7 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network(), a
         raise RosettaError("PyTorch's built-in engine is DistributedDataParallel, one process per device, or on "
                            "GPUs nn.DataParallel in one process: start it through compare.py or torchrun "
                            "(docs/usage.md)")
-    scaling = network.loss_scaling or LossScaling()
-    scaler = torch.amp.GradScaler(device.type, scaling.initial, scaling.growth_factor, scaling.backoff_factor,
-                                  scaling.growth_interval, enabled=network.loss_scaling is not None)
+    scaler = grad_scaler(device.type, network.loss_scaling)
     if optimizer is None or optimizer.is_recipe:
         return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), device, network.precision, scaler)
     return Model(net, get_trainer(net.parameters(), optimizer, state, param_names(module)), device, network.precision,
@@ -136,11 +134,6 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
         scaler.step(trainer)
         scaler.update()
     return loss.item() / len(X)
-
-
-def loss_scale(model):
-    """The scale the next step's backward runs at: the GradScaler's (1.0 when it is disabled)."""
-    return model.mixed.get_scale()
 
 
 def primitives_step(net, X, y, devices, lr, batch_size):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from common import lenet as lenet_spec, resnet as resnet_spec
 from common.interface import Model, Network, RosettaError, Unavailable
-from common.loss_scaling import LossScaling
+from common.loss_scaling import LossScaling, ScalerState
 from common.precision import is_low
 from common.sharding import micro_batches
 
@@ -35,9 +35,7 @@ def get_model(weights, devices, optimizer=None, state=None, port="canonical", ne
     if port not in PORTS:
         raise RosettaError(f"unknown port {port!r}; choose from {', '.join(PORTS)}")
     net = build(weights, network).to(devices[0])
-    scaling = network.loss_scaling or LossScaling()
-    scaler = torch.amp.GradScaler(devices[0].type, scaling.initial, scaling.growth_factor, scaling.backoff_factor,
-                                  scaling.growth_interval, enabled=network.loss_scaling is not None)
+    scaler = grad_scaler(devices[0].type, network.loss_scaling)
     if optimizer is None or optimizer.is_recipe:
         return Model(net, torch.optim.SGD(net.parameters(), lr=0.0), precision=network.precision, mixed=scaler)
     return Model(net, get_trainer(net.parameters(), optimizer, state, param_names(net)), precision=network.precision,
@@ -88,9 +86,24 @@ def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     return loss / len(X)
 
 
-def loss_scale(model):
-    """The scale the next step's backward runs at: the GradScaler's (1.0 when it is disabled)."""
-    return model.mixed.get_scale()
+def grad_scaler(device_type, loss_scaling):
+    """The AMP recipe's torch.amp.GradScaler set to `loss_scaling` (common.loss_scaling.LossScaling), enabled only
+    with one (GradScaler(enabled=...)): one step for every precision."""
+    scaling = loss_scaling or LossScaling()
+    return torch.amp.GradScaler(device_type, scaling.initial, scaling.growth_factor, scaling.backoff_factor,
+                                scaling.growth_interval, enabled=loss_scaling is not None)
+
+
+def scaler_state(model):
+    """The GradScaler between steps (common.loss_scaling.ScalerState; None when it is disabled), read from its
+    state_dict, what PyTorch's AMP recipe saves in a checkpoint: its scale and its count of finite steps."""
+    saved = model.mixed.state_dict()   # {} when disabled
+    return ScalerState(saved["scale"], saved["scale"], saved["_growth_tracker"]) if saved else None
+
+
+def restore_scaler(model, state):
+    """The GradScaler carries on from a checkpoint's ScalerState, through its own load_state_dict."""
+    model.mixed.load_state_dict({**model.mixed.state_dict(), "scale": state.scale, "_growth_tracker": state.good_steps})
 
 
 def to_numpy(model):

@@ -11,7 +11,8 @@ from common.interface import Model, Network, RosettaError
 from common.precision import check as check_precision
 
 from . import distributed as dist, resnet
-from .idiomatic import accumulated, build, evaluate as evaluate_keras, parameters, to_numpy as keras_to_numpy
+from .idiomatic import accumulated, build, evaluate as evaluate_keras, parameters, restore_scaler, scaler_state, \
+    to_numpy as keras_to_numpy   # noqa: F401 (scaler_state, restore_scaler: both engines' trainer is Keras's)
 from .optimizer import (Canonical, SGD, follows_its_schedule, get_trainer, canonical_state, load_state, unwrapped,
                         with_loss_scaling)
 
@@ -101,11 +102,6 @@ def train_step(model, batch, lr, batch_size, accumulate=1):
         outputs = step_on_replicas(strategy, net, trainer, *batch, accumulate=accumulate)
     losses, sizes = (strategy.experimental_local_results(v) for v in outputs)
     return sum(float(loss) for loss in losses) / sum(int(n) for n in sizes)
-
-
-def loss_scale(model):
-    """The scale Keras's LossScaleOptimizer runs the next step at (its dynamic_scale, the same on every replica)."""
-    return float(model.trainer.dynamic_scale.numpy())
 
 
 def to_numpy(model):

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from common.interface import Model, Network, Unavailable
 from common.lenet import PARAM_NAMES
+from common.loss_scaling import ScalerState
 from common.precision import check as check_precision
 
 from . import resnet
@@ -134,9 +135,20 @@ def train_step(model, X, y, devices, lr, batch_size=None, accumulate=1):
     return float(fit_batch(net, trainer, X, y, accumulate=accumulate)) / len(X)
 
 
-def loss_scale(model):
-    """The scale Keras's LossScaleOptimizer runs the next step at (its dynamic_scale)."""
-    return float(model.trainer.dynamic_scale.numpy())
+def scaler_state(model):
+    """Keras's LossScaleOptimizer between steps (common.loss_scaling.ScalerState; None without one): its variables
+    dynamic_scale and step_counter (the finite steps since the scale last changed), the same on every replica."""
+    if not is_loss_scaled(model.trainer):
+        return None
+    scale = float(model.trainer.dynamic_scale.numpy())
+    return ScalerState(scale, scale, int(model.trainer.step_counter.numpy()))
+
+
+def restore_scaler(model, state):
+    """The LossScaleOptimizer carries on from a checkpoint's ScalerState: its two variables assigned (on every
+    replica, under a strategy)."""
+    model.trainer.dynamic_scale.assign(state.scale)
+    model.trainer.step_counter.assign(state.good_steps)
 
 
 def to_numpy(model):

@@ -213,11 +213,11 @@ def test_the_trainer_s_scaler_sees_an_overflow_on_the_last_context(mx, digits, a
         assert not all(np.all(np.isfinite(g)) for g in first)   # the sum reached the first context
     after = [p.list_data()[1].asnumpy() for p in model.net.collect_params().values()]
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
-    scales = [builtin.loss_scale(model)]
+    scales = [builtin.scaler_state(model).scale]
     X, y = batch(digits, 2)
     for _ in range(2):
         builtin.train_step(model, shards(mx, X, y, devices), LR, len(X), accumulate)
-        scales.append(builtin.loss_scale(model))
+        scales.append(builtin.scaler_state(model).scale)
     assert scales == [2.0 ** 10, 2.0 ** 9, 2.0 ** 9]
 
 

@@ -50,7 +50,7 @@ def test_ddp_s_gradients_are_the_precision_s_values_before_unscaling(pt, torch, 
     assert all(is_representable(g, precision) for g in seen.values()), precision
     if precision == "fp16":
         assert not all(is_representable(g, "bf16") for g in seen.values())
-        assert builtin.loss_scale(model) == 2.0 ** 10
+        assert builtin.scaler_state(model).scale == 2.0 ** 10
 
 
 def test_the_scratch_step_s_convolutions_run_in_fp16(pt, torch, digits):
@@ -87,14 +87,14 @@ def test_an_engine_s_skipped_step_moves_neither_adam_nor_its_schedule(pt, torch,
                                                  len(X))}[mode]
     rate = model.trainer.optimizer.param_groups[0]["lr"]
     step()
-    assert engine.loss_scale(model) == 2.0 ** 39
+    assert engine.scaler_state(model).scale == 2.0 ** 39
     assert model.trainer.optimizer.state_dict()["state"] == {} and model.trainer.scheduler.last_epoch == 0
     assert model.trainer.optimizer.param_groups[0]["lr"] == rate
     for name, w in engine.to_numpy(model).items():
         np.testing.assert_array_equal(w, weights[name])
     model.mixed.update(2.0 ** 8)   # GradScaler's own way to set the scale: the next step's backward is finite
     step()
-    assert engine.optimizer_state(model)["step"] == 1 and engine.loss_scale(model) == 2.0 ** 8
+    assert engine.optimizer_state(model)["step"] == 1 and engine.scaler_state(model).scale == 2.0 ** 8
     assert model.trainer.optimizer.param_groups[0]["lr"] != rate
 
 

@@ -124,7 +124,7 @@ def test_a_skipped_keras_step_changes_no_optimizer_state(fw, digits, mode):
         state = engine.optimizer_state(model)
         assert state["step"] == steps
         assert int(model.trainer.iterations.numpy()) == steps
-        assert engine.loss_scale(model) == (initial / 2 if steps == 0 else initial)
+        assert engine.scaler_state(model).scale == (initial / 2 if steps == 0 else initial)
         if steps == 0:
             assert all(not np.any(v) for k, v in state.items() if k != "step")
             assert all(np.array_equal(v, weights[k]) for k, v in engine.to_numpy(model).items())
@@ -195,7 +195,7 @@ def test_the_builtin_engine_skips_a_step_whose_second_replica_overflows(fw, digi
     data = dataclasses.replace(digits, X_train=X)
     model = builtin.get_model(weights, devices, network=Network("lenet", None, False, "fp16", LossScaling(FINITE, 2)))
     run_one_step(fw, builtin, model, "builtin", devices, data)
-    assert builtin.loss_scale(model) == FINITE / 2
+    assert builtin.scaler_state(model).scale == FINITE / 2
     assert all(np.array_equal(v, weights[k]) for k, v in builtin.to_numpy(model).items())
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from common import backprop, models, optim as common_optim
-from common.interface import Network, StepSettings, Unavailable
-from common.loss_scaling import FRAMEWORK_DEFAULTS, LossScaling, Scaler, scales, unscaled
+from common.interface import Network, RosettaError, StepSettings, Unavailable
+from common.loss_scaling import FRAMEWORK_DEFAULTS, LossScaling, Scaler, ScalerState, scales, unscaled
 from common.precision import BOUND, GRADIENT_BOUND
 from common.sharding import shard_bounds
 from conftest import framework_or_skip
@@ -63,11 +63,14 @@ def reference_step(name, weights, state, X, y, devices, scale, precision):
     return total / len(X), finite if decided else None, moved
 
 
-def forced_overflow_case(fw, network, devices):
+def forced_overflow_case(fw, network, devices, rows=None):
     """(data, precision, initial scale): fp16 where the framework computes it here, its backward overflowing at the
-    initial scale; MXNet, whose fp16 kernels are cuDNN's, at fp32 with the first batch's first image made inf."""
+    initial scale; MXNet, whose fp16 kernels are cuDNN's, at fp32 with the first batch's first image made inf. The
+    data: the digits, or their first `rows` training images."""
     from common.data import load_dataset
     data = load_dataset("digits")
+    if rows is not None:
+        data = dataclasses.replace(data, X_train=data.X_train[:rows], y_train=data.y_train[:rows])
     if fw.name != "mxnet":
         return data, "fp16", 2.0 ** 13 if network == "lenet" else 2.0 ** 10
     first = first_rows(data, devices)[0][0]
@@ -146,6 +149,91 @@ def test_a_forced_overflow_skips_the_step_halves_the_scale_and_grows_it_again(fw
     assert [s for s, _ in seen[:-1]] == scales(LossScaling(initial, INTERVAL, late=late), updated)
     steps = [(a, b) for (a, _), (b, _) in zip(seen, seen[1:])]
     assert not updated[0] and any(b < a for a, b in steps) and any(b > a for a, b in steps)   # halved, grown again
+
+
+RESUMED = [("scratch", "lenet"), pytest.param("builtin", "lenet", marks=pytest.mark.slow),
+           pytest.param("idiomatic", "lenet", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("mode,network", RESUMED)
+def test_a_run_resumed_at_fp16_carries_on_at_the_scale_and_count_it_stopped_at(fw, mode, network, tmp_path, request):
+    """Two epochs with momentum and a cosine schedule, from a scale at which the backward overflows, the scale
+    doubling after 2 finite steps: epoch 1 skips a step and ends where a fresh scaler would not start. A skipped
+    step moves no schedule: the scratch step's rate is the schedule's at the updates that ran (the engines' own
+    optimizers count them). The run resumed from its epoch-1 checkpoint takes epoch 2's steps at the uninterrupted
+    run's scales and rates and ends with its weights and scaler, bit for bit (a scaler started afresh would grow
+    later, a schedule counting the skipped steps would run ahead: both diverge). The checkpoint's optimizer state has
+    counted only the updates that ran: the resume accepts it. (MXNet's: fp32 with an inf pixel,
+    forced_overflow_case; its spec is fp32, so its scaler is read from the file here.)"""
+    from harness.spec import RunSpec
+    from harness.training.checkpoints import checkpoint_name, read_scaler, resume_point, saver
+    from harness.training.loop import Hooks, Start, steps_per_epoch, train
+    devices_n = MODE_DEVICES[mode]
+    if fw.name == "pytorch" and mode == "builtin":
+        request.getfixturevalue("gloo_group")
+        devices_n = 1
+    steps = 6 if fw.name == "mxnet" else 5   # an epoch's: each then ends away from the first scale
+    data, level, initial = forced_overflow_case(fw, network, devices_n, PER_DEVICE * devices_n * steps)
+    network = Network("lenet", None, False, level, LossScaling(initial, INTERVAL))
+    spec = RunSpec(framework=fw.name, mode=mode, devices=devices_n, batch_size=PER_DEVICE * devices_n, epochs=2,
+                   lr=LR, optimizer="momentum", lr_schedule="cosine", precision=level, loss_scale=initial,
+                   loss_scale_interval=INTERVAL, checkpoint_dir=str(tmp_path), checkpoint_every=1)
+    per_epoch = steps_per_epoch(len(data.y_train), spec.batch_size, devices_n)
+    optimizer = spec.canonical_optimizer(per_epoch)
+
+    def trained(start):
+        runner, scales, rates = make_runner(fw, mode, fw.get_devices(devices_n), network), [], []
+        step = runner.step
+        runner.step = lambda batch, lr, size: rates.append(lr) or step(batch, lr, size)   # the rate the loop gives
+        record = train(runner, data, spec, optimizer, start=start, hooks=Hooks(
+            before_step=lambda step, r: scales.append(r.loss_scale()), after_epoch=saver(spec, 0, optimizer, per_epoch)))
+        return (record["step_loss_sums"][-per_epoch:], scales[-per_epoch:], runner.weights(), runner.scaler_state(),
+                scales + [runner.loss_scale()], rates)
+
+    whole = trained(Start())
+    if mode == "scratch":   # a skipped step (its scale backed off) leaves the schedule where it was
+        skipped = [after < before for before, after in zip(whole[4], whole[4][1:])]
+        updates = np.cumsum([0] + [not s for s in skipped[:-1]])
+        assert any(skipped) and whole[5] == [optimizer.learning_rate(u) for u in updates]
+    path = str(tmp_path / checkpoint_name(spec, 1))
+    scaler, steps = read_scaler(fw.name, path)
+    assert steps == per_epoch and scaler != ScalerState(initial, initial, 0), scaler   # a fresh scaler differs
+    weights, _, state, restored, epoch = resume_point(spec.replace(resume_from=path), optimizer, per_epoch)
+    assert state["step"] < steps and epoch == 1   # an update skipped: the optimizer counted one step fewer
+    assert restored == (scaler if level == "fp16" else None)
+    again = trained(Start(weights, state, epoch, scaler))
+    assert again[1] == whole[1] and again[3] == whole[3]   # every step at the same scale, and the scaler after
+    np.testing.assert_array_equal(again[0], whole[0])   # the same losses (a skipped step's may be nan)
+    if mode == "scratch":   # an engine's own optimizer sets its rate
+        assert again[5] == whole[5][-per_epoch:]
+    for name, value in whole[2].items():
+        np.testing.assert_array_equal(again[2][name], value, err_msg=name)
+
+
+def test_the_loss_scaler_beside_a_checkpoint_converts_with_it_and_a_bad_one_is_one_line(tmp_path):
+    """The converter copies fp16's loss scaler to the target framework's checkpoint (a run resumed there carries on at
+    its scale and count, and accepts an optimizer count short by the skipped steps); a truncated or negative one is
+    one line naming the file, when converting and when resuming."""
+    from harness.spec import RunSpec
+    from harness.training.checkpoints import read_scaler, resume_point, scaler_path, write_scaler, write_weights
+    from harness.training.convert import main as convert
+    framework_or_skip("pytorch"), framework_or_skip("jax")
+    src, dst = str(tmp_path / "lenet-epoch1.pt"), str(tmp_path / "lenet-epoch1.orbax")
+    write_weights("pytorch", models.init_weights("lenet", 0), src)
+    write_scaler("pytorch", ScalerState(2.0 ** 12, 2.0 ** 12, 3), 7, src)
+    assert convert([src, dst]) == 0
+    assert read_scaler("jax", dst) == (ScalerState(2.0 ** 12, 2.0 ** 12, 3), 7)
+    spec = RunSpec("jax", precision="fp16", resume_from=dst)
+    assert resume_point(spec, common_optim.Optimizer(), 7)[3] == ScalerState(2.0 ** 12, 2.0 ** 12, 3)
+    with pytest.raises(RosettaError, match="taken 7 steps, not the 1 epochs x 5 steps"):
+        resume_point(spec, common_optim.Optimizer(), 5)   # another batch size
+    for bad in ('{"scale": 4096.0, "decided"', '{"scale": -1.0, "decided": 1.0, "good_steps": 0, "steps": 7}'):
+        with open(scaler_path("pytorch", src), "w") as f:
+            f.write(bad)
+        with pytest.raises(RosettaError, match="lenet-epoch1.loss-scale.json: .*loss scaler") as err:
+            resume_point(RunSpec("pytorch", precision="fp16", resume_from=src), common_optim.Optimizer(), 7)
+        assert "\n" not in str(err.value)
+        assert convert([src, str(tmp_path / "again-epoch1.orbax")]) == 1
 
 
 def total_error(moved, want):

@@ -101,7 +101,7 @@ def test_a_run_resumes_only_from_its_own_network(trained, tmp_path):
     lenet_file = str(tmp_path / "mxnet-lenet-epoch1.params")
     write_weights("mxnet", lenet_weights(0), lenet_file)
     sgd = RunSpec("mxnet").canonical_optimizer(10)
-    weights, state, _, epoch = resume_point(RunSpec("mxnet", model="resnet18", resume_from=resnet_file), sgd, 10)
+    weights, state, _, _, epoch = resume_point(RunSpec("mxnet", model="resnet18", resume_from=resnet_file), sgd, 10)
     assert epoch == 1 and all(np.array_equal(state[k], v) for k, v in trained[1].items())
     with pytest.raises(RosettaError, match="holds the lenet; this run trains the resnet18 of width 8"):
         resume_point(RunSpec("mxnet", model="resnet18", resume_from=lenet_file), sgd, 10)

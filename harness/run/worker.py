@@ -126,7 +126,7 @@ def run(spec, started):
             layout_name, exec_name, compiles = runner.engine.LAYOUT, None, runner.engine.COMPILES   # exec: once built
         per_epoch = steps_per_epoch(len(data.y_train), spec.batch_size, spec.devices)
         optimizer = spec.canonical_optimizer(per_epoch)
-        weights, bn_state, state, first_epoch = resume_point(spec, optimizer, per_epoch)   # a fresh run: 0, and None
+        weights, bn_state, state, scaler, first_epoch = resume_point(spec, optimizer, per_epoch)   # fresh: 0, Nones
         if bn_state is not None:   # a resumed ResNet starts from the checkpoint's running statistics too
             runner.network = runner.network._replace(bn_state=bn_state)
         startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step
@@ -140,9 +140,9 @@ def run(spec, started):
             if profile_step:
                 profile_step(steps, runner)
         fresh_peak = reset_peak_rss()   # the data set's generation peak (docs/results.md) is not training's
-        record = train(runner, data, spec, optimizer, rank, world, Start(weights, state, first_epoch),
+        record = train(runner, data, spec, optimizer, rank, world, Start(weights, state, first_epoch, scaler),
                        Hooks(progress, before_step if trace is not None or profile_step else None,
-                             saver(spec, rank, optimizer)))
+                             saver(spec, rank, optimizer, per_epoch)))
         if finish_profile:
             finish_profile(runner)
         record.update(profiled)

@@ -7,11 +7,15 @@ A checkpoint is the weights file; a run with a stateful optimizer or a schedule 
 SGD) also writes its optimizer's state beside it, in the framework's native way (its checkpoint.py's
 STATE_SUFFIX, save_state, read_state): the momentum buffer or Adam's moments and the step count, which is the
 schedule's position. The state is written first: a weights file whose state is missing was cut short.
+At fp16 the run also writes its loss scaler beside it (scaler_path: the scale, the finite steps counted towards its
+next growth, the steps the run has taken), whatever the framework, before the weights: a resumed run carries on at
+the scale and count it stopped at, as the uninterrupted run would.
 A checkpoint.py's state functions:
     save_state(state, optimizer, path)   canonical state (common.optim.init_state's form) -> the native file, written
                                          by the framework's own optimizer object configured for `optimizer`
     read_state(path) -> {"step": int, "<slot>.<param name>": array in the file's layout}"""
 import functools
+import json
 import os
 import re
 import sys
@@ -21,11 +25,13 @@ import numpy as np
 
 from common import resnet
 from common.interface import RosettaError
+from common.loss_scaling import ScalerState
 from common.layouts import to_channels_last, to_canonical
 from common.lenet import PARAM_NAMES, PARAM_SHAPES
 from common.optim import OPTIMIZERS, Optimizer
+from common.precision import needs_loss_scaling
 
-from ..files import replacing
+from ..files import replaced_atomically, replacing
 from ..loader import load_module
 
 SUFFIXES = {"pytorch": ".pt", "mxnet": ".params", "tensorflow": ".weights.h5", "jax": ".orbax"}
@@ -251,15 +257,51 @@ def read_state(framework, path, optimizer=None, weights=None):
     return state
 
 
+SCALER_SUFFIX = ".loss-scale.json"   # lenet-epoch3.pt's loss scaler: lenet-epoch3.loss-scale.json
+
+
+def scaler_path(framework, path):
+    """Where the loss scaler of the weights file `path` is kept: the same name with SCALER_SUFFIX."""
+    path = path.rstrip("/")
+    return path[:-len(SUFFIXES[framework])] + SCALER_SUFFIX
+
+
+def write_scaler(framework, scaler, steps, path):
+    """Write the loss scaler (a common.loss_scaling.ScalerState) of the weights file `path`, after `steps` steps of
+    its run (skipped ones too), completely or not at all."""
+    with replaced_atomically(scaler_path(framework, path)) as f:
+        json.dump({**scaler._asdict(), "steps": steps}, f)
+        f.write("\n")
+
+
+def read_scaler(framework, path):
+    """(ScalerState, steps) of the loss scaler saved beside the weights file `path`, after checking it; None where
+    there is none (a run at fp32 or bf16 saved it). One line naming the file where it is unreadable."""
+    file = scaler_path(framework, path)
+    if not os.path.exists(file):
+        return None
+    try:
+        with open(file) as f:
+            saved = json.load(f)
+        state = ScalerState(float(saved["scale"]), float(saved["decided"]), int(saved["good_steps"]))
+        steps = saved["steps"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise RosettaError(f"{file}: not a readable loss scaler, or truncated ({reason(err)})")
+    if not (state.scale > 0 and state.decided > 0 and state.good_steps >= 0 and isinstance(steps, int) and steps >= 0):
+        raise RosettaError(f"{file}: a loss scaler needs scales above 0 and step counts of at least 0, not {saved}")
+    return state, steps
+
+
 def keeps_optimizer_state(optimizer):
     """Whether a run's checkpoints carry its optimizer's state: for anything but the recipe's stateless SGD (a
     schedule's position is the state's step count), whatever the network."""
     return not optimizer.is_recipe
 
 
-def saver(spec, rank, optimizer):
-    """The after-epoch hook of a run with a checkpoint_dir: rank 0 writes the weights (and the optimizer's state,
-    first, unless it is the recipe's stateless SGD) every checkpoint_every epochs (if given) and after the last."""
+def saver(spec, rank, optimizer, steps_per_epoch):
+    """The after-epoch hook of a run with a checkpoint_dir: rank 0 writes the weights (and first the optimizer's
+    state, unless it is the recipe's stateless SGD, and fp16's loss scaler) every checkpoint_every epochs (if given)
+    and after the last."""
     folder, every = spec.checkpoint_dir, spec.checkpoint_every
     if not folder or rank != 0:
         return None
@@ -269,32 +311,43 @@ def saver(spec, rank, optimizer):
             path = os.path.join(folder, checkpoint_name(spec, epoch))
             if keeps_optimizer_state(optimizer):
                 write_state(spec.framework, runner.optimizer_state(), optimizer, path)
+            scaler = runner.scaler_state()
+            if scaler is not None:
+                write_scaler(spec.framework, scaler, epoch * steps_per_epoch, path)
             write_weights(spec.framework, runner.weights(), path, runner.bn_state())
     return save
 
 
 def resume_point(spec, optimizer, steps_per_epoch):
-    """(weights, BatchNorm state or None, optimizer state or None, epochs done) of the checkpoint a run resumes from,
-    or (None, None, None, 0) for a fresh run. The file must hold the run's network; a stateful optimizer needs the
-    state saved with the weights, at the epoch's step count."""
+    """(weights, BatchNorm state or None, optimizer state or None, loss scaler or None, epochs done) of the checkpoint
+    a run resumes from, or (None, None, None, None, 0) for a fresh run. The file must hold the run's network, after
+    the epoch's step count of this run; a stateful optimizer needs the state saved with the weights. A run at fp16
+    carries on with the loss scaler saved beside them (a common.loss_scaling.ScalerState; from the first scale where
+    the checkpoint was not trained at fp16)."""
     path = spec.resume_from
     if path == LATEST:
         path = latest_checkpoint(spec, lambda line: print(line, file=sys.stderr, flush=True))
     if not path:
-        return None, None, None, 0
+        return None, None, None, None, 0
     framework, epoch = framework_of(path), epoch_of(path)
     weights, bn_state = read_model(framework, path)
     holds = "lenet" if bn_state is None else f"resnet18 of width {resnet.width_of(weights)}"
     wants = "lenet" if spec.model == "lenet" else f"{spec.model} of width {spec.width}"
     if holds != wants:
         raise RosettaError(f"{path}: holds the {holds}; this run trains the {wants}")
+    steps, scaled = epoch * steps_per_epoch, read_scaler(framework, path)
+    scaler = scaled[0] if scaled and needs_loss_scaling(spec.precision) else None
+    if scaled and scaled[1] != steps:
+        raise RosettaError(f"{path}: its run has taken {scaled[1]} steps, not the {epoch} epochs x {steps_per_epoch} "
+                           "steps of this run: another batch size or data set")
     if not keeps_optimizer_state(optimizer):
-        return weights, bn_state, None, epoch
+        return weights, bn_state, None, scaler, epoch
     state = read_state(framework, path, optimizer, weights)
-    if state["step"] != epoch * steps_per_epoch:
+    # an update that fp16's loss scaler skipped is no step of the optimizer's: its count may be short of the run's
+    if state["step"] > steps or (state["step"] < steps and not scaled):
         raise RosettaError(f"{path}: its optimizer state has done {state['step']} steps, not the {epoch} epochs x "
                            f"{steps_per_epoch} steps of this run: another batch size or data set")
-    return weights, bn_state, state, epoch
+    return weights, bn_state, state, scaler, epoch
 
 
 LATEST = "latest"   # resume_from: the newest complete checkpoint in checkpoint_dir, if any (a group restarted by torchrun)
@@ -316,6 +369,8 @@ def latest_checkpoint(spec, warn):
             weights = read_weights(spec.framework, path)
             if optimizer.slots or has_state(spec.framework, path):   # a state is written first, then its weights
                 read_state(spec.framework, path, optimizer, weights)
+            if needs_loss_scaling(spec.precision) and not read_scaler(spec.framework, path):
+                raise RosettaError(f"no loss scaler beside it ({os.path.basename(scaler_path(spec.framework, path))})")
             return path
         except RosettaError as err:
             warn(f"warning: not resuming from {os.path.basename(path)}: {err}; trying the one before it")

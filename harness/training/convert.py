@@ -9,7 +9,8 @@ statistics, with their shapes) and the destination is written completely or not 
 beside SRC (a run with momentum, Adam or a schedule writes one) goes with it: its buffers through the same layout
 changes as their weights and into the target's convention (MXNet's stock SGD and NAG keep the rate inside the momentum
 buffer, torch.optim outside it), its step count as it is, written in the target framework's native way with the
-optimizer's hyperparameters. Which optimizer wrote it: a Gluon Trainer's file names it (its pickled optimizer, rate,
+optimizer's hyperparameters. fp16's loss scaler, kept beside it the same way in every framework, is copied across.
+Which optimizer wrote it: a Gluon Trainer's file names it (its pickled optimizer, rate,
 momentum, weight decay and schedule); otherwise its buffers tell (momentum or adam), or --optimizer says (nesterov,
 adamw), which also requires a state. --verify loads both files with
 their frameworks' own calls into their idiomatic models, in inference mode (a ResNet normalises by its running
@@ -67,8 +68,8 @@ def main(argv=None):
 
     from common.resnet import width_of
 
-    from .checkpoints import (FORMATS, framework_of, has_state, read_model, read_optimizer, read_state, write_state,
-                              write_weights)
+    from .checkpoints import (FORMATS, framework_of, has_state, read_model, read_optimizer, read_scaler, read_state,
+                              write_scaler, write_state, write_weights)
     try:
         source = args.source or framework_of(args.src, "; give --from")
         target = args.target or framework_of(args.dst, "; give --to")
@@ -80,11 +81,14 @@ def main(argv=None):
             raise RosettaError(f"{args.src}: its optimizer state is {told.name}'s, not {optimizer.name}'s")
         optimizer = told or optimizer
         state = read_state(source, args.src, optimizer, weights) if optimizer or has_state(source, args.src) else None
+        scaler = read_scaler(source, args.src)   # fp16's loss scaler, kept the same way in every framework
         if gap:
             print(f"note: {gap}", file=sys.stderr)
         if state is not None:   # read and checked before anything is written
             optimizer = optimizer or Optimizer(optimizer_of(state))
             write_state(target, state, optimizer, args.dst)
+        if scaler is not None:
+            write_scaler(target, *scaler, args.dst)
         write_weights(target, weights, args.dst, bn_state)
         print(f"wrote {args.dst} ({FORMATS[target]}) from {args.src} ({FORMATS[source]})"
               + (f", with {optimizer.name}'s state after {state['step']} steps ({hyperparameters(optimizer)})"

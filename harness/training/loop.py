@@ -41,13 +41,14 @@ class Scratch:
     def initial_weights(self, seed, init):
         return init_weights(self.network.name, seed, init, width_of(self.network))
 
-    def start(self, weights, optimizer, state=None):
+    def start(self, weights, optimizer, state=None, scaler=None):
         """The replicas, their BatchNorm state (None each for the LeNet) and, for a stateful optimizer, each one's
-        state (the recipe's sgd has none): zero, or the canonical `state` of a checkpoint."""
+        state (the recipe's sgd has none): zero, or the canonical `state` of a checkpoint. At fp16, the loss scaler:
+        from the first scale, or from a checkpoint's `scaler` (common.loss_scaling.ScalerState)."""
         self.replicas = [self.functional.get_params(weights, d) for d in self.devices]
         self.bn_states = [self.functional.get_bn_state(self.network.bn_state, d) for d in self.devices]
-        if self.network.loss_scaling is not None:   # from the first scale (a checkpoint does not keep one yet)
-            self.settings = self.settings._replace(scaler=Scaler(self.network.loss_scaling))
+        if self.network.loss_scaling is not None:
+            self.settings = self.settings._replace(scaler=Scaler(self.network.loss_scaling, scaler))
         self.states = None if optimizer.is_recipe else [
             self.fw.init_state(r, optimizer) if state is None else self.fw.state_from_numpy(state, r, optimizer,
                                                                                             self.functional)
@@ -77,9 +78,19 @@ class Scratch:
     def weights(self):
         return self.functional.to_numpy(self.replicas[0])
 
+    def scaler_state(self):
+        """fp16's loss scaler between steps (common.loss_scaling.ScalerState), what a checkpoint keeps; None: no loss
+        scaling."""
+        return None if self.settings.scaler is None else self.settings.scaler.state()
+
+    def skipped_steps(self):
+        """The steps fp16's loss scaler has skipped since start(): they move no schedule (common/loss_scaling.py)."""
+        return 0 if self.settings.scaler is None else self.settings.scaler.skipped
+
     def loss_scale(self):
         """The scale the next step runs at (None: no loss scaling)."""
-        return None if self.settings.scaler is None else self.settings.scaler.scale
+        state = self.scaler_state()
+        return None if state is None else state.scale
 
     def optimizer_state(self):
         """The first replica's optimizer state, canonical (common.optim.init_state's form)."""
@@ -124,13 +135,16 @@ class Builtin(Scratch):
         self.engine = load_module(fw.name, "builtin")
         self.pipeline = load_module(fw.name, "pipeline")
 
-    def start(self, weights, optimizer, state=None):
+    def start(self, weights, optimizer, state=None, scaler=None):
         """The engine's model and its trainer: the framework's own optimizer and schedule computing `optimizer`,
-        from the canonical `state` of a checkpoint if given; the network and, for the ResNet, its BatchNorm."""
+        from the canonical `state` of a checkpoint if given; the network and, for the ResNet, its BatchNorm; at fp16
+        the framework's own loss scaler, carrying on from a checkpoint's `scaler` if given."""
         extra = {} if self.bucket_bytes is None else {"bucket_bytes": self.bucket_bytes}   # engines that bucket (JAX)
         if self.allreduce_dtype != "fp32":   # engines that can put bf16 on the wire (common.precision.WIRE_ENGINES)
             extra["allreduce_dtype"] = self.allreduce_dtype
         self.model = self.engine.get_model(weights, self.devices, optimizer, state=state, network=self.network, **extra)
+        if scaler is not None and self.network.loss_scaling is not None:
+            self.engine.restore_scaler(self.model, scaler)
 
     def feed(self, data, order, rank, world):
         self.world = world
@@ -146,8 +160,11 @@ class Builtin(Scratch):
     def weights(self):
         return self.engine.to_numpy(self.model)
 
-    def loss_scale(self):
-        return None if self.network.loss_scaling is None else self.engine.loss_scale(self.model)
+    def scaler_state(self):
+        return None if self.network.loss_scaling is None else self.engine.scaler_state(self.model)
+
+    def skipped_steps(self):
+        return 0   # with a schedule the engine's own optimizer sets the rate, by the updates it counts itself
 
     def optimizer_state(self):
         return self.engine.optimizer_state(self.model)
@@ -243,8 +260,8 @@ def digest(weights):
 
 
 # Where a run starts: from the initial weights at epoch 0, or (harness/training/checkpoints.py's resume_point) from a
-# checkpoint's weights and canonical optimizer state after its epochs.
-Start = collections.namedtuple("Start", "weights state first_epoch", defaults=(None, None, 0))
+# checkpoint's weights, canonical optimizer state and loss scaler (fp16's) after its epochs.
+Start = collections.namedtuple("Start", "weights state first_epoch scaler", defaults=(None, None, 0, None))
 # What a run calls outside its timers: progress(steps, total, loss) on rank 0, before_step(steps done, runner),
 # after_epoch(epochs done, runner).
 Hooks = collections.namedtuple("Hooks", "progress before_step after_epoch", defaults=(None, None, None))
@@ -260,7 +277,7 @@ def train(runner, data, spec, optimizer, rank=0, world=1, start=Start(), hooks=H
     epochs, batch_size, min_size, max_steps = spec.epochs, spec.batch_size, spec.devices, spec.max_steps
     first_epoch, progress, before_step, after_epoch = start.first_epoch, *hooks
     weights = runner.initial_weights(spec.seed, spec.init) if start.weights is None else start.weights
-    runner.start(weights, optimizer, start.state)
+    runner.start(weights, optimizer, start.state, start.scaler)
     order = Order(len(data.y_train), batch_size, spec.seed, min_size)
     runner.feed(data, order, rank, world)
     record = {"epoch_loss_sums": [], "epoch_sizes": [], "epoch_seconds": [], "epoch_input_seconds": [],
@@ -268,7 +285,9 @@ def train(runner, data, spec, optimizer, rank=0, world=1, start=Start(), hooks=H
               "first_step_images": 0,
               "images": 0, "first_epoch": first_epoch, "epoch_test_accuracies": []}
     steps = 0
-    done_before = first_epoch * steps_per_epoch(len(data.y_train), batch_size, min_size)   # the schedule's position
+    # The schedule's position: the updates that ran before this run (a resumed optimizer's count: fp16 may skip steps)
+    updates_before = (first_epoch * steps_per_epoch(len(data.y_train), batch_size, min_size) if start.state is None
+                      else start.state["step"])
     total_steps = (epochs - first_epoch) * steps_per_epoch(len(data.y_train), batch_size, min_size)
     if max_steps is not None:
         total_steps = min(total_steps, max_steps)
@@ -288,8 +307,9 @@ def train(runner, data, spec, optimizer, rank=0, world=1, start=Start(), hooks=H
                     batch = next(feed)
                 waited += wait.seconds
                 first = steps == 0   # one-off costs: tracing, allocation, caches
+                lr = optimizer.learning_rate(updates_before + steps - runner.skipped_steps())
                 with Timer(runner.sync if first else lambda: None) as t:
-                    loss = runner.step(batch, optimizer.learning_rate(done_before + steps), global_size)
+                    loss = runner.step(batch, lr, global_size)
                 if first:
                     record["first_step_seconds"], record["first_step_images"] = t.seconds, global_size
                 # batch and step, ended by the loss as a host number (an asynchronous engine's update may run on into
