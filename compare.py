@@ -28,7 +28,7 @@ from harness.run.outputs import check_outputs, output_paths, write_files
 from harness.run.plan import check_data, run_specs
 from harness.run.resume import check_same_data, previous_run
 from harness.run.trials import planned_trials, run_trials
-from harness.studies.benchmark import add_scaling, precision_ratios
+from harness.studies.benchmark import add_scaling
 from harness.training.checkpoints import check_resume
 
 
@@ -87,9 +87,8 @@ def report(args, env, dataset, runs):
               "the weights and the accuracy are the run's)")
     if args.benchmark:
         print(f"\n{format_scaling(runs)}\n\n{environment_line(env)}")
-    if precision_ratios(runs):
-        print(f"\nWhat the low precision buys, against the fp32 row of the same run:\n"
-              f"{format_precision(precision_ratios(runs))}")
+    if format_precision(runs):
+        print(f"\nWhat the low precision buys, against the fp32 row of the same run:\n{format_precision(runs)}")
     if format_split(runs):
         print(f"\nWhere each step of several devices goes (harness/studies/split.py):\n{format_split(runs)}")
     if args.plot:

@@ -238,8 +238,8 @@ def test_fp16_rows_carry_their_loss_scaling_and_a_bad_scale_is_one_line():
 def test_what_a_low_precision_buys_is_its_row_against_the_fp32_row_of_the_same_run(tmp_path):
     """The speed and memory ratios pair each bf16 row with the fp32 row of the same framework, mode and devices;
     a bf16 row's share of the machine is of the bf16 matmul peak; the CSV names the precision."""
-    from harness.publishing.tables import format_precision
-    from harness.studies.benchmark import add_peak_fraction, precision_ratios, write_csv
+    from harness.publishing.tables import format_precision, precision_cells, precision_ratios
+    from harness.studies.benchmark import add_peak_fraction, write_csv
     base = {"framework": "pytorch", "model": "lenet", "mode": "scratch", "exec": "eager", "devices": 2,
             "processes": 1, "status": "ok", "gflops": 10.0, "test_accuracy": 0.9}
     runs = [{**base, "precision": "fp32", "images_per_second": 1000.0, "train_memory_bytes": 200, "peak_rss_bytes": 800},
@@ -248,10 +248,14 @@ def test_what_a_low_precision_buys_is_its_row_against_the_fp32_row_of_the_same_r
             {**base, "framework": "jax", "precision": "fp32", "images_per_second": 500.0}]
     (low, fp32, speed, memory, rss), = precision_ratios(runs)
     assert (low, fp32) == (runs[1], runs[0]) and (speed, memory, rss) == (1.5, 0.5, 0.75)
-    assert "| pytorch | scratch (eager), 2 devices, 1 process(es) | bf16 | 1,500 | 1,000 | 1.50 | 0.50 | 0.75 |" in \
-        format_precision(precision_ratios(runs))
+    assert precision_cells(runs)[1] == [["pytorch", "scratch (eager), 2 devices, 1 process(es)", "bf16", "1,500",
+                                         "1,000", "1.50", "0.50", "0.75", "0.9000", "0.9000"]]
+    assert format_precision(runs).count("\n") == 2 and format_precision(runs[2:]) == ""   # one row, or no table
     add_peak_fraction(runs, {"matmul_peak_gflops_start": 100.0, "low_matmul_peaks_gflops": {"bf16": 400.0}})
     assert [r["peak_fraction"] for r in runs] == [0.1, 0.025, 0.025, 0.1]
+    add_peak_fraction(runs, {"matmul_peak_gflops_start": 40.0, "matmul_peak_gflops_end": 30.0,
+                             "low_matmul_peaks_gflops": {"fp32": 250.0, "bf16": 400.0}})
+    assert [r["peak_fraction"] for r in runs] == [0.04, 0.025, 0.025, 0.04]   # numpy's weak BLAS is no yardstick
     write_csv(tmp_path / "run.csv", runs, {})
     header = (tmp_path / "run.csv").read_text().splitlines()[0].split(",")
     assert "precision" in header and "accumulate" not in header   # a column only where a row sets it
@@ -271,7 +275,7 @@ def test_a_bf16_engine_s_checkpoint_keeps_the_fp32_master_weights_and_converts(f
     if fw.name == "pytorch":
         request.getfixturevalue("gloo_group")   # DDP, in a process group of this one process
     runner = runner_for(spec, fw, fw.get_devices(1))
-    train(runner, digits, spec, optimizer, hooks=Hooks(after_epoch=saver(spec, 0, optimizer)))
+    train(runner, digits, spec, optimizer, hooks=Hooks(after_epoch=saver(spec, 0, optimizer, steps_per_epoch=2)))
     (path,) = [str(p) for p in tmp_path.iterdir() if p.name.endswith(SUFFIXES[fw.name]) and "bf16" in p.name]
     weights, _ = read_model(fw.name, path)
     trained = runner.weights()

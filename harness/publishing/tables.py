@@ -213,17 +213,43 @@ def format_scaling(runs):
     return "\n".join(lines) if rows else ""
 
 
-def format_precision(ratios):
-    """What a low precision buys in this run (harness.studies.benchmark.precision_ratios): each bf16 or fp16 row
-    against its fp32 row, speed and memory as ratios low / fp32, and both rows' test accuracy."""
-    lines = ["| framework | run | precision | images/s | fp32 images/s | speed x | training memory x | peak RSS x "
-             "| test acc | fp32 test acc |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r, b, speed, memory, rss in ratios:
-        lines.append(f"| {r['framework']} | {r['mode']} ({r.get('exec')}), {r['devices']} devices, {r['processes']} "
-                     f"process(es) | {r['precision']} | {r['images_per_second']:,.0f} | {b['images_per_second']:,.0f}"
-                     f" | {fmt(speed, '.2f')} | {fmt(memory, '.2f')} | {fmt(rss, '.2f')} | "
-                     f"{fmt(r.get('test_accuracy'), '.4f')} | {fmt(b.get('test_accuracy'), '.4f')} |")
-    return "\n".join(lines) if ratios else ""
+PRECISION_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "accumulate",
+                 "allreduce_dtype", "devices", "processes", "cores")   # what a low-precision row and its fp32 row share
+
+
+def precision_ratios(rows):
+    """Each ok bf16 or fp16 row against its fp32 row of the same run: (row, fp32 row, speed ratio, training-memory
+    ratio, peak-RSS ratio), the ratios low / fp32 (a speed ratio above 1: the low precision is faster)."""
+    ok = [r for r in rows if r["status"] == "ok" and r.get("images_per_second")]
+    out = []
+    for r in ok:
+        if r.get("precision", "fp32") == "fp32":
+            continue
+        base = [b for b in ok
+                if b.get("precision", "fp32") == "fp32" and all(b.get(k) == r.get(k) for k in PRECISION_KEY)]
+        if base:
+            b = base[0]
+            ratio = lambda key: r[key] / b[key] if r.get(key) and b.get(key) else None   # noqa: E731
+            out.append((r, b, ratio("images_per_second"), ratio("train_memory_bytes"), ratio("peak_rss_bytes")))
+    return out
+
+
+def precision_cells(rows):
+    """What a low precision buys in a run, as headings and rows of cells: each ok bf16 or fp16 row against its fp32
+    row (precision_ratios), speed and memory as ratios low / fp32, and both rows' test accuracy."""
+    header = ["framework", "run", "precision", "images/s", "fp32 images/s", "speed x", "training memory x",
+              "peak RSS x", "test acc", "fp32 test acc"]
+    body = [[r["framework"], f"{r['mode']} ({r.get('exec')}), {r['devices']} devices, {r['processes']} process(es)",
+             r["precision"], f"{r['images_per_second']:,.0f}", f"{b['images_per_second']:,.0f}", fmt(speed, ".2f"),
+             fmt(memory, ".2f"), fmt(rss, ".2f"), fmt(r.get("test_accuracy"), ".4f"), fmt(b.get("test_accuracy"), ".4f")]
+            for r, b, speed, memory, rss in precision_ratios(rows)]
+    return header, body
+
+
+def format_precision(rows):
+    """precision_cells as a table, or "" where the run has no low-precision row with an fp32 row beside it."""
+    header, body = precision_cells(rows)
+    return render(header, body) if body else ""
 
 
 def rounds_heading(rows):

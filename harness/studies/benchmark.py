@@ -164,32 +164,14 @@ def add_peak_fraction(rows, calibration):
     """Each row's GFLOP/s as a fraction of this machine's matmul peak measured in the same run (the mean of
     the figures taken so far: at the start, and at the end once the run is over). Absolute speed differs
     2x between machines of one kind; the fraction of the same run's peak does not. A bf16 or fp16 row's fraction
-    is of the matmul peak in its own precision (calibration.low_matmul_peaks): what the hardware offers it."""
+    is of the matmul peak in its own precision (calibration.low_matmul_peaks): what the hardware offers it. Where the
+    run measured PyTorch's fp32 peak beside it and that is higher, an fp32 row's fraction is of that one: numpy's
+    BLAS may not know the CPU (on an Intel Xeon with AMX, numpy 1.26's OpenBLAS reached 35-41 GFLOP/s and PyTorch 267,
+    and rows of 90 GFLOP/s were "234% of peak"), and the fp32 and bf16 rows are then measured against one library."""
     calibration = calibration or {}
     peaks = [v for k, v in sorted(calibration.items()) if k.startswith("matmul_peak_gflops")]
-    peak = sum(peaks) / len(peaks) if peaks else None
     low = calibration.get("low_matmul_peaks_gflops") or {}
+    peak = max(sum(peaks) / len(peaks), low.get("fp32", 0.0)) if peaks else low.get("fp32")
     for r in rows:
         own = peak if r.get("precision", "fp32") == "fp32" else low.get(r["precision"])
         r["peak_fraction"] = r["gflops"] / own if own and r.get("gflops") else None
-
-
-PRECISION_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "accumulate",
-                 "allreduce_dtype", "devices", "processes", "cores")   # what a low-precision row and its fp32 row share
-
-
-def precision_ratios(rows):
-    """Each ok bf16 or fp16 row against its fp32 row of the same run: (row, fp32 row, speed ratio, training-memory
-    ratio, peak-RSS ratio), the ratios low / fp32 (a speed ratio above 1: the low precision is faster)."""
-    ok = [r for r in rows if r["status"] == "ok" and r.get("images_per_second")]
-    out = []
-    for r in ok:
-        if r.get("precision", "fp32") == "fp32":
-            continue
-        base = [b for b in ok
-                if b.get("precision", "fp32") == "fp32" and all(b.get(k) == r.get(k) for k in PRECISION_KEY)]
-        if base:
-            b = base[0]
-            ratio = lambda key: r[key] / b[key] if r.get(key) and b.get(key) else None   # noqa: E731
-            out.append((r, b, ratio("images_per_second"), ratio("train_memory_bytes"), ratio("peak_rss_bytes")))
-    return out
