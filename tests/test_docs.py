@@ -138,9 +138,11 @@ def test_the_framework_folders_hold_the_same_files():
 # PyTorch's own: nn.DataParallel's primitives; and helpers of its translation that the others fold into their
 # Functional or need not (the strides a buffer keeps, Inductor's options per network, the parameters' names by count;
 # torch.autocast's one context around a forward, where the others cast at each layer: low, compute)
-# (bf16_hook, bf16_on_gloo: DDP's communication hook for --allreduce-dtype bf16; the others cast in their own step)
+# (bf16_hook, bf16_on_gloo: DDP's communication hook for --allreduce-dtype bf16; the others cast in their own step;
+# grad_scaler: the GradScaler both engines hold, where Keras wraps the optimizer and MXNet sets the Trainer's scaler)
 PYTORCH_ONLY = {"builtin.py": {"primitives_step", "bf16_hook", "bf16_on_gloo"}, "checkpoint.py": {"width_of_state"},
-                "execution.py": {"compiled_forward"}, "idiomatic.py": {"param_names"}, "optimizer.py": {"buffer_like"},
+                "execution.py": {"compiled_forward"}, "idiomatic.py": {"param_names", "grad_scaler"},
+                "optimizer.py": {"buffer_like"},
                 "lenet.py": {"accuracy", "loss_and_grads", "widened", "autocast"}, "resnet.py": {"to_layout", "accuracy", "loss_and_grads",
                                                                          "batch_statistics"}}
 

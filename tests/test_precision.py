@@ -248,7 +248,7 @@ def test_what_a_low_precision_buys_is_its_row_against_the_fp32_row_of_the_same_r
             {**base, "framework": "jax", "precision": "fp32", "images_per_second": 500.0}]
     (low, fp32, speed, memory, rss), = precision_ratios(runs)
     assert (low, fp32) == (runs[1], runs[0]) and (speed, memory, rss) == (1.5, 0.5, 0.75)
-    assert precision_cells(runs)[1] == [["pytorch", "scratch (eager), 2 devices, 1 process(es)", "bf16", "1,500",
+    assert precision_cells(runs)[1] == [["pytorch", "scratch (eager), 2 device(s), 1 process(es)", "bf16", "1,500",
                                          "1,000", "1.50", "0.50", "0.75", "0.9000", "0.9000"]]
     assert format_precision(runs).count("\n") == 2 and format_precision(runs[2:]) == ""   # one row, or no table
     add_peak_fraction(runs, {"matmul_peak_gflops_start": 100.0, "low_matmul_peaks_gflops": {"bf16": 400.0}})

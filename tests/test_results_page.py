@@ -18,8 +18,8 @@ RESULTS_MD = os.path.join(ROOT, "docs", "results.md")
 KEYS = ("framework", "BN: running states", "mode", "exec", "compiles", "layout", "all-reduce", "cores", "batch",
         "devices", "processes", "epochs")
 TRAINING = ("test acc", "final loss", "|Δ step-1 loss|", "s to")   # figures that depend on the data and the options
-RUN = re.compile(r"(?P<mode>\w+) \((?P<exec>[^)]*)\), (?:(?P<pattern>\S+) all-reduce, )?(?P<devices>\d+) devices, "
-                 r"(?P<processes>\d+) process")   # a split's or a scaling table's run; the all-reduce an engine's own
+RUN = re.compile(r"(?P<mode>\w+) \((?P<exec>[^)]*)\), (?:(?P<pattern>\S+) all-reduce, )?(?P<devices>\d+) "
+                 r"device(?:s|\(s\)), (?P<processes>\d+) process")   # a split's, scaling or precision table's run
 SPEED = re.compile(r"(\d[\d,]*) images/s")
 
 

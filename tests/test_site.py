@@ -150,12 +150,14 @@ def result_file(result):
 
 def shown_runs(result):
     """The file's rows an entry shows, selected here as docs/rosetta.toml's comment says (not through
-    harness/publishing/published.py): those matching one of its `rows`, none of its `hide`, and for the split those
-    that have one."""
+    harness/publishing/published.py): those matching one of its `rows`, none of its `hide`, for the split those
+    that have one, and for the precision table the low-precision rows that trained (each beside its fp32 row)."""
     def matches(run, where):
         return all(run.get(k) in (v if isinstance(v, list) else [v]) for k, v in where.items())
     runs = [r for r in result_file(result)["runs"] if any(matches(r, w) for w in result.get("rows", [{}]))
             and not any(matches(r, w) for w in result.get("hide", []))]
+    if result.get("table") == "precision":
+        return [r for r in runs if r.get("precision", "fp32") != "fp32" and r["status"] == "ok"]
     return [r for r in runs if r.get("step_split")] if result.get("table") == "split" else runs
 
 

@@ -239,7 +239,7 @@ def precision_cells(rows):
     row (precision_ratios), speed and memory as ratios low / fp32, and both rows' test accuracy."""
     header = ["framework", "run", "precision", "images/s", "fp32 images/s", "speed x", "training memory x",
               "peak RSS x", "test acc", "fp32 test acc"]
-    body = [[r["framework"], f"{r['mode']} ({r.get('exec')}), {r['devices']} devices, {r['processes']} process(es)",
+    body = [[r["framework"], f"{r['mode']} ({r.get('exec')}), {r['devices']} device(s), {r['processes']} process(es)",
              r["precision"], f"{r['images_per_second']:,.0f}", f"{b['images_per_second']:,.0f}", fmt(speed, ".2f"),
              fmt(memory, ".2f"), fmt(rss, ".2f"), fmt(r.get("test_accuracy"), ".4f"), fmt(b.get("test_accuracy"), ".4f")]
             for r, b, speed, memory, rss in precision_ratios(rows)]
