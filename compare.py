@@ -87,8 +87,9 @@ def report(args, env, dataset, runs):
               "the weights and the accuracy are the run's)")
     if args.benchmark:
         print(f"\n{format_scaling(runs)}\n\n{environment_line(env)}")
-    if format_precision(runs):
-        print(f"\nWhat the low precision buys, against the fp32 row of the same run:\n{format_precision(runs)}")
+    precision = format_precision(runs)
+    if precision:
+        print(f"\nWhat the low precision buys, against the fp32 row of the same run:\n{precision}")
     if format_split(runs):
         print(f"\nWhere each step of several devices goes (harness/studies/split.py):\n{format_split(runs)}")
     if args.plot:
