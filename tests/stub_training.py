@@ -26,7 +26,7 @@ class Lockstep:
     def initial_weights(self, seed, init):
         return {"steps": np.zeros(1, np.float32)}
 
-    def start(self, weights, optimizer, state=None):
+    def start(self, weights, optimizer, state=None, scaler=None):
         self.steps = int(weights["steps"][0])
 
     def feed(self, data, order, rank, world):
@@ -57,6 +57,12 @@ class Lockstep:
 
     def weights(self):
         return {"steps": np.array([self.steps], np.float32)}
+
+    def skipped_steps(self):
+        return 0   # no loss scaler: every step is an update
+
+    def scaler_state(self):
+        return None
 
     def sync(self):
         pass

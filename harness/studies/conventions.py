@@ -37,7 +37,7 @@ DECAY = {"sgd": 5e-4, "momentum": 5e-4, "nesterov": 5e-4, "adam": 5e-4, "adamw":
 class Stock(Idiomatic):
     """The idiomatic loop with the framework's stock optimizer classes (its idiomatic.py's port="stock")."""
 
-    def start(self, weights, optimizer, state=None):
+    def start(self, weights, optimizer, state=None, scaler=None):
         self.model = self.engine.get_model(weights, self.devices, optimizer, port="stock")
 
 
