@@ -3,13 +3,19 @@ load_state_dict. weights_only=True: the file is read as plain tensors, and no pi
 build_model names its layers as common.lenet does, so the keys are the canonical names. A model wrapped in
 nn.DataParallel or DistributedDataParallel saves every key under its `module.` attribute (`module.conv1.weight`);
 such a file is read through PyTorch's own consume_prefix_in_state_dict_if_present, and nothing here writes one.
-The optimizer's state is a second file, as PyTorch's "saving and loading a general checkpoint" writes it: the
-optimizer's and the scheduler's state_dicts in one torch.save (optimizer.py's Trainer.state_dict)."""
+The optimizer's state is a second file: the optimizer's and the scheduler's state_dicts in one torch.save
+(optimizer.py's Trainer.state_dict).
+A PyTorch program's own checkpoint is read too: one torch.save of a dict of state_dicts, as PyTorch's "saving and
+loading a general checkpoint" tutorial writes it ({"epoch", "model_state_dict", "optimizer_state_dict", "loss"}) and
+its AMP recipe ({"model", "optimizer", "scaler"}). Its parts are told by what they hold, whatever their keys (parts):
+the model's weights, torch.optim's state (its optimizer told by its param_groups, read_optimizer) and GradScaler's."""
 import torch
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from common.interface import RosettaError
 from common import resnet
+from common.loss_scaling import ScalerState
+from common.optim import Optimizer
 from common.lenet import PARAM_NAMES, init_weights
 
 from . import resnet as resnet_model
@@ -39,8 +45,7 @@ def load(path, width=None):
     nothing but PyTorch's own calls. Keys missing or left over are one line (load_state_dict's strict error is a
     paragraph)."""
     model = idiomatic(*any_weights(width))   # any weights: load_state_dict replaces every one
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    consume_prefix_in_state_dict_if_present(state, WRAPPED)
+    state = model_state(path)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         wrong = [f"{what} {', '.join(repr(key) for key in keys)}"
@@ -56,9 +61,59 @@ def any_weights(width=None):
 
 def read(path):
     """The file's arrays by key, as stored but for a wrapped model's prefix."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    return {key: value.numpy() for key, value in model_state(path).items()}
+
+
+def model_state(path):
+    """The model's state_dict in the file (the file itself, or a general checkpoint's model part), without a wrapped
+    model's prefix."""
+    state = parts(torch.load(path, map_location="cpu", weights_only=True))["model"]
     consume_prefix_in_state_dict_if_present(state, WRAPPED)
-    return {key: value.numpy() for key, value in state.items()}
+    return state
+
+
+def parts(saved):
+    """{"model", "optimizer", "scheduler", "scaler"} of what torch.save saved: a state_dict alone is the model's (the
+    others None); a dict of state_dicts is a general checkpoint, whose parts are told by their contents: the model's
+    holds tensors only, torch.optim's "state" and "param_groups", GradScaler's "scale" and "_growth_tracker", a
+    scheduler's "last_epoch". Anything else in it (an epoch, a loss) is the program's own."""
+    if not isinstance(saved, dict) or not saved:
+        raise ValueError(f"holds a {type(saved).__name__}, not a state_dict")
+    if all(isinstance(value, torch.Tensor) for value in saved.values()):
+        return {"model": saved, "optimizer": None, "scheduler": None, "scaler": None}
+    found = {"model": [], "optimizer": [], "scheduler": [], "scaler": []}
+    for key, value in saved.items():
+        if not isinstance(value, dict) or not value:
+            continue
+        if all(isinstance(v, torch.Tensor) for v in value.values()):
+            found["model"].append(key)
+        elif {"state", "param_groups"} <= set(value):
+            found["optimizer"].append(key)
+        elif {"scale", "_growth_tracker"} <= set(value):
+            found["scaler"].append(key)
+        elif "last_epoch" in value:
+            found["scheduler"].append(key)
+    for part, keys in found.items():
+        if len(keys) > 1:
+            raise ValueError(f"a general checkpoint with {len(keys)} {part} state_dicts ({', '.join(map(repr, keys))})")
+    if not found["model"]:
+        raise ValueError(f"no model state_dict in it (its entries: {', '.join(map(repr, saved))})")
+    return {part: saved[keys[0]] if keys else None for part, keys in found.items()}
+
+
+def general_parts(path):
+    """A general checkpoint's parts (parts), None for a file that is a state_dict alone or none at all."""
+    try:
+        found = parts(torch.load(path, map_location="cpu", weights_only=True))
+    except Exception:   # not this reader's to explain: read_model says what is wrong with it
+        return None
+    return found if any(found[part] is not None for part in ("optimizer", "scheduler", "scaler")) else None
+
+
+def holds_state(path):
+    """Whether the weights file `path` keeps its optimizer's state inside it (a general checkpoint's)."""
+    found = general_parts(path)
+    return found is not None and found["optimizer"] is not None
 
 
 def save_state(state, optimizer, path):
@@ -80,8 +135,62 @@ def width_of_state(state):
 
 def read_state(path):
     """The canonical state's entries as stored: the scheduler's step count, the buffers by parameter number, named
-    by the network with as many parameters (the LeNet's or the ResNet's names)."""
-    return canonical_state(torch.load(path, map_location="cpu", weights_only=True))
+    by the network with as many parameters (the LeNet's or the ResNet's names). A general checkpoint's optimizer
+    counts its steps itself where it keeps a count (Adam's), else they are 0: SGD at a constant rate needs none."""
+    found = general_parts(path)
+    if found is None:
+        return canonical_state(torch.load(path, map_location="cpu", weights_only=True))
+    return canonical_state({"optimizer": found["optimizer"], "scheduler": {"last_epoch": steps_of(found)}})
+
+
+def steps_of(found):
+    """The updates a general checkpoint's optimizer has made, where it counts them (Adam's per-parameter step)."""
+    counts = {float(buffers["step"]) for buffers in found["optimizer"]["state"].values() if "step" in buffers}
+    return int(counts.pop()) if len(counts) == 1 else 0
+
+
+def read_optimizer(path, accept_gap=False):
+    """The optimizer of a general checkpoint, told by torch.optim's param_groups (common.optim's; the rate constant,
+    since a scheduler's state is refused), with no convention gap (torch.optim's conventions are the canonical ones)
+    but a note where the file cannot say everything (SGD's step count). (None, None) for this project's own optimizer
+    file, whose buffers tell (Trainer.state_dict)."""
+    found = general_parts(path)
+    if found is None or found["optimizer"] is None:
+        return None, None
+    if found["scheduler"] is not None:
+        raise ValueError("its learning-rate scheduler's state is not carried (a general checkpoint converts at a "
+                         "constant rate); save it without the scheduler and set the schedule again in the target")
+    groups = found["optimizer"]["param_groups"]
+    settings = [{k: v for k, v in group.items() if k != "params"} for group in groups]
+    if any(s != settings[0] for s in settings):
+        raise ValueError(f"{len(groups)} parameter groups with different settings; the target's stock optimizer is "
+                         "converted with one")
+    group = settings[0]
+    for key, fine in (("maximize", False), ("dampening", 0), ("amsgrad", False)):
+        if group.get(key, fine) != fine:
+            raise ValueError(f"a torch.optim optimizer with {key}={group[key]!r}, which no target's stock "
+                             "optimizer computes the same way")
+    if "betas" in group:
+        name = "adamw" if group.get("decoupled_weight_decay") else "adam"
+        return Optimizer(name, group["lr"], weight_decay=group["weight_decay"], betas=tuple(group["betas"]),
+                         eps=group["eps"]), None
+    if "momentum" not in group:
+        raise ValueError("a torch.optim optimizer other than SGD, Adam or AdamW (param_groups with "
+                         f"{', '.join(sorted(group))})")
+    name = "sgd" if not group["momentum"] else "nesterov" if group["nesterov"] else "momentum"
+    return Optimizer(name, group["lr"], group["momentum"] or 0.9, group["weight_decay"]), \
+        "torch.optim's SGD counts no steps: the target's count starts at 0 (a constant rate needs none)"
+
+
+def read_scaler(path):
+    """(ScalerState, steps) of a general checkpoint's GradScaler, as PyTorch's AMP recipe saves it
+    (scaler.state_dict()): its scale and its count of finite steps towards the next growth; None without one."""
+    found = general_parts(path)
+    if found is None or found["scaler"] is None:
+        return None
+    saved = found["scaler"]
+    return ScalerState(float(saved["scale"]), float(saved["scale"]), int(saved["_growth_tracker"])), \
+        steps_of(found) if found["optimizer"] is not None else 0
 
 
 def logits(model, X):

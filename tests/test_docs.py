@@ -139,8 +139,12 @@ def test_the_framework_folders_hold_the_same_files():
 # Functional or need not (the strides a buffer keeps, Inductor's options per network, the parameters' names by count;
 # torch.autocast's one context around a forward, where the others cast at each layer: low, compute)
 # (bf16_hook, bf16_on_gloo: DDP's communication hook for --allreduce-dtype bf16; the others cast in their own step;
-# grad_scaler: the GradScaler both engines hold, where Keras wraps the optimizer and MXNet sets the Trainer's scaler)
-PYTORCH_ONLY = {"builtin.py": {"primitives_step", "bf16_hook", "bf16_on_gloo"}, "checkpoint.py": {"width_of_state"},
+# grad_scaler: the GradScaler both engines hold, where Keras wraps the optimizer and MXNet sets the Trainer's scaler;
+# a PyTorch program's own checkpoint, one torch.save of the model's, torch.optim's and GradScaler's state_dicts, which
+# the converter reads: its parts, and the state, optimizer and scaler inside it)
+PYTORCH_ONLY = {"builtin.py": {"primitives_step", "bf16_hook", "bf16_on_gloo"},
+                "checkpoint.py": {"width_of_state", "model_state", "parts", "general_parts", "holds_state", "steps_of",
+                                  "read_optimizer", "read_scaler"},
                 "execution.py": {"compiled_forward"}, "idiomatic.py": {"param_names", "grad_scaler"},
                 "optimizer.py": {"buffer_like"},
                 "lenet.py": {"accuracy", "loss_and_grads", "widened", "autocast"}, "resnet.py": {"to_layout", "accuracy", "loss_and_grads",

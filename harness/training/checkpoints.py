@@ -28,7 +28,7 @@ from common.interface import RosettaError
 from common.loss_scaling import ScalerState
 from common.layouts import to_channels_last, to_canonical
 from common.lenet import PARAM_NAMES, PARAM_SHAPES
-from common.optim import OPTIMIZERS, Optimizer
+from common.optim import OPTIMIZERS, Optimizer, init_state
 from common.precision import needs_loss_scaling
 
 from ..files import replaced_atomically, replacing
@@ -193,17 +193,28 @@ def write_state(framework, state, optimizer, path):
         checkpoint.save_state(state, optimizer, temporary)
 
 
+def state_file(framework, path):
+    """Where the optimizer state of the weights file `path` is read from: beside it (state_path), or the file itself
+    where its format keeps the state inside (a PyTorch program's general checkpoint: its checkpoint.holds_state)."""
+    beside = state_path(framework, path)
+    holds = getattr(load_module(framework, "checkpoint"), "holds_state", None)
+    if not os.path.exists(beside) and holds is not None and os.path.exists(path) and holds(path):
+        return path
+    return beside
+
+
 def has_state(framework, path):
-    return os.path.exists(state_path(framework, path))
+    return os.path.exists(state_file(framework, path))
 
 
 def read_optimizer(framework, path, accept_gap=False):
     """(optimizer, gap): the optimizer (common.optim's, its hyperparameters and schedule) that the state beside `path`
-    names itself, where the file holds one: Gluon's save_states pickles it (mxnet/checkpoint.read_optimizer). None
+    names itself, where the file holds one: Gluon's save_states pickles it (mxnet/checkpoint.read_optimizer), a
+    PyTorch program's checkpoint keeps torch.optim's param_groups (pytorch/checkpoint.read_optimizer). None
     where a file holds buffers only: they tell the optimizer, and --optimizer the rest. One line where it has no exact
     equivalent; with `accept_gap`, that line as `gap` where the reader can carry it anyway."""
-    checkpoint, file = load_module(framework, "checkpoint"), state_path(framework, path)
-    reader = getattr(checkpoint, "read_optimizer", None)   # only a pickle of the optimizer itself says which it is
+    checkpoint, file = load_module(framework, "checkpoint"), state_file(framework, path)
+    reader = getattr(checkpoint, "read_optimizer", None)   # only a file that keeps the optimizer's settings says
     if reader is None or not os.path.exists(file):
         return None, None
     try:
@@ -219,7 +230,7 @@ def read_state(framework, path, optimizer=None, weights=None):
     file and what is wrong otherwise. With `optimizer`, the state must be one that optimizer keeps. Its buffers are
     the network's: one per slot and parameter of `weights` (canonical, the file's own: read_model), each of its
     parameter's shape."""
-    checkpoint, file = load_module(framework, "checkpoint"), state_path(framework, path)
+    checkpoint, file = load_module(framework, "checkpoint"), state_file(framework, path)
     if not os.path.exists(file):
         needs = f": {optimizer.name} needs one" if optimizer else ""
         raise RosettaError(f"{path}: no optimizer state beside it ({os.path.basename(file)}){needs}; it was saved by "
@@ -237,11 +248,13 @@ def read_state(framework, path, optimizer=None, weights=None):
         known.setdefault(tuple(sorted(Optimizer(name).slots)), name)
     if tuple(slots) not in known:
         raise RosettaError(f"{file}: an optimizer state with {', '.join(slots)} is none of {', '.join(OPTIMIZERS)}'s")
+    weights = read_model(framework, path)[0] if weights is None else weights
+    if optimizer and not slots and step == 0:   # no update yet (torch.optim makes its buffers at the first one)
+        return init_state(optimizer, weights)
     if optimizer and tuple(slots) != tuple(sorted(optimizer.slots)):
         holds = ", ".join(slots) or "no buffers"
         raise RosettaError(f"{file}: holds {known[tuple(slots)]}-style state ({holds}); {optimizer.name} keeps "
                            f"{', '.join(optimizer.slots) or 'no buffers'}")
-    weights = read_model(framework, path)[0] if weights is None else weights
     model = "LeNet" if set(weights) == set(PARAM_NAMES) else f"ResNet-18 (width {resnet.width_of(weights)})"
     state = {"step": step}
     for slot in slots:
@@ -275,11 +288,13 @@ def write_scaler(framework, scaler, steps, path):
 
 
 def read_scaler(framework, path):
-    """(ScalerState, steps) of the loss scaler saved beside the weights file `path`, after checking it; None where
-    there is none (a run at fp32 or bf16 saved it). One line naming the file where it is unreadable."""
+    """(ScalerState, steps) of the loss scaler saved beside the weights file `path`, after checking it, or inside it
+    where its format keeps one there (GradScaler's, in a PyTorch program's checkpoint); None where there is none (a run
+    at fp32 or bf16 saved it). One line naming the file where it is unreadable."""
     file = scaler_path(framework, path)
     if not os.path.exists(file):
-        return None
+        inside = getattr(load_module(framework, "checkpoint"), "read_scaler", None)   # a PyTorch general checkpoint's
+        return inside(path) if inside is not None and os.path.exists(path) else None
     try:
         with open(file) as f:
             saved = json.load(f)

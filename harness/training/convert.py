@@ -10,6 +10,8 @@ beside SRC (a run with momentum, Adam or a schedule writes one) goes with it: it
 changes as their weights and into the target's convention (MXNet's stock SGD and NAG keep the rate inside the momentum
 buffer, torch.optim outside it), its step count as it is, written in the target framework's native way with the
 optimizer's hyperparameters. fp16's loss scaler, kept beside it the same way in every framework, is copied across.
+A PyTorch program's own checkpoint (one torch.save of the model's, the optimizer's and GradScaler's state_dicts, as
+PyTorch's tutorials write it) gives all three.
 Which optimizer wrote it: a Gluon Trainer's file names it (its pickled optimizer, rate,
 momentum, weight decay and schedule); otherwise its buffers tell (momentum or adam), or --optimizer says (nesterov,
 adamw), which also requires a state. --verify loads both files with
@@ -92,7 +94,9 @@ def main(argv=None):
         write_weights(target, weights, args.dst, bn_state)
         print(f"wrote {args.dst} ({FORMATS[target]}) from {args.src} ({FORMATS[source]})"
               + (f", with {optimizer.name}'s state after {state['step']} steps ({hyperparameters(optimizer)})"
-                 if state is not None else ""))
+                 if state is not None else "")
+              + (f", and its loss scaler (scale {scaler[0].scale:g}, {scaler[0].good_steps} finite steps towards its "
+                 "growth)" if scaler is not None else ""))
         if state is not None and args.verify:
             again = read_state(target, args.dst, optimizer, weights)
             if any(not np.array_equal(again[k], state[k]) for k in state):

@@ -1,0 +1,144 @@
+"""A PyTorch program's own checkpoint: one torch.save of a dict of state_dicts, as PyTorch's tutorial "saving and
+loading a general checkpoint" writes it ({"epoch", "model_state_dict", "optimizer_state_dict", "loss"}) and as its
+AMP recipe does ({"model", "optimizer", "scaler"}). The converter reads the weights, torch.optim's state (the optimizer
+told by its param_groups) and GradScaler's scale out of it; stock Keras and Optax code continue the run as PyTorch's
+own continuation does. Both ends are written as the tutorials write them: nothing of the project but the network's
+definition and the converter's command."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import framework_or_skip
+from harness.training import convert
+from test_stock_gluon_states import AFTER, BEFORE, batches, keras_program, networks, optax_program   # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("devices_first")   # conftest.devices_first says why
+
+# torch.optim's settings, and Keras's and Optax's for the same program (Keras's weight_decay is decoupled, so the
+# Keras program adds torch's L2 to its loss, and the Optax program chains optax.add_decayed_weights; Keras's Adam adds
+# epsilon to the uncorrected sqrt(v), MXNet's convention, so Adam is continued by Optax alone)
+CASES = {
+    "momentum": ("SGD", {"lr": 0.005, "momentum": 0.9, "weight_decay": 1e-4}, {"learning_rate": 0.005, "momentum": 0.9}),
+    "adam": ("Adam", {"lr": 1e-3, "weight_decay": 1e-4}, {"learning_rate": 1e-3}),
+}
+
+
+def torch_program(batches, path, optimizer, params, save):
+    """Trains BEFORE steps with a stock torch.optim optimizer, saves `save(model, optimizer)` with torch.save, and
+    trains AFTER more: the losses of those."""
+    framework_or_skip("pytorch")
+    import torch
+    import torch.nn.functional as F
+    from common.lenet import init_weights
+    from pytorch_lenet import build_model
+    model = build_model(init_weights())
+    optimizer = getattr(torch.optim, optimizer)(model.parameters(), **params)
+    losses = []
+    for step, (X, y) in enumerate(batches):
+        if step == BEFORE:
+            torch.save(save(model, optimizer), path)
+        loss = F.cross_entropy(model(torch.from_numpy(X)), torch.from_numpy(y).long())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses[BEFORE:]
+
+
+def tutorial(model, optimizer):
+    """What "saving and loading a general checkpoint for inference and/or resuming training" saves."""
+    return {"epoch": 1, "model_state_dict": model.state_dict(), "optimizer_state_dict": optimizer.state_dict(),
+            "loss": 0.5}
+
+
+@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow) if case == "adam" else case
+                                  for case in CASES])
+def test_stock_keras_and_optax_code_continue_a_pytorch_program_s_general_checkpoint(case, batches, tmp_path, networks,
+                                                                                   capsys):
+    optimizer, torch_params, target_params = CASES[case]
+    torch_losses = torch_program(batches, tmp_path / "lenet-epoch1.pt", optimizer, torch_params, tutorial)
+    targets = ["lenet-epoch1.orbax"] + (["lenet-epoch1.weights.h5"] if case == "momentum" else [])
+    for converted in targets:
+        assert convert.main([str(tmp_path / "lenet-epoch1.pt"), str(tmp_path / converted)]) == 0
+        out = capsys.readouterr()
+        assert f"with {case}'s state after {BEFORE if case == 'adam' else 0} steps" in out.out
+        assert f"lr {torch_params['lr']:g}" in out.out and "weight decay 0.0001" in out.out
+    kind = None
+    if case == "adam":
+        import optax
+        kind = optax.adam
+    optax_losses = optax_program(batches[BEFORE:], tmp_path, target_params, torch_params["weight_decay"], kind)
+    np.testing.assert_allclose(optax_losses, torch_losses, rtol=1e-5, err_msg=f"{case}: Optax's continued losses")
+    if case == "momentum":
+        keras_losses = keras_program(batches[BEFORE:], tmp_path, target_params, torch_params["weight_decay"])
+        np.testing.assert_allclose(keras_losses, torch_losses, rtol=1e-5, err_msg="Keras's continued losses")
+
+
+def amp_recipe(path, init_scale, steps):
+    """PyTorch's AMP recipe on the CPU (autocast to fp16, GradScaler), saved as its "saving/resuming" section does:
+    the GradScaler's state_dict beside the model's and the optimizer's. Returns what the scaler saved."""
+    import torch
+    import torch.nn.functional as F
+    from common.lenet import init_weights
+    from pytorch_lenet import build_model
+    torch.manual_seed(0)
+    model = build_model(init_weights())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=2)
+    X, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    for _ in range(steps):
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(model(X), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},
+               path)
+    return scaler.state_dict(), optimizer.state_dict()["state"]
+
+
+def test_the_amp_recipe_s_checkpoint_carries_its_grad_scaler(tmp_path, networks, capsys):
+    """The GradScaler's scale and finite-step count go into the loss scaler the converter writes beside the target,
+    which the project's own fp16 run resumes from; a run whose every step overflowed (torch.optim has made no buffer
+    yet) converts with zero buffers, the state before the first update."""
+    framework_or_skip("pytorch")
+    from harness.training.checkpoints import read_scaler, read_state
+    saved, buffers = amp_recipe(tmp_path / "amp.pt", 2.0 ** 24, 12)
+    assert saved["scale"] < 2.0 ** 24 and buffers   # backed off, and updated: the run's scale, not the first one
+    assert convert.main([str(tmp_path / "amp.pt"), str(tmp_path / "amp.orbax")]) == 0
+    assert f"loss scaler (scale {saved['scale']:g}, {saved['_growth_tracker']} finite steps" in capsys.readouterr().out
+    state, _ = read_scaler("jax", str(tmp_path / "amp.orbax"))
+    assert (state.scale, state.good_steps) == (saved["scale"], saved["_growth_tracker"])
+    assert json.loads((tmp_path / "amp.loss-scale.json").read_text())["scale"] == saved["scale"]
+    saved, buffers = amp_recipe(tmp_path / "skipped.pt", 2.0 ** 40, 3)
+    assert saved["scale"] == 2.0 ** 37 and not buffers   # every step skipped
+    assert convert.main([str(tmp_path / "skipped.pt"), str(tmp_path / "skipped.orbax")]) == 0
+    converted = read_state("jax", str(tmp_path / "skipped.orbax"))
+    assert converted["step"] == 0 and all(not np.any(v) for k, v in converted.items() if k != "step")
+    assert {k.split(".", 1)[0] for k in converted if k != "step"} == {"momentum_buffer"}
+
+
+def test_a_general_checkpoint_it_cannot_carry_is_one_line(tmp_path, networks, capsys):
+    framework_or_skip("pytorch")
+    import torch
+    from common.lenet import init_weights
+    from pytorch_lenet import build_model
+    model = build_model(init_weights())
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    cases = {
+        "scheduler": ({"model": model.state_dict(), "optimizer": sgd.state_dict(),
+                       "scheduler": torch.optim.lr_scheduler.StepLR(sgd, 10).state_dict()}, "scheduler's state"),
+        "two models": ({"model": model.state_dict(), "ema": model.state_dict()}, "2 model state_dicts ('model', 'ema')"),
+        "amsgrad": ({"model": model.state_dict(),
+                     "optimizer": torch.optim.Adam(model.parameters(), amsgrad=True).state_dict()}, "amsgrad=True"),
+        "no model": ({"epoch": 3, "optimizer": sgd.state_dict()}, "no model state_dict in it"),
+    }
+    for name, (content, says) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '-')}.pt"
+        torch.save(content, path)
+        assert convert.main([str(path), str(tmp_path / "out.orbax")]) == 1, name
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: ") and says in err, (name, err)
+        assert not (tmp_path / "out.orbax").exists()
