@@ -117,6 +117,22 @@ def init_state(optimizer, weights):
     return {"step": 0, **{f"{slot}.{name}": np.zeros_like(w) for slot in optimizer.slots for name, w in weights.items()}}
 
 
+def epsilon_hat_gap(eps, beta2, step, moments, source="spec"):
+    """How far Adam's next update (the step count after `step`, before its gradient) moves between the spec's epsilon,
+    added to the bias-corrected sqrt(v) (PyTorch's, Optax's), and the paper's "epsilon hat", added to the uncorrected
+    sqrt(v) (MXNet's and Keras's stock Adam): the spec's is m / (sqrt(v) + eps * sqrt(1 - beta2^t)), the other's
+    m / (sqrt(v) + eps), both times the same corrected rate. `moments`: (m, v) pairs of the whole model. Returns
+    |difference| / |the `source`'s update| ("spec" or "hat"), over the whole model (moments of 0 move neither)."""
+    shrink = math.sqrt(1 - beta2 ** (step + 1))
+    difference = norm = 0.0
+    for m, v in moments:
+        m, root = np.asarray(m, np.float64), np.sqrt(np.asarray(v, np.float64))
+        spec, hat = m / (root + eps * shrink), m / (root + eps)
+        difference += np.sum((spec - hat) ** 2)
+        norm += np.sum((spec if source == "spec" else hat) ** 2)
+    return math.sqrt(difference / norm) if norm else 0.0
+
+
 def step(optimizer, weights, grads, state):
     """One canonical update of canonical numpy weights by the global batch's mean gradient; returns the new weights
     and state (float32 like the frameworks; the step count decides the rate and Adam's bias corrections)."""

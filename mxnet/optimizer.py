@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon, nd
 
-from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer
+from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer, epsilon_hat_gap
 
 
 def init_state(replica, optimizer):
@@ -220,13 +220,8 @@ def adam_gap(mx_optimizer, states):
     over the whole model, m / (sqrt(v) + eps * sqrt(1 - beta2^t)) against m / (sqrt(v) + eps) (the elements whose
     moments are 0 move neither)."""
     o = mx_optimizer
-    shrink = math.sqrt(1 - o.beta2 ** (o.num_update + 1))
-    difference = norm = 0.0
-    for mean, var in states.values():
-        m, root = mean.asnumpy().astype(np.float64), np.sqrt(var.asnumpy().astype(np.float64))
-        theirs, ours = m / (root + o.epsilon * shrink), m / (root + o.epsilon)
-        difference, norm = difference + np.sum((theirs - ours) ** 2), norm + np.sum(ours ** 2)
-    return math.sqrt(difference / norm) if norm else 0.0
+    return epsilon_hat_gap(o.epsilon, o.beta2, o.num_update,
+                            [(mean.asnumpy(), var.asnumpy()) for mean, var in states.values()], source="hat")
 
 
 def told(mx_optimizer, accept_gap=False):

@@ -33,6 +33,9 @@ CHANNELS_LAST = True
 STATE_SUFFIX = ".optimizer.ckpt"   # lenet-epoch3.weights.h5's state: lenet-epoch3.optimizer.ckpt/optimizer.index, ...
 PREFIX = "optimizer"               # the checkpoint's files in that directory: optimizer.index, optimizer.data-*
 OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"   # tf.train.Checkpoint's entry naming what every other entry is
+# The stock Adam that loads the optimizer file as it is, and adds epsilon to the uncorrected sqrt(v): it continues a
+# canonical Adam state only approximately (common.optim.epsilon_hat_gap; optimizer.py's Adam is exact)
+STOCK_ADAM_EPSILON_HAT = "keras.optimizers.Adam"
 CANONICAL = "momentum_buffer"   # the checkpoint's entry beside the optimizer: the canonical momentum buffers, exactly
 
 

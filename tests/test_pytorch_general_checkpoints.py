@@ -11,7 +11,8 @@ import pytest
 
 from conftest import framework_or_skip
 from harness.training import convert
-from test_stock_gluon_states import AFTER, BEFORE, batches, keras_program, networks, optax_program   # noqa: F401
+from test_stock_gluon_states import (ADAM_TOLERANCE, AFTER, BEFORE, batches, keras_program, networks,  # noqa: F401
+                                     optax_program)
 
 pytestmark = pytest.mark.usefixtures("devices_first")   # conftest.devices_first says why
 
@@ -73,6 +74,49 @@ def test_stock_keras_and_optax_code_continue_a_pytorch_program_s_general_checkpo
     if case == "momentum":
         keras_losses = keras_program(batches[BEFORE:], tmp_path, target_params, torch_params["weight_decay"])
         np.testing.assert_allclose(keras_losses, torch_losses, rtol=1e-5, err_msg="Keras's continued losses")
+    else:   # across the epsilon gap the converter's note names: near, not equal
+        import keras
+        assert convert.main([str(tmp_path / "lenet-epoch1.pt"), str(tmp_path / "lenet-epoch1.weights.h5")]) == 0
+        assert "keras.optimizers.Adam adds epsilon" in capsys.readouterr().err
+        keras_losses = keras_program(batches[BEFORE:], tmp_path, {**target_params, "epsilon": 1e-8},
+                                     torch_params["weight_decay"], keras.optimizers.Adam)
+        np.testing.assert_allclose(keras_losses, torch_losses, rtol=ADAM_TOLERANCE, err_msg="Keras's continued losses")
+
+
+def test_a_stock_keras_adam_gets_a_note_of_its_epsilon_gap(tmp_path, networks, capsys):
+    """Stock keras.optimizers.Adam loads the converter's file as it is and adds epsilon to the uncorrected sqrt(v):
+    the converter says by how much its next update differs (common.optim.epsilon_hat_gap), here checked against both
+    frameworks' update rules on the torch file's moments, after 2 steps, where the bias corrections still move by a
+    fifth a step. Optax's Adam computes torch's: no note."""
+    framework_or_skip("pytorch")
+    import torch
+    import torch.nn.functional as F
+    from common.lenet import init_weights
+    from pytorch_lenet import build_model
+    model = build_model(init_weights())
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        X, y = rng.standard_normal((8, 1, 28, 28), dtype=np.float32), np.arange(8) % 10
+        loss = F.cross_entropy(model(torch.from_numpy(X)), torch.from_numpy(y))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    torch.save(tutorial(model, optimizer), tmp_path / "adam.pt")
+    assert convert.main([str(tmp_path / "adam.pt"), str(tmp_path / "adam.weights.h5")]) == 0
+    # the next update (t = 3) per unit rate, as torch.optim.Adam and keras.optimizers.Adam write it
+    t, eps, (b1, b2) = 3, 1e-8, (0.9, 0.999)
+    torch_step, keras_step = [], []
+    for b in optimizer.state_dict()["state"].values():
+        m, v = b["exp_avg"].numpy().astype(np.float64), b["exp_avg_sq"].numpy().astype(np.float64)
+        torch_step.append(m / (1 - b1 ** t) / (np.sqrt(v / (1 - b2 ** t)) + eps))
+        keras_step.append(np.sqrt(1 - b2 ** t) / (1 - b1 ** t) * m / (np.sqrt(v) + eps))
+    want = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(torch_step, keras_step))
+                   / sum(np.sum(a ** 2) for a in torch_step))
+    assert 1e-4 < want < 1   # a gap worth a note
+    assert f"differs by {want:.1e} of its size" in capsys.readouterr().err
+    assert convert.main([str(tmp_path / "adam.pt"), str(tmp_path / "adam.orbax")]) == 0
+    assert "note:" not in capsys.readouterr().err
 
 
 def amp_recipe(path, init_scale, steps):

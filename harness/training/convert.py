@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 from common.interface import FRAMEWORKS, RosettaError
-from common.optim import OPTIMIZERS, Optimizer
+from common.optim import OPTIMIZERS, Optimizer, epsilon_hat_gap
 
 TOLERANCE = 1e-4   # float32 round-off of two frameworks' kernels on the same weights, with room to spare
 
@@ -97,6 +97,8 @@ def main(argv=None):
                  if state is not None else "")
               + (f", and its loss scaler (scale {scaler[0].scale:g}, {scaler[0].good_steps} finite steps towards its "
                  "growth)" if scaler is not None else ""))
+        if state is not None and not gap and optimizer.slots == ("exp_avg", "exp_avg_sq"):
+            epsilon_hat_note(target, optimizer, state)
         if state is not None and args.verify:
             again = read_state(target, args.dst, optimizer, weights)
             if any(not np.array_equal(again[k], state[k]) for k in state):
@@ -112,6 +114,20 @@ def main(argv=None):
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def epsilon_hat_note(target, optimizer, state):
+    """A note where the target's stock Adam, loading the file as it is, puts epsilon on the uncorrected sqrt(v)
+    (Keras's): by how much its next update differs from the state's own (common.optim.epsilon_hat_gap)."""
+    from ..loader import load_module
+    stock = getattr(load_module(target, "checkpoint"), "STOCK_ADAM_EPSILON_HAT", None)
+    if stock is None:
+        return
+    names = [key.split(".", 1)[1] for key in state if key.startswith("exp_avg.")]
+    moments = [(state[f"exp_avg.{name}"], state[f"exp_avg_sq.{name}"]) for name in names]
+    gap = epsilon_hat_gap(optimizer.eps, optimizer.betas[1], state["step"], moments)
+    print(f"note: {stock} adds epsilon to the uncorrected sqrt(v): continued by it, the next update differs by "
+          f"{gap:.1e} of its size (this project's Adam for {target} computes the state's own)", file=sys.stderr)
 
 
 def hyperparameters(o):
