@@ -40,12 +40,15 @@ def test_a_checkpoint_holds_the_weights_exactly(fw, tmp_path):
 
 
 def a_state(name, seed=4, step=7):
-    """A canonical optimizer state with distinct random buffers (a layout slip cannot go unseen)."""
+    """A canonical optimizer state with distinct random buffers (a layout slip cannot go unseen); Adam's second
+    moment at least 0, as every Adam's is."""
     rng = np.random.default_rng(seed)
     state = {"step": step}
     for key, value in optim.init_state(optim.Optimizer(name), init_weights()).items():
         if key != "step":
             state[key] = rng.normal(size=value.shape).astype(np.float32)
+            if key.startswith("exp_avg_sq."):
+                state[key] = np.abs(state[key])
     return state
 
 
@@ -108,9 +111,12 @@ def test_a_bad_optimizer_state_gets_one_line_and_no_output(tmp_path, available, 
     momentum = saved_with_state(source, tmp_path / "momentum", "momentum")
     wrong = a_state("adam")
     wrong["exp_avg.conv1.weight"] = np.zeros((20, 1, 5, 5), np.float32)
+    negative = {**a_state("adam"), "exp_avg_sq.fc2.bias": -np.ones(10, np.float32)}
     cases = [([plain, "--optimizer", "adam"], "no optimizer state beside it"),
              ([momentum, "--optimizer", "adam"], "holds momentum-style state"),
-             ([saved_with_state(source, tmp_path / "wrong", "adam", wrong)], "exp_avg.conv1.weight is")]
+             ([saved_with_state(source, tmp_path / "wrong", "adam", wrong)], "exp_avg.conv1.weight is"),
+             ([saved_with_state(source, tmp_path / "negative", "adam", negative)],
+              "exp_avg_sq.fc2.bias has negative")]
     truncated = saved_with_state(source, tmp_path / "truncated", "adam")
     truncate(state_path(source, truncated))
     cases.append(([truncated], "not a readable"))

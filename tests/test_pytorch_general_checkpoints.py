@@ -20,7 +20,8 @@ pytestmark = pytest.mark.usefixtures("devices_first")   # conftest.devices_first
 # Keras program adds torch's L2 to its loss, and the Optax program chains optax.add_decayed_weights; Keras's Adam adds
 # epsilon to the uncorrected sqrt(v), MXNet's convention, so Adam is continued by Optax alone)
 CASES = {
-    "momentum": ("SGD", {"lr": 0.005, "momentum": 0.9, "weight_decay": 1e-4}, {"learning_rate": 0.005, "momentum": 0.9}),
+    "momentum": ("SGD", {"lr": 0.005, "momentum": 0.9, "weight_decay": 1e-4},
+                 {"learning_rate": 0.005, "momentum": 0.9}),
     "adam": ("Adam", {"lr": 1e-3, "weight_decay": 1e-4}, {"learning_rate": 1e-3}),
 }
 
@@ -174,7 +175,8 @@ def test_a_general_checkpoint_it_cannot_carry_is_one_line(tmp_path, networks, ca
     cases = {
         "scheduler": ({"model": model.state_dict(), "optimizer": sgd.state_dict(),
                        "scheduler": torch.optim.lr_scheduler.StepLR(sgd, 10).state_dict()}, "scheduler's state"),
-        "two models": ({"model": model.state_dict(), "ema": model.state_dict()}, "2 model state_dicts ('model', 'ema')"),
+        "two models": ({"model": model.state_dict(), "ema": model.state_dict()},
+                       "2 model state_dicts ('model', 'ema')"),
         "amsgrad": ({"model": model.state_dict(),
                      "optimizer": torch.optim.Adam(model.parameters(), amsgrad=True).state_dict()}, "amsgrad=True"),
         "no model": ({"epoch": 3, "optimizer": sgd.state_dict()}, "no model state_dict in it"),

@@ -113,10 +113,11 @@ def test_a_run_resumes_only_from_its_own_network(trained, tmp_path):
 
 def a_state(name, step=7):
     """A canonical optimizer state of the ResNet's every parameter, distinct random buffers (a layout or name slip
-    cannot go unseen); running statistics are not parameters and have none."""
+    cannot go unseen); running statistics are not parameters and have none. Adam's second moment at least 0."""
     rng = np.random.default_rng(4)
-    return {key: step if key == "step" else rng.normal(size=value.shape).astype(np.float32)
-            for key, value in optim.init_state(optim.Optimizer(name), spec.init_weights(0, WIDTH)).items()}
+    state = {key: step if key == "step" else rng.normal(size=value.shape).astype(np.float32)
+             for key, value in optim.init_state(optim.Optimizer(name), spec.init_weights(0, WIDTH)).items()}
+    return {key: np.abs(value) if key.startswith("exp_avg_sq.") else value for key, value in state.items()}
 
 
 @pytest.mark.parametrize("name", ["momentum", "adam"])

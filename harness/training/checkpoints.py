@@ -267,6 +267,9 @@ def read_state(framework, path, optimizer=None, weights=None):
             state[key] = np.ascontiguousarray(to_canonical(name, array) if checkpoint.CHANNELS_LAST else array)
     if arrays:
         raise RosettaError(f"{file}: unexpected entry {sorted(arrays)[0]!r} in the optimizer state")
+    negative = next((key for key in state if key.startswith("exp_avg_sq.") and np.any(state[key] < 0)), None)
+    if negative:   # a mean of squares: no Adam makes one below 0
+        raise RosettaError(f"{file}: {negative} has negative entries; Adam's second moment has none")
     return state
 
 
