@@ -117,6 +117,16 @@ def init_state(optimizer, weights):
     return {"step": 0, **{f"{slot}.{name}": np.zeros_like(w) for slot in optimizer.slots for name, w in weights.items()}}
 
 
+def rate_changes(optimizer, done):
+    """The steps after the `done` updates made (0-based, as learning_rate's) whose rate differs from the update's
+    before, with both rates: [(step, before, rate)]. A momentum buffer that holds the rate (MXNet's stock SGD, Keras's:
+    v = mu * v - lr * g) and one that does not (torch's, the spec's) give one update only until the first of them."""
+    first = max(done - 1, 0)
+    rates = [optimizer.learning_rate(t) for t in range(first, optimizer.total_steps)]
+    return [(first + k, rates[k - 1], rates[k]) for k in range(1, len(rates))
+            if not math.isclose(rates[k], rates[k - 1], rel_tol=1e-12)]
+
+
 def epsilon_hat_gap(eps, beta2, step, moments, source="spec"):
     """How far Adam's next update (the step count after `step`, before its gradient) moves between the spec's epsilon,
     added to the bias-corrected sqrt(v) (PyTorch's, Optax's), and the paper's "epsilon hat", added to the uncorrected

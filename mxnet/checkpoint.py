@@ -18,7 +18,8 @@ from common.lenet import PARAM_NAMES, init_weights
 from . import resnet as resnet_model
 from .idiomatic import canonical_names
 from .lenet import build_model
-from .optimizer import EXACT, adam_gap, buffers, get_trainer, stock_port, told, trainer_order, updater_state
+from .optimizer import (EXACT, adam_gap, buffers, get_trainer, rate_change_gap, stock_port, told, trainer_order,
+                        updater_state)
 
 KEYS = dict(zip(PARAM_NAMES, (f"{block}.{part}" for block in (0, 3, 6, 7) for part in ("weight", "bias"))))
 CHANNELS_LAST = False   # MXNet's layout is the canonical one
@@ -78,6 +79,15 @@ def save_state(state, optimizer, path):
     trainer.save_states(path)
 
 
+def rate_inside(optimizer):
+    """The stock class save_state pickles for `optimizer` (common.optim's) where it keeps the rate inside its momentum
+    buffer (MXNet's SGD with momentum, NAG: optimizer.stock_port), or None: stock Gluon code that loads the file
+    continues the state's own run only while the rate stays (common.optim.rate_changes)."""
+    if not stock_port(optimizer) or optimizer.name not in ("momentum", "nesterov"):
+        return None
+    return "MXNet's stock NAG" if optimizer.name == "nesterov" else "MXNet's stock SGD"
+
+
 def read_state(path):
     """The file's buffers (canonical names, MXNet's layout) and step count, by what Trainer.load_states calls:
     Updater.set_states on a fresh updater, which unpickles the states and the saved optimizer into it. The network is
@@ -99,7 +109,7 @@ def read_optimizer(path, accept_gap=False):
     updater = saved_updater(path)
     optimizer = told(updater.optimizer, accept_gap)
     if type(updater.optimizer) is not mx.optimizer.Adam:
-        return optimizer, None
+        return optimizer, rate_change_gap(updater.optimizer, optimizer)
     return optimizer, (f"MXNet's stock Adam adds epsilon to the uncorrected sqrt(v): continued by torch's or Optax's "
                        f"Adam, the next update differs by {adam_gap(updater.optimizer, updater.states):.1e} of its "
                        "size (Keras's Adam computes MXNet's)")

@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon, nd
 
-from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer, epsilon_hat_gap
+from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer, epsilon_hat_gap, rate_changes
 
 
 def init_state(replica, optimizer):
@@ -259,7 +259,33 @@ def told(mx_optimizer, accept_gap=False):
     if schedule is None:
         raise ValueError(f"its schedule, MXNet's {type(s).__name__}, is not carried yet: only a constant rate (with a "
                          "linear warm-up from 0) and this project's cosine and step schedules have an exact equivalent")
-    return Optimizer(names[kind], lr=float(o.lr), weight_decay=float(o.wd), **hyper, **schedule)
+    optimizer = Optimizer(names[kind], lr=float(o.lr), weight_decay=float(o.wd), **hyper, **schedule)
+    gap = rate_change_gap(o, optimizer)
+    if gap and not accept_gap:
+        raise ValueError(f"{gap} (--accept-gap converts it anyway)")
+    return optimizer
+
+
+def rate_change_gap(mx_optimizer, optimizer):
+    """What a stock SGD's or NAG's momentum (RATE_INSIDE: v = mu * v - lr * g) continued with the rate outside the
+    buffer (torch.optim's, Optax's, the canonical buf = mu * buf + g; w -= lr * buf) differs by, or None: the two
+    are one update only while the rate stays. At the first change after the updates made, from r to r', the
+    momentum's share of the update is r' / r times MXNet's in the other, and the trajectories part there. Keras's
+    SGD keeps the rate inside too: it computes MXNet's. None for a file this project wrote from a canonical run
+    (EXACT, at the file's step): its state is the canonical one."""
+    if type(mx_optimizer) not in RATE_INSIDE or not getattr(mx_optimizer, "momentum", 0.0):
+        return None
+    exact = getattr(mx_optimizer, EXACT, None)   # a canonical run's state written for stock code: its own
+    if exact and exact["step"] == mx_optimizer.num_update:
+        return None
+    done, changes = int(mx_optimizer.num_update), rate_changes(optimizer, int(mx_optimizer.num_update))
+    if not changes:
+        return None
+    step, before, rate = changes[0]
+    return (f"MXNet's stock {type(mx_optimizer).__name__} keeps the rate inside its momentum buffer (torch.optim's "
+            "and Optax's SGD outside): the two are one update only while the rate stays, and this schedule changes "
+            f"it {len(changes)} time(s) after the {done} updates made, first at update {step + 1} ({before:.4g} to "
+            f"{rate:.4g}: their momentum term {rate / before:.4g} times MXNet's); Keras's SGD computes MXNet's")
 
 
 def buffers(mx_state):

@@ -7,7 +7,8 @@ The optimizer state is a directory beside the weights holding a TensorFlow check
 TensorFlow saves one: tf.train.Checkpoint(optimizer=...).write. Its variables are the step count (`iterations`,
 which drives the schedule) and the buffers, in Keras's layout like the weights and in Keras's convention: its SGD
 keeps the rate inside the momentum buffer (v = mu * v - lr * g; w += v), so the file holds -lr * the canonical buffer
-at the rate of the last update, and a stock keras.optimizers.SGD that restores it goes on as the run would have.
+at the rate of the last update, and a stock keras.optimizers.SGD that restores it goes on as the run would have
+while the rate stays (rate_inside).
 That product is rounded to float32, so the canonical buffers are kept beside the optimizer as well (CANONICAL), for
 a resumed run to go on bit for bit. A directory, so that the rename that finishes an atomic write
 (harness/files.py) moves the checkpoint's index and data files at once."""
@@ -36,6 +37,13 @@ OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"   # tf.train.Checkpoint's entry na
 # The stock Adam that loads the optimizer file as it is, and adds epsilon to the uncorrected sqrt(v): it continues a
 # canonical Adam state only approximately (common.optim.epsilon_hat_gap; optimizer.py's Adam is exact)
 STOCK_ADAM_EPSILON_HAT = "keras.optimizers.Adam"
+
+
+def rate_inside(optimizer):
+    """The stock optimizer that loads the file as it is and keeps the rate inside its momentum buffer (Keras's SGD,
+    the module docstring says why the file suits it), where `optimizer` (common.optim's) has one: it continues the
+    state's own run only while the rate stays (common.optim.rate_changes; optimizer.py's SGD is exact)."""
+    return "keras.optimizers.SGD" if optimizer.name in ("momentum", "nesterov") else None
 CANONICAL = "momentum_buffer"   # the checkpoint's entry beside the optimizer: the canonical momentum buffers, exactly
 
 

@@ -103,6 +103,34 @@ def test_every_conversion_carries_the_optimizer_state(tmp_path, available, capsy
             assert all(np.array_equal(got[k], want[k]) for k in want), (source, target)
 
 
+@pytest.mark.parametrize("schedule", [{"warmup_steps": 30, "total_steps": 100},   # written for MXNet's stock SGD
+                                      {"schedule": "cosine", "total_steps": 100}])   # for the project's class
+def test_a_stock_sgd_that_keeps_the_rate_in_its_buffer_gets_a_note_where_the_rate_changes(schedule, tmp_path,
+                                                                                         available, capsys):
+    """Keras's SGD and MXNet's stock SGD keep the rate inside the momentum buffer (v = mu * v - lr * g): the file
+    they load holds -lr * the canonical buffer, which continues the canonical run only until the schedule changes the
+    rate. An MXNet file (the one format that keeps the schedule) of a run saved at step 20 of a 30-step warm-up, or
+    of a cosine: each target whose stock SGD keeps the rate says so in one note; torch's and Optax's files need none.
+    MXNet's file is its stock SGD's only where that class computes the schedule (not the cosine, one update late:
+    optimizer.stock_port); as a source it is the canonical run it came from, not a stock Gluon state (refused:
+    test_stock_gluon_states)."""
+    optimizer = optim.Optimizer("momentum", lr=0.005, **schedule)
+    src = saved("mxnet", tmp_path)
+    write_state("mxnet", a_state("momentum", step=20), optimizer, src)
+    warmup = "warmup_steps" in schedule
+    stock = {"tensorflow": "keras.optimizers.SGD", "mxnet": "MXNet's stock SGD" if warmup else None}
+    rates = "0.003333 to 0.0035" if warmup else "0.004568 to 0.004523"   # updates 20 and 21's
+    first = f"update 21, where the schedule changes the rate ({rates}"
+    for target in available:
+        assert convert([src, str(tmp_path / target / f"lenet{SUFFIXES[target]}")]) == 0
+        err = capsys.readouterr().err.strip()
+        if stock.get(target) is None:
+            assert not err, (target, err)
+        else:
+            assert len(err.splitlines()) == 1 and err.startswith(f"note: {stock[target]} keeps the rate inside") \
+                and first in err, (target, err)
+
+
 def test_a_bad_optimizer_state_gets_one_line_and_no_output(tmp_path, available, capsys):
     """No state where one is asked for, another optimizer's state, a buffer of the wrong shape, a truncated file:
     one error line naming the file and the problem, nothing written."""

@@ -77,8 +77,9 @@ def gluon_program(batches, folder, optimizer, params, lr_scheduler=None, context
     return train(batches[BEFORE:])
 
 
-def torch_program(batches, folder, params, kind=None):
-    """Loads the converted files with torch's own calls and trains on: the losses."""
+def torch_program(batches, folder, params, kind=None, rates=None):
+    """Loads the converted files with torch's own calls and trains on: the losses. `rates`: each step's, set on the
+    optimizer's param_groups before it, as a program that schedules the rate by hand does."""
     framework_or_skip("pytorch")
     import torch
     import torch.nn.functional as F
@@ -88,7 +89,9 @@ def torch_program(batches, folder, params, kind=None):
     optimizer = (kind or torch.optim.SGD)(model.parameters(), **params)
     optimizer.load_state_dict(torch.load(folder / "lenet-epoch1.optimizer.pt")["optimizer"])
     losses = []
-    for X, y in batches:
+    for i, (X, y) in enumerate(batches):
+        for group in optimizer.param_groups if rates else ():
+            group["lr"] = rates[i]
         loss = F.cross_entropy(model(torch.from_numpy(X)), torch.from_numpy(y).long())
         optimizer.zero_grad()
         loss.backward()
@@ -220,6 +223,44 @@ def test_stock_adam_goes_across_its_epsilon_gap_when_told(batches, tmp_path, net
         np.testing.assert_allclose(losses, mxnet_losses, rtol=ADAM_TOLERANCE, err_msg=f"{name}'s continued losses")
 
 
+@pytest.mark.slow   # two Gluon runs, each continued by torch and Keras
+@pytest.mark.parametrize("warmup", [30, 10])
+def test_a_stock_momentum_state_goes_across_a_change_of_rate_only_when_told(warmup, batches, tmp_path, networks,
+                                                                           capsys):
+    """MXNet's stock SGD keeps the rate inside its momentum buffer, torch.optim's outside: the converted buffer
+    (-v / the last rate) continues MXNet's run only while the rate stays. Saved inside a warm-up (30 steps, the rate
+    changing at each of the next 10): refused, then with --accept-gap converted with the gap in a note; Keras's SGD,
+    which keeps the rate inside too, continues within 1e-5, torch.optim's, given the same rates, departs. Saved after
+    the warm-up (10 steps): converted without a word, and both continue within 1e-5."""
+    import keras
+    import tensorflow as tf
+    lr, gluon_params = 0.005, {"learning_rate": 0.005, "momentum": 0.9, "wd": 1e-4}
+    mxnet_losses = gluon_program(batches, tmp_path, "sgd", gluon_params, lambda mx: mx.lr_scheduler.FactorScheduler(
+        step=1000, factor=1.0, base_lr=lr, warmup_steps=warmup))
+    rates = [lr * min(n, warmup) / warmup for n in range(BEFORE + 1, BEFORE + AFTER + 1)]   # MXNet's, update n
+
+    class GluonWarmUp(keras.optimizers.schedules.LearningRateSchedule):   # the user's own, as Keras's guide writes one
+        def __call__(self, step):
+            return lr * tf.minimum(tf.cast(step, tf.float32) + 1, warmup) / warmup
+
+    src = str(tmp_path / "lenet-epoch1.params")
+    told = ["--accept-gap"] if warmup > BEFORE else []
+    if told:
+        assert convert.main([src, str(tmp_path / "lenet-epoch1.pt")]) == 1
+        assert "keeps the rate inside its momentum buffer" in capsys.readouterr().err
+    for converted in ("lenet-epoch1.pt", "lenet-epoch1.weights.h5"):
+        assert convert.main([src, str(tmp_path / converted), *told]) == 0
+        err = capsys.readouterr().err.strip()
+        assert (len(err.splitlines()) == 1 and err.startswith("note: MXNet's stock SGD keeps the rate inside")
+                and "changes it 10 time(s) after the 20 updates made, first at update 21" in err) if told else not err
+    keras_losses = keras_program(batches[BEFORE:], tmp_path, {"learning_rate": GluonWarmUp(), "momentum": 0.9}, 1e-4)
+    np.testing.assert_allclose(keras_losses, mxnet_losses, rtol=1e-5, err_msg="Keras's continued losses")
+    torch_losses = torch_program(batches[BEFORE:], tmp_path, {"lr": lr, "momentum": 0.9, "weight_decay": 1e-4},
+                                 rates=rates)
+    departs = np.max(np.abs(np.divide(torch_losses, mxnet_losses) - 1))
+    assert departs > 1e-3 if told else departs <= 1e-5, departs
+
+
 # A stock Gluon program in a process of its own, nothing of this project importable: the LeNet written out, the
 # converted files loaded with load_parameters and Trainer.load_states, 10 more steps; it prints their losses.
 STOCK_GLUON = """
@@ -297,6 +338,9 @@ def test_a_stock_keras_checkpoint_is_one_line(batches, tmp_path, networks, capsy
     ("rmsprop", {"learning_rate": 1e-3}, None, "RMSProp is not one the converter carries"),
     ("sgd", {"learning_rate": 0.05, "momentum": 0.9},
      lambda mx: mx.lr_scheduler.CosineScheduler(max_update=100, base_lr=0.05), "CosineScheduler, is not carried"),
+    ("sgd", {"learning_rate": 0.005, "momentum": 0.9},   # saved inside its warm-up: the rate changes after it
+     lambda mx: mx.lr_scheduler.FactorScheduler(step=1000, factor=1.0, base_lr=0.005, warmup_steps=30),
+     "keeps the rate inside its momentum buffer (torch.optim's and Optax's SGD outside)"),
 ])
 def test_a_gluon_state_without_an_exact_equivalent_is_one_line(optimizer, params, scheduler, says, batches, tmp_path,
                                                                networks, capsys):

@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 from common.interface import FRAMEWORKS, RosettaError
-from common.optim import OPTIMIZERS, Optimizer, epsilon_hat_gap
+from common.optim import OPTIMIZERS, Optimizer, epsilon_hat_gap, rate_changes
 
 TOLERANCE = 1e-4   # float32 round-off of two frameworks' kernels on the same weights, with room to spare
 
@@ -99,6 +99,8 @@ def main(argv=None):
                  "growth)" if scaler is not None else ""))
         if state is not None and not gap and optimizer.slots == ("exp_avg", "exp_avg_sq"):
             epsilon_hat_note(target, optimizer, state)
+        if state is not None and not gap and optimizer.slots == ("momentum_buffer",):
+            rate_inside_note(target, optimizer, state)
         if state is not None and args.verify:
             again = read_state(target, args.dst, optimizer, weights)
             if any(not np.array_equal(again[k], state[k]) for k in state):
@@ -128,6 +130,21 @@ def epsilon_hat_note(target, optimizer, state):
     gap = epsilon_hat_gap(optimizer.eps, optimizer.betas[1], state["step"], moments)
     print(f"note: {stock} adds epsilon to the uncorrected sqrt(v): continued by it, the next update differs by "
           f"{gap:.1e} of its size (this project's Adam for {target} computes the state's own)", file=sys.stderr)
+
+
+def rate_inside_note(target, optimizer, state):
+    """A note where the target's stock SGD, loading the file as it is, keeps the rate inside its momentum buffer
+    (Keras's, MXNet's): the file holds -rate * the state's buffer, which continues the state's own run only until the
+    schedule changes the rate (common.optim.rate_changes)."""
+    from ..loader import load_module
+    stock = getattr(load_module(target, "checkpoint"), "rate_inside", lambda o: None)(optimizer)
+    changes = rate_changes(optimizer, state["step"]) if stock else []
+    if changes:
+        step, before, rate = changes[0]
+        print(f"note: {stock} keeps the rate inside its momentum buffer: continued by it, the run departs from the "
+              f"state's own at update {step + 1}, where the schedule changes the rate ({before:.4g} to {rate:.4g}; "
+              f"{len(changes)} change(s) after the {state['step']} updates made); this project's SGD for {target} "
+              "computes the state's own", file=sys.stderr)
 
 
 def hyperparameters(o):
