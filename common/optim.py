@@ -13,10 +13,16 @@ PyTorch's conventions, the ones docs/migration.md's conventions table measures t
     adam(w)   m = b1 * m + (1 - b1) * g;  s = b2 * s + (1 - b2) * g**2;  t = steps so far + 1
               w -= lr * (m / (1 - b1**t)) / (sqrt(s / (1 - b2**t)) + eps)    eps outside the square root
 - the rate per step (0-based: the first update is step 0): a linear warm-up over `warmup_steps`, lr * (step + 1) /
-  warmup_steps (torch's LinearLR from 1 / warmup_steps), then the schedule over the remaining D = total - warmup:
+  warmup_steps (torch's LinearLR from 1 / warmup_steps), then the schedule over the remaining D = total - warmup,
+  at its k-th step (k = step - warmup):
     constant  lr
-    step      lr, times 0.1 after D // 2 of them, times 0.01 after 3 * D // 4 (torch's MultiStepLR)
-    cosine    lr * (1 + cos(pi * k / D)) / 2 at its k-th step (torch's CosineAnnealingLR, eta_min 0)
+    step      lr times decay_factor at each milestone passed (torch's MultiStepLR): by default 0.1 after D // 2
+              steps and 0.01 after 3 * D // 4; `decay_at` gives them in steps from the run's start (Gluon's
+              MultiFactorScheduler)
+    factor    lr * decay_factor ** (k // decay_every) (torch's StepLR; Gluon's FactorScheduler; by default a
+              decay every D // 4 steps)
+    poly      lr * (1 - k / D) ** power (torch's PolynomialLR; Gluon's PolyScheduler, one update late)
+    cosine    final_lr + (lr - final_lr) * (1 + cos(pi * k / D)) / 2 (torch's CosineAnnealingLR, eta_min final_lr)
 
 The recipe's plain SGD (constant rate, no decay, no clipping) is `is_recipe`: the frameworks keep running the
 recipe's own `sgd` for it, so the default table does not change by a bit. Every other optimizer, for every network,
@@ -28,13 +34,13 @@ import math
 import numpy as np
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
-SCHEDULES = ("constant", "step", "cosine")
+SCHEDULES = ("constant", "step", "cosine", "factor", "poly")
 LR_SCALINGS = ("none", "linear")
 # The usual starting rate of each (--lr's default): the recipe's 0.2; momentum 0.9 multiplies the step by ~10.
 DEFAULT_LR = {"sgd": 0.2, "momentum": 0.02, "nesterov": 0.02, "adam": 1e-3, "adamw": 1e-3}
 REFERENCE_BATCH = 256     # --lr-scaling linear: lr * global batch / this (Goyal et al. 2017)
 CLIP_EPS = 1e-6           # torch.nn.utils.clip_grad_norm_'s
-STEP_FACTOR = 0.1         # the step schedule's decay, at each of its two milestones
+STEP_FACTOR = 0.1         # the step and factor schedules' decay, at each milestone (decay_factor's default)
 
 
 def scaled_lr(lr, batch_size, scaling="none", reference=REFERENCE_BATCH):
@@ -59,6 +65,11 @@ class Optimizer:
     clip_norm: float | None = None
     betas: tuple = (0.9, 0.999)    # adam, adamw
     eps: float = 1e-8              # adam, adamw
+    decay_at: tuple = ()           # step: its milestones, in steps from the run's start (): D // 2 and 3 * D // 4)
+    decay_every: int = 0           # factor: a decay every this many steps after the warm-up (0: every D // 4)
+    decay_factor: float = STEP_FACTOR   # step, factor: the rate's multiplier at each decay
+    power: float = 2.0             # poly
+    final_lr: float = 0.0          # cosine: the rate it ends at
 
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
@@ -67,6 +78,12 @@ class Optimizer:
             raise ValueError(f"unknown lr schedule {self.schedule!r}; choose from {SCHEDULES}")
         if not 0 <= self.warmup_steps <= self.total_steps:
             raise ValueError(f"{self.warmup_steps} warm-up steps for a run of {self.total_steps}")
+        if list(self.decay_at) != sorted(set(self.decay_at)) or any(m < self.warmup_steps for m in self.decay_at):
+            raise ValueError(f"milestones {tuple(self.decay_at)}: increasing, none inside the {self.warmup_steps}-step "
+                             "warm-up")
+        if (self.decay_every < 0 or not 0 < self.decay_factor <= 1 or self.power <= 0
+                or not 0 <= self.final_lr <= self.lr):
+            raise ValueError("a decay every >= 0 steps by a factor in (0, 1], a power > 0, a final rate in [0, lr]")
 
     @property
     def is_recipe(self):
@@ -91,17 +108,28 @@ class Optimizer:
 
     @property
     def milestones(self):
-        """The step schedule's two decays, in steps from the start of the run."""
-        return (self.warmup_steps + self.decay_steps // 2, self.warmup_steps + 3 * self.decay_steps // 4)
+        """The step schedule's decays, in steps from the start of the run: decay_at, or two by default."""
+        return tuple(self.decay_at) or (self.warmup_steps + self.decay_steps // 2,
+                                        self.warmup_steps + 3 * self.decay_steps // 4)
+
+    @property
+    def period(self):
+        """The factor schedule's steps between decays."""
+        return self.decay_every or max(self.decay_steps // 4, 1)
 
     def learning_rate(self, step):
         """The rate of the update numbered `step` (0-based)."""
         if step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
+        k = step - self.warmup_steps
         if self.schedule == "cosine":
-            return self.lr * (1 + math.cos(math.pi * (step - self.warmup_steps) / self.decay_steps)) / 2
+            return self.final_lr + (self.lr - self.final_lr) * (1 + math.cos(math.pi * k / self.decay_steps)) / 2
+        if self.schedule == "poly":
+            return self.lr * (1 - min(k, self.decay_steps) / max(self.decay_steps, 1)) ** self.power
+        if self.schedule == "factor":
+            return self.lr * self.decay_factor ** (k // self.period)
         if self.schedule == "step":
-            return self.lr * STEP_FACTOR ** sum(step >= m for m in self.milestones)
+            return self.lr * self.decay_factor ** sum(step >= m for m in self.milestones)
         return self.lr
 
     def clip_coefficient(self, grads):
@@ -122,7 +150,10 @@ def rate_changes(optimizer, done):
     before, with both rates: [(step, before, rate)]. A momentum buffer that holds the rate (MXNet's stock SGD, Keras's:
     v = mu * v - lr * g) and one that does not (torch's, the spec's) give one update only until the first of them."""
     first = max(done - 1, 0)
-    rates = [optimizer.learning_rate(t) for t in range(first, optimizer.total_steps)]
+    end = optimizer.total_steps   # the rate stays after it, but a factor schedule's, which decays on
+    if optimizer.schedule == "factor":
+        end = max(end, done + optimizer.period + 1)
+    rates = [optimizer.learning_rate(t) for t in range(first, end)]
     return [(first + k, rates[k - 1], rates[k]) for k in range(1, len(rates))
             if not math.isclose(rates[k], rates[k - 1], rel_tol=1e-12)]
 

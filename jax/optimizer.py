@@ -13,7 +13,7 @@ import optax
 from flax import nnx
 
 from common.layouts import to_channels_last
-from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer
+from common.optim import CLIP_EPS, Optimizer
 from common.resnet import PARAM_NAMES as RESNET_PARAMS
 
 from .lenet import LeNet
@@ -93,10 +93,14 @@ def get_schedule(optimizer, port="canonical"):
     if port == "stock" and o.schedule == "constant" and not o.warmup_steps:
         return o.lr
     if o.schedule == "cosine":
-        after = optax.cosine_decay_schedule(o.lr, max(o.decay_steps, 1))
+        after = optax.cosine_decay_schedule(o.lr, max(o.decay_steps, 1), alpha=o.final_lr / o.lr)
     elif o.schedule == "step":   # both milestones may fall on one step in a short run: their factors multiply
-        after = optax.piecewise_constant_schedule(o.lr, {m - o.warmup_steps: STEP_FACTOR ** n
+        after = optax.piecewise_constant_schedule(o.lr, {m - o.warmup_steps: o.decay_factor ** n
                                                          for m, n in collections.Counter(o.milestones).items()})
+    elif o.schedule == "factor":
+        after = optax.exponential_decay(o.lr, o.period, o.decay_factor, staircase=True)
+    elif o.schedule == "poly":
+        after = optax.polynomial_schedule(o.lr, 0.0, o.power, max(o.decay_steps, 1))
     else:
         after = optax.constant_schedule(o.lr)
     if not o.warmup_steps:

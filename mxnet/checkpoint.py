@@ -18,8 +18,8 @@ from common.lenet import PARAM_NAMES, init_weights
 from . import resnet as resnet_model
 from .idiomatic import canonical_names
 from .lenet import build_model
-from .optimizer import (EXACT, adam_gap, buffers, get_trainer, rate_change_gap, stock_port, told, trainer_order,
-                        updater_state)
+from .optimizer import (EXACT, adam_gap, buffers, get_trainer, rate_change_gap, schedule_gap, stock_port, told,
+                        trainer_order, updater_state)
 
 KEYS = dict(zip(PARAM_NAMES, (f"{block}.{part}" for block in (0, 3, 6, 7) for part in ("weight", "bias"))))
 CHANNELS_LAST = False   # MXNet's layout is the canonical one
@@ -107,12 +107,14 @@ def read_optimizer(path, accept_gap=False):
     """The optimizer the file pickled (save_states dumps it with the states), as common.optim's (optimizer.told),
     and the line that says what differs where it is read across a convention gap it was told to accept (else None)."""
     updater = saved_updater(path)
-    optimizer = told(updater.optimizer, accept_gap)
-    if type(updater.optimizer) is not mx.optimizer.Adam:
-        return optimizer, rate_change_gap(updater.optimizer, optimizer)
-    return optimizer, (f"MXNet's stock Adam adds epsilon to the uncorrected sqrt(v): continued by torch's or Optax's "
-                       f"Adam, the next update differs by {adam_gap(updater.optimizer, updater.states):.1e} of its "
-                       "size (Keras's Adam computes MXNet's)")
+    mx_optimizer = updater.optimizer
+    optimizer = told(mx_optimizer, accept_gap)
+    gaps = [gap(mx_optimizer, optimizer) for gap in (schedule_gap, rate_change_gap)]
+    if type(mx_optimizer) is mx.optimizer.Adam:
+        gaps.insert(0, f"MXNet's stock Adam adds epsilon to the uncorrected sqrt(v): continued by torch's or Optax's "
+                       f"Adam, the next update differs by {adam_gap(mx_optimizer, updater.states):.1e} of its size "
+                       "(Keras's Adam computes MXNet's)")
+    return optimizer, "; ".join(gap for gap in gaps if gap) or None
 
 
 def saved_updater(path):

@@ -122,40 +122,71 @@ class AdamW(Adam):
                                 beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon * math.sqrt(c2))
 
 
-class CosineScheduler(mx.lr_scheduler.CosineScheduler):
+class OneUpdateLate:
     """The optimizer asks the schedule for the rate of num_update, which counts the update being made (the first is
     1): the stock warm-up, lr * num_update / W, is torch's LinearLR from 1 / W, and num_update = W is the warm-up's
-    last, lr. The stock cosine starts there, at W; torch's CosineAnnealingLR starts one update later, at W + 1
-    (SequentialLR restarts it after the warm-up's W updates). So after the warm-up, the stock curve one update late."""
+    last, lr. MXNet's cosine and polynomial start there, at W; torch's CosineAnnealingLR and PolynomialLR start one
+    update later, at W + 1 (SequentialLR restarts them after the warm-up's W updates). So after the warm-up, the
+    stock curve one update late."""
 
     def __call__(self, num_update):
         return super().__call__(num_update if num_update <= self.warmup_steps else num_update - 1)
 
 
-def get_schedule(optimizer, cosine=CosineScheduler):
+class CosineScheduler(OneUpdateLate, mx.lr_scheduler.CosineScheduler):
+    """MXNet's cosine, one update late (OneUpdateLate): torch's CosineAnnealingLR."""
+
+
+class PolyScheduler(OneUpdateLate, mx.lr_scheduler.PolyScheduler):
+    """MXNet's polynomial, one update late (OneUpdateLate): torch's PolynomialLR."""
+
+
+class FactorScheduler(mx.lr_scheduler.FactorScheduler):
+    """MXNet's FactorScheduler counts its decays from update 0, through the warm-up; torch's StepLR (after
+    SequentialLR's warm-up) and Keras's and Optax's joined schedules count them from the warm-up's end, as the spec.
+    Update num_update >= W is the spec's step num_update - 1, its k-th after the warm-up (W itself, the warm-up's
+    last, is lr). No floor (the stock stop_factor_lr)."""
+
+    def __call__(self, num_update):
+        if num_update < self.warmup_steps:
+            return self.get_warmup_lr(num_update)
+        return self.warmup_final_lr * self.factor ** (max(num_update - 1 - self.warmup_steps, 0) // self.step)
+
+
+# The schedules each port builds (CLASSES below says what a port is): this module's classes compute common/optim.py's
+# rates, MXNet's stock ones decay one update early (cosine, polynomial) or count a factor's decays through the warm-up
+SCHEDULERS = {"canonical": {"cosine": CosineScheduler, "poly": PolyScheduler, "factor": FactorScheduler},
+              "stock": {"cosine": mx.lr_scheduler.CosineScheduler, "poly": mx.lr_scheduler.PolyScheduler,
+                        "factor": mx.lr_scheduler.FactorScheduler}}
+
+
+def get_schedule(optimizer, port="canonical"):
     """common/optim.py's rates from MXNet's schedules, driven by the optimizer's num_update (once per step: with
     several contexts each has its own update counts, and num_update is their maximum). The warm-up is every
     scheduler's own (warmup_steps, from warmup_begin_lr 0). MultiFactorScheduler decays once num_update passes a
     step, as MultiStepLR at a milestone; a FactorScheduler that never decays (factor 1) is the constant rate, and
     the whole schedule when the warm-up is the whole run (MXNet's cosine would divide by its 0 decay steps)."""
-    o, warmup = optimizer, optimizer.warmup_steps
+    o, warmup, own = optimizer, optimizer.warmup_steps, SCHEDULERS[port]
     if o.schedule == "cosine" and o.decay_steps:
-        return cosine(max_update=o.total_steps, base_lr=o.lr, final_lr=0.0, warmup_steps=warmup)
+        return own["cosine"](max_update=o.total_steps, base_lr=o.lr, final_lr=o.final_lr, warmup_steps=warmup)
+    if o.schedule == "poly" and o.decay_steps:
+        return own["poly"](max_update=o.total_steps, base_lr=o.lr, pwr=o.power, warmup_steps=warmup)
     if o.schedule == "step" and o.decay_steps:
-        return mx.lr_scheduler.MultiFactorScheduler(step=list(o.milestones), factor=STEP_FACTOR, base_lr=o.lr,
+        return mx.lr_scheduler.MultiFactorScheduler(step=list(o.milestones), factor=o.decay_factor, base_lr=o.lr,
                                                     warmup_steps=warmup)
+    if o.schedule == "factor":
+        return own["factor"](step=o.period, factor=o.decay_factor, base_lr=o.lr, warmup_steps=warmup)
     return mx.lr_scheduler.FactorScheduler(step=o.total_steps, factor=1.0, base_lr=o.lr, warmup_steps=warmup)
 
 
 # The classes each optimizer is built with: "canonical" computes common/optim.py; "stock" is a straightforward port,
 # MXNet's own classes given the same hyperparameters (its momentum and NAG with the rate in the buffer, its Adam's
-# epsilon, no AdamW: Adam whose wd is L2 in the gradient) and its stock cosine schedule. Both clip by global norm
+# epsilon, no AdamW: Adam whose wd is L2 in the gradient) and its stock schedules. Both clip by global norm
 # (Trainer, below): no stock class does, and clip_gradient, which clips each element, is another operation.
 CLASSES = {"canonical": {"sgd": mx.optimizer.SGD, "momentum": Momentum, "nesterov": Nesterov, "adam": Adam,
                          "adamw": AdamW},
            "stock": {"sgd": mx.optimizer.SGD, "momentum": mx.optimizer.SGD, "nesterov": mx.optimizer.NAG,
                      "adam": mx.optimizer.Adam, "adamw": mx.optimizer.Adam}}
-COSINES = {"canonical": CosineScheduler, "stock": mx.lr_scheduler.CosineScheduler}
 
 
 def get_optimizer(optimizer, port="canonical", step=0):
@@ -169,7 +200,7 @@ def get_optimizer(optimizer, port="canonical", step=0):
     else:
         hyper = {"momentum": 0.0 if o.name == "sgd" else o.momentum}
     return CLASSES[port][o.name](learning_rate=o.lr, wd=o.weight_decay, begin_num_update=step,
-                                 lr_scheduler=get_schedule(o, COSINES[port]), **hyper)
+                                 lr_scheduler=get_schedule(o, port), **hyper)
 
 
 def slots(mx_optimizer):
@@ -242,28 +273,70 @@ def told(mx_optimizer, accept_gap=False):
                          "this project's momentum, nesterov, adam, adamw)")
     hyper = {"betas": (o.beta1, o.beta2), "eps": o.epsilon} if names[kind] in ("adam", "adamw") else \
         {"momentum": o.momentum} if names[kind] != "sgd" else {}
-    s, schedule = o.lr_scheduler, None
-    linear = s is not None and s.warmup_begin_lr == 0 and s.warmup_mode == "linear"
-    if s is None:
-        schedule = {"total_steps": max(int(o.num_update), 1)}
-    elif isinstance(s, CosineScheduler) and s.final_lr == 0 and linear:
-        schedule = {"schedule": "cosine", "total_steps": s.max_update, "warmup_steps": s.warmup_steps}
-    elif type(s) is mx.lr_scheduler.FactorScheduler and s.factor == 1.0 and linear:
-        schedule = {"total_steps": max(s.step, s.warmup_steps), "warmup_steps": s.warmup_steps}
-    elif type(s) is mx.lr_scheduler.MultiFactorScheduler and s.factor == STEP_FACTOR and linear and len(s.step) == 2:
-        w = s.warmup_steps   # the run's length whose milestones these are (get_schedule's), if there is one
-        lengths = (w + 2 * (s.step[0] - w), w + 2 * (s.step[0] - w) + 1)   # D // 2 = step[0] - w
-        fits = [n for n in lengths if Optimizer(schedule="step", total_steps=n, warmup_steps=w).milestones
-                == tuple(s.step)]
-        schedule = {"schedule": "step", "total_steps": fits[0], "warmup_steps": w} if fits else None
-    if schedule is None:
-        raise ValueError(f"its schedule, MXNet's {type(s).__name__}, is not carried yet: only a constant rate (with a "
-                         "linear warm-up from 0) and this project's cosine and step schedules have an exact equivalent")
+    schedule = told_schedule(o.lr_scheduler, int(o.num_update))
     optimizer = Optimizer(names[kind], lr=float(o.lr), weight_decay=float(o.wd), **hyper, **schedule)
-    gap = rate_change_gap(o, optimizer)
+    gap = schedule_gap(o, optimizer) or rate_change_gap(o, optimizer)
     if gap and not accept_gap:
         raise ValueError(f"{gap} (--accept-gap converts it anyway)")
     return optimizer
+
+
+def told_schedule(s, done):
+    """common.optim.Optimizer's schedule fields for an MXNet lr_scheduler (None: a constant rate) after `done`
+    updates: this module's classes (get_schedule's) and MXNet's stock ones, whose parameters each map onto the spec's
+    (schedule_gap says where the stock ones compute another rate). A warm-up other than linear from 0, a
+    polynomial that ends above 0 (torch's PolynomialLR cannot) or a milestone inside the warm-up: a ValueError."""
+    if s is None:
+        return {"total_steps": max(done, 1)}
+    kind, w = type(s), s.warmup_steps
+    if s.warmup_begin_lr != 0 or s.warmup_mode != "linear":
+        raise ValueError(f"its {kind.__name__}'s warm-up ({s.warmup_mode} from {s.warmup_begin_lr:g}) is not carried: "
+                         "only a linear one from 0 has an equivalent in every framework")
+    if kind in (CosineScheduler, mx.lr_scheduler.CosineScheduler):
+        return {"schedule": "cosine", "final_lr": float(s.final_lr), "total_steps": s.max_update, "warmup_steps": w}
+    if kind in (PolyScheduler, mx.lr_scheduler.PolyScheduler):
+        if s.final_lr:
+            raise ValueError(f"its PolyScheduler ends at {s.final_lr:g}, and torch.optim's PolynomialLR at 0")
+        return {"schedule": "poly", "power": float(s.power), "total_steps": s.max_update, "warmup_steps": w}
+    if kind in (FactorScheduler, mx.lr_scheduler.FactorScheduler) and s.factor == 1.0:
+        return {"total_steps": max(s.step, w), "warmup_steps": w}
+    if kind in (FactorScheduler, mx.lr_scheduler.FactorScheduler):
+        return {"schedule": "factor", "decay_every": s.step, "decay_factor": float(s.factor),
+                "total_steps": max(done, w, 1), "warmup_steps": w}
+    if kind is mx.lr_scheduler.MultiFactorScheduler:
+        if s.step[0] < w:
+            raise ValueError(f"its MultiFactorScheduler decays at update {s.step[0] + 1}, inside its {w}-update "
+                             "warm-up, which no other framework's schedule does")
+        n = w + 2 * (s.step[0] - w)   # the run's length whose default milestones these are (get_schedule's): D // 2
+        fits = [n for n in (n, n + 1) if Optimizer(schedule="step", total_steps=n, warmup_steps=w).milestones
+                == tuple(s.step)] if s.factor == STEP_FACTOR else []
+        if fits:
+            return {"schedule": "step", "total_steps": fits[0], "warmup_steps": w}
+        return {"schedule": "step", "decay_at": tuple(s.step), "decay_factor": float(s.factor),
+                "total_steps": max(s.step[-1] + 1, done, w), "warmup_steps": w}
+    raise ValueError(f"its schedule, MXNet's {kind.__name__}, is not one the converter carries (FactorScheduler, "
+                     "MultiFactorScheduler, PolyScheduler, CosineScheduler)")
+
+
+def schedule_gap(mx_optimizer, optimizer):
+    """Where MXNet's stock schedule computes another rate than the spec's (torch's, Keras's and Optax's stock
+    schedules) from the `done` updates made on, what differs and by how much, or None. Its cosine and polynomial
+    run one update ahead after the warm-up (OneUpdateLate); its FactorScheduler counts its decays from update 0,
+    through the warm-up, theirs from the warm-up's end."""
+    s, done = mx_optimizer.lr_scheduler, int(mx_optimizer.num_update)
+    kind, o = type(s), optimizer
+    if kind in (mx.lr_scheduler.CosineScheduler, mx.lr_scheduler.PolyScheduler):
+        ahead = [abs(o.learning_rate(t) - (o.learning_rate(t + 1) if t >= o.warmup_steps else o.learning_rate(t)))
+                 for t in range(done, o.total_steps)]   # the spec's step t is MXNet's update t + 1
+        if ahead and max(ahead):
+            return (f"MXNet's stock {kind.__name__} is one update ahead of torch's, Keras's and Optax's after its "
+                    "warm-up (its update n has their rate of update n + 1): continued by them, the rate differs by "
+                    f"up to {max(ahead) / o.lr:.1%} of the base rate over the {len(ahead)} updates left")
+    if kind is mx.lr_scheduler.FactorScheduler and s.factor != 1.0 and s.warmup_steps:
+        return (f"MXNet's stock FactorScheduler counts its decays from update 0, through its {s.warmup_steps}-update "
+                "warm-up; torch's StepLR, Keras's ExponentialDecay and Optax's exponential_decay after a warm-up count "
+                f"them from its end: continued by them, each decay comes {s.warmup_steps} updates later")
+    return None
 
 
 def rate_change_gap(mx_optimizer, optimizer):

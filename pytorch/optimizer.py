@@ -8,7 +8,7 @@ import torch
 from torch.optim import lr_scheduler
 
 from common import lenet, resnet
-from common.optim import CLIP_EPS, STEP_FACTOR
+from common.optim import CLIP_EPS
 
 
 def init_state(replica, optimizer):
@@ -150,9 +150,13 @@ def get_schedule(torch_optimizer, optimizer):
     run, the scheduler.step() after the last update still starts the cosine (cos(pi * 0 / 0) otherwise)."""
     o, warmup = optimizer, optimizer.warmup_steps
     if o.schedule == "cosine":
-        after = lr_scheduler.CosineAnnealingLR(torch_optimizer, T_max=max(o.decay_steps, 1))
+        after = lr_scheduler.CosineAnnealingLR(torch_optimizer, T_max=max(o.decay_steps, 1), eta_min=o.final_lr)
     elif o.schedule == "step":
-        after = lr_scheduler.MultiStepLR(torch_optimizer, [m - warmup for m in o.milestones], gamma=STEP_FACTOR)
+        after = lr_scheduler.MultiStepLR(torch_optimizer, [m - warmup for m in o.milestones], gamma=o.decay_factor)
+    elif o.schedule == "factor":
+        after = lr_scheduler.StepLR(torch_optimizer, step_size=o.period, gamma=o.decay_factor)
+    elif o.schedule == "poly":
+        after = lr_scheduler.PolynomialLR(torch_optimizer, total_iters=max(o.decay_steps, 1), power=o.power)
     else:
         after = lr_scheduler.ConstantLR(torch_optimizer, factor=1.0)   # the rate as it is
     if not warmup:

@@ -9,7 +9,7 @@ import tensorflow as tf
 from common.interface import RosettaError
 from common.layouts import to_canonical, to_channels_last
 from common.loss_scaling import LossScaling
-from common.optim import CLIP_EPS, STEP_FACTOR
+from common.optim import CLIP_EPS
 
 keras = tf.keras
 
@@ -162,15 +162,20 @@ class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def get_schedule(o):
-    """The spec's rate as a Keras schedule: CosineDecay (alpha 0: torch's CosineAnnealingLR to 0) or
-    PiecewiseConstantDecay (which moves on AFTER a boundary step: the boundaries are the milestones - 1) over the steps
-    after the warm-up, behind WarmUp. The optimizer's own step count (its `iterations`) drives it."""
-    after = o.lr
-    if o.schedule == "cosine":
-        after = keras.optimizers.schedules.CosineDecay(o.lr, max(o.decay_steps, 1))   # Keras refuses 0 steps
+    """The spec's rate as a Keras schedule: CosineDecay (alpha final_lr / lr: torch's CosineAnnealingLR to eta_min),
+    PiecewiseConstantDecay (which moves on AFTER a boundary step: the boundaries are the milestones - 1),
+    ExponentialDecay with staircase (torch's StepLR) or PolynomialDecay to 0 over the steps after the warm-up, behind
+    WarmUp. The optimizer's own step count (its `iterations`) drives it."""
+    after, schedules = o.lr, keras.optimizers.schedules
+    if o.schedule == "cosine":   # Keras refuses 0 steps
+        after = schedules.CosineDecay(o.lr, max(o.decay_steps, 1), alpha=o.final_lr / o.lr)
     elif o.schedule == "step":
-        after = keras.optimizers.schedules.PiecewiseConstantDecay(
-            [m - o.warmup_steps - 1 for m in o.milestones], [o.lr, o.lr * STEP_FACTOR, o.lr * STEP_FACTOR ** 2])
+        after = schedules.PiecewiseConstantDecay([m - o.warmup_steps - 1 for m in o.milestones],
+                                                 [o.lr * o.decay_factor ** i for i in range(len(o.milestones) + 1)])
+    elif o.schedule == "factor":
+        after = schedules.ExponentialDecay(o.lr, o.period, o.decay_factor, staircase=True)
+    elif o.schedule == "poly":
+        after = schedules.PolynomialDecay(o.lr, max(o.decay_steps, 1), 0.0, power=o.power)
     return WarmUp(o.lr, o.warmup_steps, after) if o.warmup_steps else after
 
 
@@ -189,7 +194,8 @@ def stock(o):
     """What a straightforward port gets: the same hyperparameters given to Keras's stock classes, Keras's defaults
     and meanings for the rest: the rate inside the momentum buffer, weight_decay decoupled on every optimizer,
     epsilon 1e-7 on the uncorrected moments, CosineDecay's warm-up from 0 (as its documentation shows), the
-    milestones as PiecewiseConstantDecay's boundaries, and no warm-up where Keras has none (step, constant)."""
+    milestones as PiecewiseConstantDecay's boundaries, and no warm-up where Keras has none (step, factor, poly,
+    constant)."""
     rate = o.lr
     if o.schedule == "cosine" and o.warmup_steps:
         rate = keras.optimizers.schedules.CosineDecay(0.0, max(o.decay_steps, 1), warmup_target=o.lr,
@@ -198,7 +204,11 @@ def stock(o):
         rate = keras.optimizers.schedules.CosineDecay(o.lr, o.decay_steps)
     elif o.schedule == "step":
         rate = keras.optimizers.schedules.PiecewiseConstantDecay(
-            list(o.milestones), [o.lr, o.lr * STEP_FACTOR, o.lr * STEP_FACTOR ** 2])
+            list(o.milestones), [o.lr * o.decay_factor ** i for i in range(len(o.milestones) + 1)])
+    elif o.schedule == "factor":
+        rate = keras.optimizers.schedules.ExponentialDecay(o.lr, o.period, o.decay_factor, staircase=True)
+    elif o.schedule == "poly":
+        rate = keras.optimizers.schedules.PolynomialDecay(o.lr, max(o.decay_steps, 1), 0.0, power=o.power)
     options = {"learning_rate": rate, "weight_decay": o.weight_decay, "global_clipnorm": o.clip_norm}
     if o.name == "adamw":
         return keras.optimizers.AdamW(beta_1=o.betas[0], beta_2=o.betas[1], **options)

@@ -80,6 +80,15 @@ def devices_first():
         fw.get_devices()
 
 
+# Every schedule with its parameters given (the frameworks' rate tests run each over optim.SCHEDULES with their
+# defaults too), for a run of 24 steps with a warm-up of up to 5: the first milestone at the warm-up's end, three
+# decays by half, a factor's every 3 steps, a power that is not the default, a cosine to a floor
+EXPLICIT_SCHEDULES = [{"schedule": "step", "decay_at": (5, 9, 17), "decay_factor": 0.5},
+                      {"schedule": "factor", "decay_every": 3, "decay_factor": 0.5},
+                      {"schedule": "poly", "power": 1.5},
+                      {"schedule": "cosine", "final_lr": 1e-3}]
+
+
 @functools.cache
 def scratch(name, network="lenet", layout="default", sync=False, level="default", bucket_bytes=None, precision="fp32"):
     """(model, settings) of a framework's scratch step: the network's Functional (lenet.py's, or resnet.py's with

@@ -6,7 +6,7 @@ import pytest
 
 from common import optim
 from common.lenet import PARAM_SHAPES, init_weights
-from conftest import framework_or_skip, replicas_of, scratch, train_steps, weights_of
+from conftest import EXPLICIT_SCHEDULES, framework_or_skip, replicas_of, scratch, train_steps, weights_of
 from harness.loader import load_module
 
 STEPS, BATCH = 12, 128
@@ -78,13 +78,18 @@ def test_optax_computes_the_spec(jax_fw, name):
     assert_close(lenet.to_numpy(params), want, 1e-6)
 
 
-@pytest.mark.parametrize("schedule", optim.SCHEDULES)
-@pytest.mark.parametrize("warmup,total", [(0, 24), (1, 24), (5, 24), (5, 6), (5, 7), (3, 3), (10, 2000)])
-def test_optax_schedules_give_the_spec_rates(jax_fw, schedule, warmup, total):
+RUNS = [(0, 24), (1, 24), (5, 24), (5, 6), (5, 7), (3, 3), (10, 2000)]   # (warm-up, total)
+CASES = [({"schedule": schedule}, warmup, total) for schedule in optim.SCHEDULES for warmup, total in RUNS] + \
+    [(given, warmup, 24) for given in EXPLICIT_SCHEDULES for warmup in (0, 5)]   # given: over a run they fit
+
+
+@pytest.mark.parametrize("given,warmup,total", CASES, ids=[
+    f"{g['schedule']}{'-given' if len(g) > 1 else ''}-warmup{w}-{t}steps" for g, w, t in CASES])
+def test_optax_schedules_give_the_spec_rates(jax_fw, given, warmup, total):
     """Optax's count is 0 at the first update, as the spec's step; the warm-up is lr (step + 1) / W, and in a
     short run both of the step schedule's milestones can fall on one step."""
     optimizer = load_module("jax", "optimizer")
-    o = optim.Optimizer("sgd", 0.02, schedule=schedule, warmup_steps=warmup, total_steps=total)
+    o = optim.Optimizer("sgd", 0.02, warmup_steps=warmup, total_steps=total, **given)
     rate = optimizer.get_schedule(o)
     got = np.array([float(rate(t)) for t in range(total)])
     want = [o.learning_rate(t) for t in range(total)]

@@ -6,7 +6,7 @@ import pytest
 
 from common import RosettaError, optim
 from common.lenet import init_weights
-from conftest import framework_or_skip
+from conftest import EXPLICIT_SCHEDULES, framework_or_skip
 from harness.loader import load_module
 
 
@@ -16,18 +16,22 @@ def mx_optimizer():
     return load_module("mxnet", "optimizer")
 
 
-@pytest.mark.parametrize("warmup", [0, 5, 24])
-@pytest.mark.parametrize("schedule", optim.SCHEDULES)
-def test_the_schedules_give_the_spec_rate_at_every_update(mx_optimizer, schedule, warmup):
+RATE_CASES = [({"schedule": schedule}, warmup) for schedule in optim.SCHEDULES for warmup in (0, 5, 24)] + \
+    [(given, warmup) for given in EXPLICIT_SCHEDULES for warmup in (0, 5)]   # given: a warm-up they fit
+
+
+@pytest.mark.parametrize("given,warmup", RATE_CASES, ids=[
+    f"{g['schedule']}{'-given' if len(g) > 1 else ''}-warmup{w}" for g, w in RATE_CASES])
+def test_the_schedules_give_the_spec_rate_at_every_update(mx_optimizer, given, warmup):
     """The optimizer asks for the rate of num_update, 1 for the first update (step 0)."""
-    o = optim.Optimizer("momentum", 0.1, schedule=schedule, warmup_steps=warmup, total_steps=24)
+    o = optim.Optimizer("momentum", 0.1, warmup_steps=warmup, total_steps=24, **given)
     rates = mx_optimizer.get_schedule(o)
     assert [rates(step + 1) for step in range(24)] == pytest.approx([o.learning_rate(s) for s in range(24)], abs=1e-12)
 
 
 def test_the_stock_cosine_decays_one_update_early(mx_optimizer):
     o = optim.Optimizer("momentum", 0.1, schedule="cosine", warmup_steps=5, total_steps=24)
-    stock = mx_optimizer.get_schedule(o, mx_optimizer.mx.lr_scheduler.CosineScheduler)
+    stock = mx_optimizer.get_schedule(o, "stock")
     assert [stock(step + 1) for step in range(5)] == pytest.approx([o.learning_rate(s) for s in range(5)])
     assert stock(6) == pytest.approx(o.learning_rate(6)) and stock(6) < o.learning_rate(5)
 
@@ -103,15 +107,21 @@ def test_the_idiomatic_loop_builds_a_stock_port(mx_optimizer):
         idiomatic.get_model(init_weights(0), fw.get_devices(1), o, port="naive")
 
 
+SCHEDULES = [("constant", 0, 1, {}), ("constant", 5, 24, {}), ("step", 5, 24, {}), ("step", 0, 37, {}),
+             ("cosine", 5, 24, {}), ("factor", 5, 24, {}), ("poly", 5, 24, {})] + \
+    [(explicit["schedule"], 5, 24, explicit) for explicit in EXPLICIT_SCHEDULES]
+
+
 @pytest.mark.parametrize("name", optim.OPTIMIZERS)
-@pytest.mark.parametrize("schedule,warmup,total", [("constant", 0, 1), ("constant", 5, 24), ("step", 5, 24),
-                                                   ("step", 0, 37), ("cosine", 5, 24)])
-def test_an_optimizer_a_trainer_pickles_is_told_back_as_it_was_built(mx_optimizer, name, schedule, warmup, total):
+@pytest.mark.parametrize("schedule,warmup,total,explicit", SCHEDULES,
+                         ids=[f"{s}-{w}-{t}{'-given' if e else ''}" for s, w, t, e in SCHEDULES])
+def test_an_optimizer_a_trainer_pickles_is_told_back_as_it_was_built(mx_optimizer, name, schedule, warmup, total,
+                                                                     explicit):
     """What a converter reads from a save_states file (optimizer.told) is the common.optim.Optimizer the classes
     were built from: its name, rate, decay, momentum or betas and eps, and its schedule, rate for rate (a step
-    schedule's milestones fit two run lengths, 36 and 37 steps alike)."""
-    o = optim.Optimizer(name, 0.05, momentum=0.8, weight_decay=1e-4, schedule=schedule, warmup_steps=warmup,
-                        total_steps=total, betas=(0.85, 0.99), eps=1e-7)
+    schedule's milestones fit two run lengths, 36 and 37 steps alike), with its parameters given or not."""
+    o = optim.Optimizer(name, 0.05, momentum=0.8, weight_decay=1e-4, warmup_steps=warmup, total_steps=total,
+                        betas=(0.85, 0.99), eps=1e-7, **{"schedule": schedule, **explicit})
     told = mx_optimizer.told(mx_optimizer.get_optimizer(o))
     same = ("name", "schedule", "warmup_steps", "lr", "weight_decay") + \
         (("betas", "eps") if name in ("adam", "adamw") else ("momentum",) if name != "sgd" else ())

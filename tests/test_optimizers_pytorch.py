@@ -7,7 +7,7 @@ import torch
 
 from common import optim
 from common.lenet import init_weights
-from conftest import framework_or_skip, replicas_of, train_steps, weights_of
+from conftest import EXPLICIT_SCHEDULES, framework_or_skip, replicas_of, train_steps, weights_of
 from harness.loader import load_module
 
 
@@ -19,14 +19,19 @@ def pytorch():
 RUNS = [(1, 0), (1, 1), (2, 1), (7, 0), (7, 1), (7, 2), (24, 5), (24, 23), (24, 24), (1000, 37)]   # (total, warm-up)
 
 
+# Every schedule with its defaults over RUNS, and with its parameters given over a run they fit
+CASES = [({"schedule": schedule}, total, warmup) for schedule in optim.SCHEDULES for total, warmup in RUNS] + \
+    [(given, 24, warmup) for given in EXPLICIT_SCHEDULES for warmup in (0, 5)]
+
+
 @pytest.mark.filterwarnings("error")   # e.g. "lr_scheduler.step() before optimizer.step()"
-@pytest.mark.parametrize("schedule", optim.SCHEDULES)
-@pytest.mark.parametrize("total,warmup", RUNS, ids=[f"{t}steps-warmup{w}" for t, w in RUNS])
-def test_the_scheduler_gives_the_spec_rate_at_every_step(pytorch, schedule, total, warmup):
-    """The rate of each optimizer.step(), one scheduler.step() after it: LinearLR's and CosineAnnealingLR's
-    recursive forms stay within rounding of the spec's closed forms, SequentialLR switches on time, and a run that
-    ends with its warm-up still steps the schedule once more."""
-    o = optim.Optimizer("momentum", 0.3, schedule=schedule, warmup_steps=warmup, total_steps=total)
+@pytest.mark.parametrize("given,total,warmup", CASES, ids=[
+    f"{g['schedule']}{'-given' if len(g) > 1 else ''}-{t}steps-warmup{w}" for g, t, w in CASES])
+def test_the_scheduler_gives_the_spec_rate_at_every_step(pytorch, given, total, warmup):
+    """The rate of each optimizer.step(), one scheduler.step() after it: LinearLR's, CosineAnnealingLR's and
+    PolynomialLR's recursive forms stay within rounding of the spec's closed forms, SequentialLR switches on time,
+    and a run that ends with its warm-up still steps the schedule once more."""
+    o = optim.Optimizer("momentum", 0.3, warmup_steps=warmup, total_steps=total, **given)
     p = torch.nn.Parameter(torch.zeros(1))
     trainer = load_module("pytorch", "optimizer").get_trainer([p], o)
     for step in range(total):

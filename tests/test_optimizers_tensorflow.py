@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from common import optim
-from conftest import framework_or_skip
+from conftest import EXPLICIT_SCHEDULES, framework_or_skip
 from harness.loader import load_module
 
 
@@ -17,10 +17,11 @@ def fw():
     return fw
 
 
-@pytest.mark.parametrize("schedule", optim.SCHEDULES)
+@pytest.mark.parametrize("given", [{"schedule": s} for s in optim.SCHEDULES] + EXPLICIT_SCHEDULES,
+                         ids=list(optim.SCHEDULES) + [f"{e['schedule']}-given" for e in EXPLICIT_SCHEDULES])
 @pytest.mark.parametrize("warmup", [0, 1, 5])
-def test_the_keras_schedule_is_the_spec_rate_at_every_step(fw, schedule, warmup):
-    o = optim.Optimizer("momentum", 0.02, schedule=schedule, warmup_steps=warmup, total_steps=24)
+def test_the_keras_schedule_is_the_spec_rate_at_every_step(fw, given, warmup):
+    o = optim.Optimizer("momentum", 0.02, warmup_steps=warmup, total_steps=24, **given)
     rate = load_module("tensorflow", "optimizer").get_schedule(o)
     for step in range(o.total_steps):
         got = float(rate(step)) if callable(rate) else rate

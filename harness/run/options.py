@@ -53,7 +53,8 @@ def parse_args(argv, description=None):
     g.add_argument("--weight-decay", type=float, default=default("weight_decay"),
                    help="L2 added to the gradient; decoupled (w -= lr * wd * w) for adamw")
     g.add_argument("--lr-schedule", choices=SCHEDULES, default=default("lr_schedule"),
-                   help="per step: constant, step (x0.1 at 1/2 and 3/4 of the steps after warm-up), cosine (to 0)")
+                   help="per step: constant, step (x0.1 at 1/2 and 3/4 of the steps after warm-up), cosine (to 0), "
+                        "factor (x0.1 every 1/4 of them), poly (power 2, to 0)")
     g.add_argument("--warmup-epochs", type=float, default=default("warmup_epochs"),
                    help="linear warm-up, per step, from lr / warm-up steps to lr")
     g.add_argument("--clip-norm", type=float, help="clip the all-reduced mean gradient to this global norm")

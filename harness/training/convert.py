@@ -152,7 +152,11 @@ def hyperparameters(o):
     own = {"sgd": "", "momentum": f", momentum {o.momentum:g}", "nesterov": f", nesterov momentum {o.momentum:g}",
            "adam": f", betas {o.betas}, eps {o.eps:g}", "adamw": f", betas {o.betas}, eps {o.eps:g}"}[o.name]
     warmup = f" after {o.warmup_steps} warm-up steps" if o.warmup_steps else ""
-    return f"lr {o.lr:g}{own}, weight decay {o.weight_decay:g}, {o.schedule} rate{warmup}"
+    shape = {"constant": "", "step": f" (x{o.decay_factor:g} at steps {', '.join(map(str, o.milestones))})",
+             "factor": f" (x{o.decay_factor:g} every {o.period} steps)",
+             "poly": f" (power {o.power:g} to 0 at step {o.total_steps})",
+             "cosine": f" (to {o.final_lr:g} at step {o.total_steps})"}[o.schedule]
+    return f"lr {o.lr:g}{own}, weight decay {o.weight_decay:g}, {o.schedule} rate{shape}{warmup}"
 
 
 def optimizer_of(state):
