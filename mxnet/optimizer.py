@@ -239,9 +239,13 @@ def stock_buffer(mx_optimizer, array):
 def stock_port(optimizer):
     """Whether MXNet's stock classes compute `optimizer` (common.optim's) from where a state leaves it: SGD, and
     momentum and nesterov as the stock SGD and NAG (the rate in the buffer: the same update while the rate stays,
-    each its own definition after a change), on the stock schedules (a constant rate, a warm-up, the step
-    schedule's MultiFactorScheduler). Not Adam (its epsilon), AdamW (no class) or the cosine (one update late)."""
-    return optimizer.name in ("sgd", "momentum", "nesterov") and optimizer.schedule != "cosine"
+    each its own definition after a change), on the stock schedules that give the spec's rates (a constant rate,
+    a warm-up, the step schedule's MultiFactorScheduler, a FactorScheduler without a warm-up). Not Adam (its
+    epsilon), AdamW (no class), the cosine or the polynomial (one update ahead: OneUpdateLate), or a factor schedule
+    after a warm-up (its decays counted through it)."""
+    schedule, warmup = optimizer.schedule, optimizer.warmup_steps
+    return (optimizer.name in ("sgd", "momentum", "nesterov") and schedule not in ("cosine", "poly")
+            and not (schedule == "factor" and warmup))
 
 
 def adam_gap(mx_optimizer, states):

@@ -36,6 +36,17 @@ def test_the_stock_cosine_decays_one_update_early(mx_optimizer):
     assert stock(6) == pytest.approx(o.learning_rate(6)) and stock(6) < o.learning_rate(5)
 
 
+@pytest.mark.parametrize("given,warmup", RATE_CASES, ids=[
+    f"{g['schedule']}{'-given' if len(g) > 1 else ''}-warmup{w}" for g, w in RATE_CASES])
+def test_a_file_for_stock_gluon_code_is_written_only_where_its_schedule_is_the_spec_s(mx_optimizer, given, warmup):
+    """save_state writes MXNet's stock classes where they compute the state's optimizer (stock_port), so that stock
+    Gluon code continues the run: only on a stock schedule that gives the spec's rates at every update."""
+    o = optim.Optimizer("momentum", 0.1, warmup_steps=warmup, total_steps=24, **given)
+    if mx_optimizer.stock_port(o):
+        stock = mx_optimizer.get_schedule(o, "stock")
+        assert [stock(step + 1) for step in range(24)] == pytest.approx([o.learning_rate(s) for s in range(24)])
+
+
 def random_problem(scale):
     rng = np.random.default_rng(2)
     w = rng.normal(size=(6, 7)).astype(np.float32)
