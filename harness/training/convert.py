@@ -13,7 +13,7 @@ optimizer's hyperparameters. fp16's loss scaler, kept beside it the same way in 
 A PyTorch program's own checkpoint (one torch.save of the model's, the optimizer's and GradScaler's state_dicts, as
 PyTorch's tutorials write it) gives all three.
 Which optimizer wrote it: a Gluon Trainer's file names it (its pickled optimizer, rate,
-momentum, weight decay and schedule); otherwise its buffers tell (momentum or adam), or --optimizer says (nesterov,
+momentum, weight decay and schedule, with the schedule's position); otherwise its buffers tell (momentum or adam), or --optimizer says (nesterov,
 adamw), which also requires a state. --verify loads both files with
 their frameworks' own calls into their idiomatic models, in inference mode (a ResNet normalises by its running
 statistics), and prints the largest logit difference and both accuracies on the test split (and checks that the converted state reads back identical)."""
@@ -40,7 +40,8 @@ def parse_args(argv):
                         "have one")
     p.add_argument("--accept-gap", action="store_true",
                    help="convert an optimizer state that the target's stock optimizer continues only approximately "
-                        "(MXNet's stock Adam); a line says what differs and by how much")
+                        "(MXNet's stock Adam; its cosine and polynomial schedules, one update ahead; its momentum "
+                        "under a rate that still changes); a line says what differs and by how much")
     p.add_argument("--verify", action="store_true",
                    help=f"load both, compare logits on the test split (fails above {TOLERANCE:g})")
     p.add_argument("--dataset", default="digits", help="test split for --verify (default digits)")
