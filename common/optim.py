@@ -65,7 +65,7 @@ class Optimizer:
     clip_norm: float | None = None
     betas: tuple = (0.9, 0.999)    # adam, adamw
     eps: float = 1e-8              # adam, adamw
-    decay_at: tuple = ()           # step: its milestones, in steps from the run's start (): D // 2 and 3 * D // 4)
+    decay_at: tuple = ()           # step: its milestones, in steps from the run's start (none: D // 2, 3 * D // 4)
     decay_every: int = 0           # factor: a decay every this many steps after the warm-up (0: every D // 4)
     decay_factor: float = STEP_FACTOR   # step, factor: the rate's multiplier at each decay
     power: float = 2.0             # poly

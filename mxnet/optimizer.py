@@ -311,8 +311,8 @@ def told_schedule(s, done):
         if s.step[0] < w:
             raise ValueError(f"its MultiFactorScheduler decays at update {s.step[0] + 1}, inside its {w}-update "
                              "warm-up, which no other framework's schedule does")
-        n = w + 2 * (s.step[0] - w)   # the run's length whose default milestones these are (get_schedule's): D // 2
-        fits = [n for n in (n, n + 1) if Optimizer(schedule="step", total_steps=n, warmup_steps=w).milestones
+        length = w + 2 * (s.step[0] - w)   # the run whose default milestones these are (get_schedule's): D // 2
+        fits = [n for n in (length, length + 1) if Optimizer(schedule="step", total_steps=n, warmup_steps=w).milestones
                 == tuple(s.step)] if s.factor == STEP_FACTOR else []
         if fits:
             return {"schedule": "step", "total_steps": fits[0], "warmup_steps": w}
@@ -324,7 +324,7 @@ def told_schedule(s, done):
 
 def schedule_gap(mx_optimizer, optimizer):
     """Where MXNet's stock schedule computes another rate than the spec's (torch's, Keras's and Optax's stock
-    schedules) from the `done` updates made on, what differs and by how much, or None. Its cosine and polynomial
+    schedules) after the updates made, what differs and by how much, or None. Its cosine and polynomial
     run one update ahead after the warm-up (OneUpdateLate); its FactorScheduler counts its decays from update 0,
     through the warm-up, theirs from the warm-up's end."""
     s, done = mx_optimizer.lr_scheduler, int(mx_optimizer.num_update)

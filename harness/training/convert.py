@@ -12,9 +12,9 @@ buffer, torch.optim outside it), its step count as it is, written in the target 
 optimizer's hyperparameters. fp16's loss scaler, kept beside it the same way in every framework, is copied across.
 A PyTorch program's own checkpoint (one torch.save of the model's, the optimizer's and GradScaler's state_dicts, as
 PyTorch's tutorials write it) gives all three.
-Which optimizer wrote it: a Gluon Trainer's file names it (its pickled optimizer, rate,
-momentum, weight decay and schedule, with the schedule's position); otherwise its buffers tell (momentum or adam), or --optimizer says (nesterov,
-adamw), which also requires a state. --verify loads both files with
+Which optimizer wrote it: a Gluon Trainer's file names it (its pickled optimizer, rate, momentum, weight decay and
+schedule, with the schedule's position); otherwise its buffers tell (momentum or adam), or --optimizer says
+(nesterov, adamw), which also requires a state. --verify loads both files with
 their frameworks' own calls into their idiomatic models, in inference mode (a ResNet normalises by its running
 statistics), and prints the largest logit difference and both accuracies on the test split (and checks that the converted state reads back identical)."""
 import argparse
