@@ -145,6 +145,11 @@ def init_state(optimizer, weights):
     return {"step": 0, **{f"{slot}.{name}": np.zeros_like(w) for slot in optimizer.slots for name, w in weights.items()}}
 
 
+def how_often(optimizer, changes):
+    """rate_changes' changes in words: a factor schedule changes the rate for good, at every decay."""
+    return f"every {optimizer.period} updates" if optimizer.schedule == "factor" else f"{len(changes)} time(s)"
+
+
 def rate_changes(optimizer, done):
     """The steps after the `done` updates made (0-based, as learning_rate's) whose rate differs from the update's
     before, with both rates: [(step, before, rate)]. A momentum buffer that holds the rate (MXNet's stock SGD, Keras's:

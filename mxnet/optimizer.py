@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon, nd
 
-from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer, epsilon_hat_gap, rate_changes
+from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer, epsilon_hat_gap, how_often, rate_changes
 
 
 def init_state(replica, optimizer):
@@ -333,9 +333,10 @@ def schedule_gap(mx_optimizer, optimizer):
         ahead = [abs(o.learning_rate(t) - (o.learning_rate(t + 1) if t >= o.warmup_steps else o.learning_rate(t)))
                  for t in range(done, o.total_steps)]   # the spec's step t is MXNet's update t + 1
         if ahead and max(ahead):
-            return (f"MXNet's stock {kind.__name__} is one update ahead of torch's, Keras's and Optax's after its "
-                    "warm-up (its update n has their rate of update n + 1): continued by them, the rate differs by "
-                    f"up to {max(ahead) / o.lr:.1%} of the base rate over the {len(ahead)} updates left")
+            after = " after its warm-up" if o.warmup_steps else ""
+            return (f"MXNet's stock {kind.__name__} is one update ahead of torch's, Keras's and Optax's{after} (its "
+                    "update n has their rate of update n + 1): continued by them, the rate differs by up to "
+                    f"{max(ahead) / o.lr:.1%} of the base rate over the {len(ahead)} updates left")
     if kind is mx.lr_scheduler.FactorScheduler and s.factor != 1.0 and s.warmup_steps:
         return (f"MXNet's stock FactorScheduler counts its decays from update 0, through its {s.warmup_steps}-update "
                 "warm-up; torch's StepLR, Keras's ExponentialDecay and Optax's exponential_decay after a warm-up count "
@@ -361,8 +362,9 @@ def rate_change_gap(mx_optimizer, optimizer):
     step, before, rate = changes[0]
     return (f"MXNet's stock {type(mx_optimizer).__name__} keeps the rate inside its momentum buffer (torch.optim's "
             "and Optax's SGD outside): the two are one update only while the rate stays, and this schedule changes "
-            f"it {len(changes)} time(s) after the {done} updates made, first at update {step + 1} ({before:.4g} to "
-            f"{rate:.4g}: their momentum term {rate / before:.4g} times MXNet's); Keras's SGD computes MXNet's")
+            f"it {how_often(optimizer, changes)} after the {done} updates made, first at update {step + 1} "
+            f"({before:.4g} to {rate:.4g}: their momentum term {rate / before:.4g} times MXNet's); Keras's SGD computes "
+            "MXNet's")
 
 
 def buffers(mx_state):

@@ -408,6 +408,9 @@ def test_a_stock_keras_checkpoint_is_one_line(batches, tmp_path, networks, capsy
     ("sgd", {"learning_rate": 0.05},
      lambda mx: mx.lr_scheduler.FactorScheduler(step=4, factor=0.5, base_lr=0.05, warmup_steps=3),
      "counts its decays from update 0, through its 3-update warm-up"),
+    ("sgd", {"learning_rate": 0.05, "momentum": 0.9},   # a factor schedule decays for good
+     lambda mx: mx.lr_scheduler.FactorScheduler(step=5, factor=0.5, base_lr=0.05),
+     "changes it every 5 updates after the 20 updates made, first at update 21 (0.00625 to 0.003125"),
     ("sgd", {"learning_rate": 0.05},
      lambda mx: mx.lr_scheduler.MultiFactorScheduler(step=[2, 30], base_lr=0.05, warmup_steps=3),
      "decays at update 3, inside its 3-update warm-up"),
@@ -423,6 +426,26 @@ def test_a_gluon_state_without_an_exact_equivalent_is_one_line(optimizer, params
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and says in err, err
     assert not list(tmp_path.glob("*.pt"))
+
+
+def test_a_states_file_of_another_name_is_said_and_carried_when_given(batches, tmp_path, networks, capsys):
+    """A Gluon program names its files as it likes (net.params, trainer.states): the converter finds the state under
+    the weights' name only, so it says when another is beside them instead of leaving it behind without a word, and
+    --state carries it. A --state that is not there is one line."""
+    gluon_program(batches[:BEFORE + 1], tmp_path, "sgd", {"learning_rate": 0.005, "momentum": 0.9})
+    (tmp_path / "lenet-epoch1.states").rename(tmp_path / "trainer.states")
+    src, dst = str(tmp_path / "lenet-epoch1.params"), str(tmp_path / "lenet-epoch1.pt")
+    assert convert.main([src, dst]) == 0
+    out, err = capsys.readouterr()
+    assert err.strip() == ("note: no optimizer state under lenet-epoch1.states, but trainer.states beside it: the "
+                           "weights alone are converted (--state PATH carries a state of another name)"), err
+    assert "state after" not in out and not (tmp_path / "lenet-epoch1.optimizer.pt").exists()
+    assert convert.main([src, dst, "--state", str(tmp_path / "trainer.states")]) == 0
+    out, err = capsys.readouterr()
+    assert f"with momentum's state after {BEFORE} steps" in out and "in lenet-epoch1.optimizer.pt" in out, out
+    assert not err and (tmp_path / "lenet-epoch1.optimizer.pt").exists()
+    assert convert.main([src, dst, "--state", str(tmp_path / "nowhere.states")]) == 1
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nowhere.states'}: no such optimizer state (--state)"
 
 
 def test_an_optimizer_the_file_contradicts_is_one_line(batches, tmp_path, networks, capsys):

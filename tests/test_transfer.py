@@ -3,6 +3,8 @@ harness.training.transfer: an MLP with BatchNorm and Dropout, and a small convne
 layers (whose rows a channels-last target orders H, W, C). Each network is written as the framework's tutorials
 write one, nothing of the project in it; the Gluon one trains a few steps, so its weights and running statistics
 are its own. The target's logits on the user's inputs, in inference mode, are the source's within 1e-4."""
+import os
+
 import numpy as np
 import pytest
 
@@ -157,6 +159,14 @@ def test_the_command_writes_the_user_s_model_natively(gluon, tmp_path, capsys):
     model = torch_models()[0]
     model.load_state_dict(torch.load(tmp_path / "mlp.pt"))
     np.testing.assert_allclose(torch_logits(model, MLP_INPUTS), want, atol=TOLERANCE)
+    assert not capsys.readouterr().err
+    states = os.path.join(os.path.dirname(path), "trainer.states")   # a Trainer's state beside it: said, not carried
+    open(states, "wb").close()
+    try:
+        assert main([path, str(tmp_path / "mlp.pt"), "--model", f"{user}:build"]) == 0
+    finally:
+        os.remove(states)
+    assert capsys.readouterr().err.startswith("note: trainer.states beside it not carried")
     assert main([path, str(tmp_path / "x.pt"), "--model", f"{user}:nothing"]) == 1
     assert capsys.readouterr().err.strip() == f"error: {user} has no function nothing"
     assert main([str(user), str(tmp_path / "x.pt"), "--model", f"{user}:build"]) == 1   # not a Gluon file

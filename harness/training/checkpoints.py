@@ -193,9 +193,12 @@ def write_state(framework, state, optimizer, path):
         checkpoint.save_state(state, optimizer, temporary)
 
 
-def state_file(framework, path):
-    """Where the optimizer state of the weights file `path` is read from: beside it (state_path), or the file itself
-    where its format keeps the state inside (a PyTorch program's general checkpoint: its checkpoint.holds_state)."""
+def state_file(framework, path, given=None):
+    """Where the optimizer state of the weights file `path` is read from: `given` (a state saved under another name),
+    beside it (state_path), or the file itself where its format keeps the state inside (a PyTorch program's general
+    checkpoint: its checkpoint.holds_state)."""
+    if given is not None:
+        return given
     beside = state_path(framework, path)
     holds = getattr(load_module(framework, "checkpoint"), "holds_state", None)
     if not os.path.exists(beside) and holds is not None and os.path.exists(path) and holds(path):
@@ -203,17 +206,28 @@ def state_file(framework, path):
     return beside
 
 
-def has_state(framework, path):
-    return os.path.exists(state_file(framework, path))
+def has_state(framework, path, given=None):
+    return os.path.exists(state_file(framework, path, given))
 
 
-def read_optimizer(framework, path, accept_gap=False):
+def other_states(framework, path):
+    """Optimizer states of other names beside the weights file `path` (a Gluon program's trainer.states beside its
+    net.params), where none has the name state_path gives: the converter says so rather than leave them behind."""
+    folder = os.path.dirname(os.path.abspath(path.rstrip("/")))
+    suffix = load_module(framework, "checkpoint").STATE_SUFFIX
+    if has_state(framework, path) or not os.path.isdir(folder):
+        return []
+    return sorted(f for f in os.listdir(folder) if f.endswith(suffix) and f != suffix)
+
+
+def read_optimizer(framework, path, accept_gap=False, given=None):
     """(optimizer, gap): the optimizer (common.optim's, its hyperparameters and schedule) that the state beside `path`
     names itself, where the file holds one: Gluon's save_states pickles it (mxnet/checkpoint.read_optimizer), a
     PyTorch program's checkpoint keeps torch.optim's param_groups (pytorch/checkpoint.read_optimizer). None
     where a file holds buffers only: they tell the optimizer, and --optimizer the rest. One line where it has no exact
-    equivalent; with `accept_gap`, that line as `gap` where the reader can carry it anyway."""
-    checkpoint, file = load_module(framework, "checkpoint"), state_file(framework, path)
+    equivalent; with `accept_gap`, that line as `gap` where the reader can carry it anyway. `given`: the state's
+    file where it is not beside `path` under its name."""
+    checkpoint, file = load_module(framework, "checkpoint"), state_file(framework, path, given)
     reader = getattr(checkpoint, "read_optimizer", None)   # only a file that keeps the optimizer's settings says
     if reader is None or not os.path.exists(file):
         return None, None
@@ -225,12 +239,12 @@ def read_optimizer(framework, path, accept_gap=False):
         raise RosettaError(f"{file}: not a readable {framework} optimizer state, or truncated ({reason(err)})")
 
 
-def read_state(framework, path, optimizer=None, weights=None):
-    """The canonical optimizer state saved beside the weights file `path`, after checking it: one line naming the
-    file and what is wrong otherwise. With `optimizer`, the state must be one that optimizer keeps. Its buffers are
-    the network's: one per slot and parameter of `weights` (canonical, the file's own: read_model), each of its
-    parameter's shape."""
-    checkpoint, file = load_module(framework, "checkpoint"), state_file(framework, path)
+def read_state(framework, path, optimizer=None, weights=None, given=None):
+    """The canonical optimizer state saved beside the weights file `path` (or in `given`), after checking it: one line
+    naming the file and what is wrong otherwise. With `optimizer`, the state must be one that optimizer keeps. Its
+    buffers are the network's: one per slot and parameter of `weights` (canonical, the file's own: read_model), each of
+    its parameter's shape."""
+    checkpoint, file = load_module(framework, "checkpoint"), state_file(framework, path, given)
     if not os.path.exists(file):
         needs = f": {optimizer.name} needs one" if optimizer else ""
         raise RosettaError(f"{path}: no optimizer state beside it ({os.path.basename(file)}){needs}; it was saved by "

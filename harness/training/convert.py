@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 from common.interface import FRAMEWORKS, RosettaError
-from common.optim import OPTIMIZERS, Optimizer, epsilon_hat_gap, rate_changes
+from common.optim import OPTIMIZERS, Optimizer, epsilon_hat_gap, how_often, rate_changes
 
 TOLERANCE = 1e-4   # float32 round-off of two frameworks' kernels on the same weights, with room to spare
 
@@ -38,6 +38,9 @@ def parse_args(argv):
     p.add_argument("--optimizer", choices=OPTIMIZERS,
                    help="the optimizer whose state SRC has beside it (default: told from its buffers); SRC must "
                         "have one")
+    p.add_argument("--state", metavar="PATH",
+                   help="SRC's optimizer state where it is not beside SRC under SRC's name (a Gluon program's "
+                        "trainer.states beside its net.params)")
     p.add_argument("--accept-gap", action="store_true",
                    help="convert an optimizer state that the target's stock optimizer continues only approximately "
                         "(MXNet's stock Adam; its cosine and polynomial schedules, one update ahead; its momentum "
@@ -71,19 +74,28 @@ def main(argv=None):
 
     from common.resnet import width_of
 
-    from .checkpoints import (FORMATS, framework_of, has_state, read_model, read_optimizer, read_scaler, read_state,
-                              write_scaler, write_state, write_weights)
+    from .checkpoints import (FORMATS, framework_of, has_state, other_states, read_model, read_optimizer, read_scaler,
+                              read_state, state_path, write_scaler, write_state, write_weights)
     try:
         source = args.source or framework_of(args.src, "; give --from")
         target = args.target or framework_of(args.dst, "; give --to")
         data = load_dataset(args.dataset, args.data_dir) if args.verify else None   # bad data: fail before writing
         weights, bn_state = read_model(source, args.src)
         optimizer = Optimizer(args.optimizer) if args.optimizer else None
-        told, gap = read_optimizer(source, args.src, args.accept_gap)   # a file that names its optimizer is believed
+        given = args.state
+        if given is not None and not has_state(source, args.src, given):
+            raise RosettaError(f"{given}: no such optimizer state (--state)")
+        told, gap = read_optimizer(source, args.src, args.accept_gap, given)   # a file naming its optimizer is believed
         if told and optimizer and told.name != optimizer.name:
             raise RosettaError(f"{args.src}: its optimizer state is {told.name}'s, not {optimizer.name}'s")
         optimizer = told or optimizer
-        state = read_state(source, args.src, optimizer, weights) if optimizer or has_state(source, args.src) else None
+        state = read_state(source, args.src, optimizer, weights, given) \
+            if optimizer or has_state(source, args.src, given) else None
+        others = other_states(source, args.src) if state is None else []
+        if others:
+            print(f"note: no optimizer state under {os.path.basename(state_path(source, args.src))}, but "
+                  f"{', '.join(others)} beside it: the weights alone are converted (--state PATH carries a state of "
+                  "another name)", file=sys.stderr)
         scaler = read_scaler(source, args.src)   # fp16's loss scaler, kept the same way in every framework
         if gap:
             print(f"note: {gap}", file=sys.stderr)
@@ -94,8 +106,8 @@ def main(argv=None):
             write_scaler(target, *scaler, args.dst)
         write_weights(target, weights, args.dst, bn_state)
         print(f"wrote {args.dst} ({FORMATS[target]}) from {args.src} ({FORMATS[source]})"
-              + (f", with {optimizer.name}'s state after {state['step']} steps ({hyperparameters(optimizer)})"
-                 if state is not None else "")
+              + (f", with {optimizer.name}'s state after {state['step']} steps ({hyperparameters(optimizer)}) in "
+                 f"{os.path.basename(state_path(target, args.dst))}" if state is not None else "")
               + (f", and its loss scaler (scale {scaler[0].scale:g}, {scaler[0].good_steps} finite steps towards its "
                  "growth)" if scaler is not None else ""))
         if state is not None and not gap and optimizer.slots == ("exp_avg", "exp_avg_sq"):
@@ -144,7 +156,8 @@ def rate_inside_note(target, optimizer, state):
         step, before, rate = changes[0]
         print(f"note: {stock} keeps the rate inside its momentum buffer: continued by it, the run departs from the "
               f"state's own at update {step + 1}, where the schedule changes the rate ({before:.4g} to {rate:.4g}; "
-              f"{len(changes)} change(s) after the {state['step']} updates made); this project's SGD for {target} "
+              f"changing {how_often(optimizer, changes)} after the {state['step']} updates made); this project's SGD "
+              f"for {target} "
               "computes the state's own", file=sys.stderr)
 
 
