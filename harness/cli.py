@@ -28,6 +28,16 @@ def int_list(text):
     return values
 
 
+def float_list(text):
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    return values
+
+
 def name_list(choices, what):
     def parse(text):
         names = [n.strip() for n in text.split(",") if n.strip()]

@@ -8,16 +8,18 @@ from common.buckets import ALLREDUCES
 from common.data import SYNTHETIC_SIZE
 from common.interface import RosettaError
 from common.models import DEFAULT_WIDTH, RESNET_SGD_LR, check, check_bn, has_batchnorm
-from common.optim import DEFAULT_LR, REFERENCE_BATCH, Optimizer, scaled_lr
+from common.optim import DEFAULT_LR, REFERENCE_BATCH, STEP_FACTOR, Optimizer, scaled_lr
 from common.loss_scaling import check as check_loss_scaling
 from common.precision import check as check_precision, check_wire
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
+# The schedules' own parameters (common.optim.Optimizer's, in epochs where it counts steps)
+SCHEDULE_FIELDS = ("lr_decay_at", "lr_decay_every", "lr_decay_factor", "lr_power", "lr_final")
 # The fields that make a row of the table what it is (the rest say where the data and files are).
 ROW_FIELDS = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "accumulate", "precision",
               "allreduce_dtype", "loss_scale", "loss_scale_interval", "devices", "processes", "cores", "epochs",
               "batch_size", "lr", "seed", "init", "threads", "optimizer", "momentum", "weight_decay", "lr_schedule",
-              "warmup_epochs", "clip_norm", "lr_scaling", "reference_batch", "target_accuracy")
+              "warmup_epochs", *SCHEDULE_FIELDS, "clip_norm", "lr_scaling", "reference_batch", "target_accuracy")
 
 
 def default_epochs(dataset):
@@ -64,8 +66,13 @@ class RunSpec:
     optimizer: str = "sgd"           # sgd | momentum | nesterov | adam | adamw (common/optim.py)
     momentum: float = 0.9            # momentum and nesterov
     weight_decay: float = 0.0        # L2 in the gradient; decoupled for adamw
-    lr_schedule: str = "constant"    # constant | step | cosine, per step
+    lr_schedule: str = "constant"    # constant | step | cosine | factor | poly, per step (common/optim.py)
     warmup_epochs: float = 0.0       # linear warm-up, per step, before the schedule
+    lr_decay_at: tuple = ()          # step: its milestones in epochs from the start (none: 1/2 and 3/4 after warm-up)
+    lr_decay_every: float = 0.0      # factor: a decay every this many epochs after the warm-up (0: a quarter of them)
+    lr_decay_factor: float = STEP_FACTOR   # step, factor: the rate's multiplier at each decay
+    lr_power: float = 2.0            # poly
+    lr_final: float = 0.0            # cosine: the rate it ends at
     clip_norm: float | None = None   # clip the all-reduced mean gradient to this global norm
     lr_scaling: str = "none"         # none | linear: lr * global batch / reference_batch
     reference_batch: int = REFERENCE_BATCH
@@ -86,6 +93,7 @@ class RunSpec:
     def __post_init__(self):
         if self.epochs is None:
             object.__setattr__(self, "epochs", default_epochs(self.dataset))
+        object.__setattr__(self, "lr_decay_at", tuple(self.lr_decay_at))   # JSON gives a list; a spec is hashed
         if self.lr is None:
             object.__setattr__(self, "lr", default_lr(self.model, self.optimizer))
         check(self.model, self.width if has_batchnorm(self.model) else None, self.init)
@@ -106,7 +114,10 @@ class RunSpec:
         try:
             lr = scaled_lr(self.lr, self.batch_size, self.lr_scaling, self.reference_batch)
             return Optimizer(self.optimizer, lr, self.momentum, self.weight_decay, self.lr_schedule,
-                             round(self.warmup_epochs * steps_per_epoch), self.epochs * steps_per_epoch, self.clip_norm)
+                             round(self.warmup_epochs * steps_per_epoch), self.epochs * steps_per_epoch, self.clip_norm,
+                             decay_at=tuple(round(e * steps_per_epoch) for e in self.lr_decay_at),
+                             decay_every=max(1, round(self.lr_decay_every * steps_per_epoch)) if self.lr_decay_every
+                             else 0, decay_factor=self.lr_decay_factor, power=self.lr_power, final_lr=self.lr_final)
         except ValueError as err:
             raise RosettaError(str(err)) from None
 

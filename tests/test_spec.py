@@ -56,6 +56,38 @@ def test_the_planned_rows_are_specs_with_the_options_values():
     assert json.loads(ddp[1].to_json())["processes"] == 2
 
 
+def test_a_schedule_s_own_options_reach_the_spec_s_optimizer_in_steps():
+    """--lr-decay-at and --lr-decay-every are epochs, the spec's schedule counts steps: a row's optimizer gets them at
+    the run's steps per epoch; the table's line says them. An option of another schedule is one line."""
+    import compare
+    from common.optim import Optimizer
+    from harness.publishing.tables import optimizer_line
+    from harness.run.plan import run_specs
+    cases = {("--lr-schedule", "step", "--lr-decay-at", "1,2.5", "--lr-decay-factor", "0.5"):
+             ({"decay_at": (10, 25), "decay_factor": 0.5}, "step schedule (x0.5, at epochs 1, 2.5)"),
+             ("--lr-schedule", "factor", "--lr-decay-every", "0.5"): ({"decay_every": 5}, "factor schedule (every 0.5"),
+             ("--lr-schedule", "poly", "--lr-power", "1.5"): ({"power": 1.5}, "poly schedule (power 1.5)"),
+             ("--lr-schedule", "cosine", "--lr-final", "0.01"): ({"final_lr": 0.01}, "cosine schedule (to 0.01)")}
+    for options, (given, line) in cases.items():
+        args = compare.parse_args(["--frameworks", "pytorch", "--epochs", "4", "--lr", "0.1", *options])
+        spec = next(iter(run_specs(args)))[0]
+        assert spec.canonical_optimizer(10) == Optimizer("sgd", 0.1, schedule=options[1], total_steps=40, **given)
+        assert RunSpec.of(spec.to_json()) == spec and line in optimizer_line(args), optimizer_line(args)
+
+
+@pytest.mark.parametrize("options, says", [
+    (["--lr-schedule", "step", "--lr-power", "3"], "--lr-power is the poly schedule's, not --lr-schedule step's"),
+    (["--lr-schedule", "step", "--warmup-epochs", "1", "--lr-decay-at", "0.5"], "--lr-decay-at: increasing epochs"),
+    (["--lr-schedule", "factor", "--lr-decay-factor", "2"], "--lr-decay-factor in (0, 1]"),
+])
+def test_a_schedule_option_that_does_nothing_or_cannot_be_is_one_line(options, says, capsys):
+    import compare
+    with pytest.raises(SystemExit) as exit_:
+        compare.parse_args(options)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and says in err, err
+
+
 def test_several_per_device_batches_are_rows_with_their_batch_in_the_label_and_the_table():
     import compare
     from harness.run.plan import row_label, run_specs

@@ -1,7 +1,7 @@
 """What a comparison prints: the environment and the result tables."""
 import sys
 
-from ..spec import default_lr
+from ..spec import SCHEDULE_FIELDS, default, default_lr
 
 COLUMNS = ("framework", "mode", "exec", "layout", "devices", "processes", "epochs", "train s", "images/s",
            "test acc", "final loss", "|Δ step-1 loss|", "status")
@@ -294,6 +294,19 @@ def split_cells(rows):
     return header, body
 
 
+def schedule_shape(args):
+    """The schedule's own options given other than their defaults (harness/spec.py SCHEDULE_FIELDS), in brackets; ""
+    otherwise. A file written before they were options ran with the defaults."""
+    given = {name: default(name) for name in SCHEDULE_FIELDS}
+    given.update((k, tuple(v) if isinstance(v, list) else v) for k, v in vars(args).items() if k in given)   # JSON
+    words = {"lr_decay_factor": lambda v: f"x{v:g}",
+             "lr_decay_at": lambda v: f"at epochs {', '.join(f'{e:g}' for e in v)}",
+             "lr_decay_every": lambda v: f"every {v:g} epochs", "lr_power": lambda v: f"power {v:g}",
+             "lr_final": lambda v: f"to {v:g}"}
+    said = [say(given[name]) for name, say in words.items() if given[name] != default(name)]
+    return f" ({', '.join(said)})" if said else ""
+
+
 def optimizer_line(args):
     """The training options above the table, unless they are the recipe's (plain SGD, constant rate): None then."""
     if (args.optimizer, args.lr_schedule, args.warmup_epochs, args.weight_decay, args.clip_norm,
@@ -303,7 +316,7 @@ def optimizer_line(args):
     parts = [args.optimizer + (f" {args.momentum:g}" if args.optimizer in ("momentum", "nesterov") else ""),
              f"lr {lr:g}"
              + (f" x batch / {args.reference_batch}" if args.lr_scaling == "linear" else ""),
-             f"{args.lr_schedule} schedule"]
+             f"{args.lr_schedule} schedule" + schedule_shape(args)]
     if args.warmup_epochs:
         parts.append(f"warm-up {args.warmup_epochs:g} epoch(s)")
     if args.weight_decay:

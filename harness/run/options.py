@@ -12,7 +12,7 @@ from common.models import BN_MODES, DEFAULT_WIDTH, MODELS, RESNET_SGD_LR, check
 from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, SCHEDULES
 from common.precision import PRECISIONS, WIRE_DTYPES
 
-from ..cli import HelpFormatter, Parser, host_list, int_list, name_list
+from ..cli import HelpFormatter, Parser, float_list, host_list, int_list, name_list
 from ..processes.cluster import DEFAULT_PORT, ONE_HOST, Cluster
 from ..processes.cores import CORES
 from .plan import BENCHMARK, BENCHMARK_IMAGES, EXEC_OPTIONS, LAYOUT_OPTIONS, benchmark_plan, grid
@@ -54,9 +54,19 @@ def parse_args(argv, description=None):
                    help="L2 added to the gradient; decoupled (w -= lr * wd * w) for adamw")
     g.add_argument("--lr-schedule", choices=SCHEDULES, default=default("lr_schedule"),
                    help="per step: constant, step (x0.1 at 1/2 and 3/4 of the steps after warm-up), cosine (to 0), "
-                        "factor (x0.1 every 1/4 of them), poly (power 2, to 0)")
+                        "factor (x0.1 every 1/4 of them), poly (power 2, to 0); the --lr-decay-*, --lr-power and "
+                        "--lr-final options below set them")
     g.add_argument("--warmup-epochs", type=float, default=default("warmup_epochs"),
                    help="linear warm-up, per step, from lr / warm-up steps to lr")
+    g.add_argument("--lr-decay-at", type=float_list, metavar="E,E", default=default("lr_decay_at"),
+                   help="step: its milestones, in epochs from the start (default: 1/2 and 3/4 of the epochs after "
+                        "the warm-up)")
+    g.add_argument("--lr-decay-every", type=float, metavar="E", default=default("lr_decay_every"),
+                   help="factor: a decay every E epochs after the warm-up (default: a quarter of them)")
+    g.add_argument("--lr-decay-factor", type=float, metavar="F", default=default("lr_decay_factor"),
+                   help="step, factor: the rate's multiplier at each decay")
+    g.add_argument("--lr-power", type=float, metavar="P", default=default("lr_power"), help="poly: its power")
+    g.add_argument("--lr-final", type=float, metavar="LR", default=default("lr_final"), help="cosine: its last rate")
     g.add_argument("--clip-norm", type=float, help="clip the all-reduced mean gradient to this global norm")
     g.add_argument("--lr-scaling", choices=LR_SCALINGS, default=default("lr_scaling"),
                    help="linear: lr times global batch / --reference-batch (the linear scaling rule)")
@@ -174,6 +184,7 @@ def parse_args(argv, description=None):
         p.error("--momentum must be in [0, 1) and --weight-decay >= 0")
     if not 0 <= args.warmup_epochs <= args.epochs:
         p.error(f"--warmup-epochs must be between 0 and --epochs {args.epochs}")
+    check_schedule(p, args)
     if args.resume and (args.merge or args.list_devices or not args.json):
         p.error("--resume continues a training run: it needs the --json PATH of that run "
                 "(not --merge or --list-devices)")
@@ -191,6 +202,24 @@ def parse_args(argv, description=None):
         if getattr(args, name):
             setattr(args, name, os.path.abspath(getattr(args, name)))
     return args
+
+
+# Each schedule's own options, and their defaults: given to another schedule, they would do nothing
+SCHEDULE_OPTIONS = {"lr_decay_at": ("step",), "lr_decay_every": ("factor",), "lr_decay_factor": ("step", "factor"),
+                    "lr_power": ("poly",), "lr_final": ("cosine",)}
+
+
+def check_schedule(p, args):
+    """The schedule's options go with their schedule, and make a schedule common.optim.Optimizer accepts."""
+    for name, schedules in SCHEDULE_OPTIONS.items():
+        if getattr(args, name) != default(name) and args.lr_schedule not in schedules:
+            p.error(f"--{name.replace('_', '-')} is the {' and '.join(schedules)} schedule's, not "
+                    f"--lr-schedule {args.lr_schedule}'s")
+    if list(args.lr_decay_at) != sorted(set(args.lr_decay_at)) or any(
+            not args.warmup_epochs <= e < args.epochs for e in args.lr_decay_at):
+        p.error(f"--lr-decay-at: increasing epochs from the warm-up's end, before --epochs {args.epochs}")
+    if args.lr_decay_every < 0 or not 0 < args.lr_decay_factor <= 1 or args.lr_power <= 0 or args.lr_final < 0:
+        p.error("--lr-decay-every >= 0, --lr-decay-factor in (0, 1], --lr-power > 0, --lr-final >= 0")
 
 
 def check_model(p, args):
