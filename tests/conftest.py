@@ -71,11 +71,11 @@ def installed_frameworks():
     return available
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session", autouse=True)
 def devices_first():
-    """TensorFlow and JAX fix their number of CPU devices when they first run anything, and later test files in this
-    process need several: get_devices() makes them before a file that runs either builds a model (its
-    `pytestmark = pytest.mark.usefixtures("devices_first")`)."""
+    """TensorFlow and JAX fix their number of CPU devices when they first run anything, and the suite needs several:
+    get_devices() makes them before this process's first test, whichever it is (pytest-xdist hands each worker
+    process its own tests in its own order)."""
     for fw in installed_frameworks():
         fw.get_devices()
 
@@ -202,11 +202,20 @@ SLOW_REPEATS = {
 }
 
 
+# The suite runs on two worker processes (pytest-xdist, `-n 2 --dist loadgroup`: a 2-core machine's fast tier 5 min 9 s
+# on one, 3 min 16 s on two). Session fixtures that make something only one of them may have at a time (the two test
+# hosts' network namespaces, fixed names) or that are worth running once (compare.py's one-host rows, a few minutes)
+# keep every test that uses them on one worker.
+SHARED_BY_ONE_WORKER = {"two_hosts", "one_host_rows"}
+
+
 @pytest.hookimpl(tryfirst=True)   # before -m deselects
 def pytest_collection_modifyitems(config, items):
     """SLOW_REPEATS marked slow; a name there that a collected file does not have fails the collection."""
     found, files = set(), set()
     for item in items:
+        if SHARED_BY_ONE_WORKER & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("one-worker"))
         name = f"{os.path.basename(str(item.fspath))}::{item.name}"
         files.add(name.split("::")[0])
         if name in SLOW_REPEATS:

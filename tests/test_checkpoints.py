@@ -21,8 +21,6 @@ from harness.spec import RunSpec
 from common.lenet import init_weights
 from conftest import framework_or_skip, installed_frameworks
 
-pytestmark = pytest.mark.usefixtures("devices_first")   # conftest.devices_first says why
-
 
 def saved(framework, folder, weights=None, name="lenet"):
     path = str(folder / f"{name}{SUFFIXES[framework]}")

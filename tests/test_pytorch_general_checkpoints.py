@@ -14,7 +14,6 @@ from harness.training import convert
 from test_stock_gluon_states import (ADAM_TOLERANCE, AFTER, BEFORE, batches, keras_program, networks,  # noqa: F401
                                      optax_program)
 
-pytestmark = pytest.mark.usefixtures("devices_first")   # conftest.devices_first says why
 
 # torch.optim's settings, and Keras's and Optax's for the same program (Keras's weight_decay is decoupled, so the
 # Keras program adds torch's L2 to its loss, and the Optax program chains optax.add_decayed_weights; Keras's Adam adds

@@ -12,7 +12,6 @@ from common.lenet import init_weights
 from conftest import framework_or_skip
 from harness.training import convert
 
-pytestmark = pytest.mark.usefixtures("devices_first")   # conftest.devices_first says why
 
 BATCH, BEFORE, AFTER = 32, 20, 10
 # Adam's normalised step turns float32 round-off of the kernels (MXNet's computes 1 - beta2 in float32) into up to

@@ -11,7 +11,6 @@ import pytest
 from conftest import framework_or_skip
 from harness.training.transfer import main, table, transfer
 
-pytestmark = pytest.mark.usefixtures("devices_first")   # conftest.devices_first says why
 
 TOLERANCE = 1e-4
 RNG = np.random.default_rng(0)

@@ -14,8 +14,6 @@ from conftest import framework_or_skip
 
 WEIGHTS = 7   # the seed of the wrapped model's weights
 
-pytestmark = pytest.mark.usefixtures("devices_first")   # conftest.devices_first says why
-
 
 def wrapped_file(tmp_path, wrapper, edit=None):
     """torch.save of a wrapped LeNet's state_dict, as a user of DistributedDataParallel or nn.DataParallel saves it
