@@ -12,6 +12,10 @@ PyTorch's conventions, the ones docs/migration.md's conventions table measures t
     nesterov  v as momentum;                            w -= lr * (g + mu * v)
     adam(w)   m = b1 * m + (1 - b1) * g;  s = b2 * s + (1 - b2) * g**2;  t = steps so far + 1
               w -= lr * (m / (1 - b1**t)) / (sqrt(s / (1 - b2**t)) + eps)    eps outside the square root
+    rmsprop   s = a * s + (1 - a) * g**2;  d = sqrt(s) + eps, eps outside the square root (centered: c = a * c +
+              (1 - a) * g, d = sqrt(s - c**2) + eps);  w -= lr * g / d, or with momentum mu > 0: v = mu * v + g / d
+              (from v = 0), w -= lr * v, the rate outside the buffer (torch.optim.RMSprop)
+    adagrad   s = s + g**2 (from 0);  w -= lr * g / (sqrt(s) + eps)    (torch.optim.Adagrad)
 - the rate per step (0-based: the first update is step 0): a linear warm-up over `warmup_steps`, lr * (step + 1) /
   warmup_steps (torch's LinearLR from 1 / warmup_steps), then the schedule over the remaining D = total - warmup,
   at its k-th step (k = step - warmup):
@@ -33,14 +37,21 @@ import math
 
 import numpy as np
 
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "adagrad")
 SCHEDULES = ("constant", "step", "cosine", "factor", "poly")
 LR_SCALINGS = ("none", "linear")
 # The usual starting rate of each (--lr's default): the recipe's 0.2; momentum 0.9 multiplies the step by ~10.
-DEFAULT_LR = {"sgd": 0.2, "momentum": 0.02, "nesterov": 0.02, "adam": 1e-3, "adamw": 1e-3}
+DEFAULT_LR = {"sgd": 0.2, "momentum": 0.02, "nesterov": 0.02, "adam": 1e-3, "adamw": 1e-3, "rmsprop": 1e-3,
+              "adagrad": 1e-2}
 REFERENCE_BATCH = 256     # --lr-scaling linear: lr * global batch / this (Goyal et al. 2017)
 CLIP_EPS = 1e-6           # torch.nn.utils.clip_grad_norm_'s
 STEP_FACTOR = 0.1         # the step and factor schedules' decay, at each milestone (decay_factor's default)
+
+
+def default_momentum(name):
+    """The momentum an optimizer gets when none is given: 0.9 (momentum's and nesterov's usual value), but none (0)
+    for rmsprop, as torch.optim.RMSprop's, Keras's and Optax's default."""
+    return 0.0 if name == "rmsprop" else 0.9
 
 
 def scaled_lr(lr, batch_size, scaling="none", reference=REFERENCE_BATCH):
@@ -57,14 +68,17 @@ class Optimizer:
     compiled steps may take it as a static argument."""
     name: str = "sgd"
     lr: float = 0.2                # the base rate (after --lr-scaling)
-    momentum: float = 0.9          # momentum and nesterov
+    momentum: float | None = None  # momentum, nesterov and rmsprop (0: none); None: default_momentum's
     weight_decay: float = 0.0
     schedule: str = "constant"
     warmup_steps: int = 0
     total_steps: int = 1           # the run's steps: the schedule's length
     clip_norm: float | None = None
     betas: tuple = (0.9, 0.999)    # adam, adamw
-    eps: float = 1e-8              # adam, adamw
+    eps: float = 1e-8              # adam, adamw, rmsprop, adagrad
+    alpha: float = 0.99            # rmsprop: the squares' running average keeps this much (torch's alpha; Gluon's
+                                   # gamma1, Keras's rho, Optax's decay)
+    centered: bool = False         # rmsprop: divided by the gradients' running variance, not their second moment
     decay_at: tuple = ()           # step: its milestones, in steps from the run's start (none: D // 2, 3 * D // 4)
     decay_every: int = 0           # factor: a decay every this many steps after the warm-up (0: every D // 4)
     decay_factor: float = STEP_FACTOR   # step, factor: the rate's multiplier at each decay
@@ -74,6 +88,11 @@ class Optimizer:
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.name!r}; choose from {OPTIMIZERS}")
+        if self.momentum is None:
+            object.__setattr__(self, "momentum", default_momentum(self.name))
+        if not 0 <= self.momentum < 1 or not 0 < self.alpha < 1:
+            raise ValueError(f"a momentum in [0, 1) and an rmsprop alpha in (0, 1), not {self.momentum:g} and "
+                             f"{self.alpha:g}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown lr schedule {self.schedule!r}; choose from {SCHEDULES}")
         if not 0 <= self.warmup_steps <= self.total_steps:
@@ -99,8 +118,11 @@ class Optimizer:
     @property
     def slots(self):
         """The state each parameter carries, by torch.optim's names."""
+        if self.name == "rmsprop":
+            return ("square_avg", *(("grad_avg",) if self.centered else ()),
+                    *(("momentum_buffer",) if self.momentum else ()))
         return {"sgd": (), "momentum": ("momentum_buffer",), "nesterov": ("momentum_buffer",),
-                "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq")}[self.name]
+                "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq"), "adagrad": ("sum",)}[self.name]
 
     @property
     def decay_steps(self):
@@ -138,6 +160,15 @@ class Optimizer:
             return 1.0
         norm = math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values()))
         return min(1.0, self.clip_norm / (norm + CLIP_EPS))
+
+
+def of_state(slots):
+    """The optimizer a state's buffers are from (their slot names; None: no optimizer keeps them), told by them alone:
+    momentum's serves nesterov too, adam's adamw, and rmsprop's say whether it was centered and had momentum (the
+    hyperparameters are the defaults: a file that names its optimizer says them)."""
+    kinds = [Optimizer(name) for name in OPTIMIZERS] + [Optimizer("rmsprop", momentum=momentum, centered=centered)
+                                                         for centered, momentum in ((True, 0.0), (False, 0.9), (True, 0.9))]
+    return next((o for o in kinds if sorted(o.slots) == sorted(slots)), None)
 
 
 def init_state(optimizer, weights):
@@ -196,6 +227,22 @@ def step(optimizer, weights, grads, state):
             v = g if t == 0 else np.float32(o.momentum) * state[f"momentum_buffer.{name}"] + g
             w = w - lr * (g + np.float32(o.momentum) * v if o.name == "nesterov" else v)
             new_state[f"momentum_buffer.{name}"] = v
+        elif o.name == "rmsprop":
+            a = np.float32(o.alpha)
+            s = a * state[f"square_avg.{name}"] + np.float32(1 - o.alpha) * g * g
+            new_state[f"square_avg.{name}"] = s
+            if o.centered:
+                c = a * state[f"grad_avg.{name}"] + np.float32(1 - o.alpha) * g
+                s, new_state[f"grad_avg.{name}"] = s - c * c, c
+            scaled = g / (np.sqrt(s) + np.float32(o.eps))
+            if o.momentum:
+                scaled = np.float32(o.momentum) * state[f"momentum_buffer.{name}"] + scaled
+                new_state[f"momentum_buffer.{name}"] = scaled
+            w = w - lr * scaled
+        elif o.name == "adagrad":
+            s = state[f"sum.{name}"] + g * g
+            w = w - lr * g / (np.sqrt(s) + np.float32(o.eps))
+            new_state[f"sum.{name}"] = s
         else:
             if o.decoupled:
                 w = w * (1 - lr * np.float32(o.weight_decay))

@@ -4,8 +4,12 @@ restored into a model of the same structure with nnx.replace_by_pure_dict. The a
 arrays: in a multi-process run Orbax refuses host-local jax.Arrays. Orbax writes a temporary directory and
 renames it when complete. The weights are stored in Flax's channels-last layout.
 The optimizer's state is a second Orbax directory, as Flax's checkpointing guide saves an nnx.Optimizer: the pure
-dict of its state (nnx.Optimizer's step and the Optax state of optimizer.py's transformation, the buffers in the
-model's tree, channels-last like the weights), restored without a target."""
+dict of its state (nnx.Optimizer's step and the Optax state of optimizer.py's stock port, which stock Optax code
+restores into; the buffers in the model's tree, channels-last like the weights), restored without a target.
+optax.rmsprop's momentum trace follows its rate (v = mu * v - lr * g / d), so its file holds -lr * the canonical
+buffer at the rate of the last update, and continues the state's own run only while the rate stays (rate_inside).
+That product is rounded to float32, so the canonical buffers are kept as well, a checkpoint inside the directory
+(CANONICAL, which a restore of the directory does not read), for a resumed run to go on bit for bit."""
 import os
 
 import jax
@@ -14,16 +18,26 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from common import resnet
+from common.layouts import to_channels_last
 from common.lenet import LAYERS, init_weights
 
 from . import resnet as resnet_model
 from .lenet import build_model
-from .optimizer import canonical_state, find, flax_paths, get_trainer, load_state
+from .optimizer import at, buffers, canonical_state, flax_paths, get_trainer, load_state
 
 KEYS = {f"{layer}.{part}": f"{layer}/{name}" for layer in LAYERS for part, name in (("weight", "kernel"),
                                                                                     ("bias", "bias"))}
 CHANNELS_LAST = True
 STATE_SUFFIX = ".optimizer.orbax"   # lenet-epoch3.orbax's state: lenet-epoch3.optimizer.orbax
+CANONICAL = "momentum_buffer"   # in the state directory: the canonical momentum buffers, where the trace has the rate
+
+
+def rate_inside(optimizer):
+    """The stock optimizer that loads the state file as it is and keeps the rate inside its momentum trace
+    (optax.rmsprop's: the module docstring says why the file suits it), where `optimizer` (common.optim's) has one: it
+    continues the state's own run only while the rate stays (common.optim.rate_changes). optax.sgd traces before
+    the rate, as the spec does."""
+    return "optax.rmsprop" if optimizer.name == "rmsprop" and optimizer.momentum else None
 
 
 def checkpointer():
@@ -88,26 +102,61 @@ def save_state(state, optimizer, path):
     """The idiomatic mode's nnx.Optimizer for `optimizer` (over a Flax model: its buffers in the module's tree),
     started from the canonical `state` and saved as save() saves the model. Its transformation is the stock port's
     (optimizer.get_trainer): Orbax restores only into a state of the file's structure, and a stock program's constant
-    rate is a number, whose optax.scale keeps no count (nnx.Optimizer's step keeps it). The network is the state's:
-    its buffers' names (`<slot>.<name>`) are the LeNet's or the ResNet's, whose width their stem's shape gives (a
-    state without buffers, plain SGD's, is the same for both: the LeNet's)."""
+    rate is a number, whose optax.scale keeps no count (nnx.Optimizer's step keeps it). Where its trace holds the rate
+    (rate_inside) the trace is -lr * the buffer at the last update's rate, and the canonical buffers are saved too
+    (CANONICAL). The network is the state's: its buffers' names (`<slot>.<name>`) are the LeNet's or the ResNet's,
+    whose width their stem's shape gives (a state without buffers, plain SGD's, is the same for both: the LeNet's)."""
     names = {key.split(".", 1)[1]: a for key, a in state.items() if key != "step"}
     width = resnet.width_of(names) if "stem.conv.weight" in names else None
     module = idiomatic(*any_weights(width))
     trainer = nnx.Optimizer(module, get_trainer(optimizer, port="stock"), wrt=nnx.Param)
-    load_state(trainer, state, flax_paths(module))
+    paths, stock, inside = flax_paths(module), state, rate_inside(optimizer)
+    if inside:
+        rate = optimizer.learning_rate(max(state["step"] - 1, 0))   # a state of no steps has zero buffers
+        stock = {key: (-rate * np.asarray(a, np.float64)).astype(np.float32) if key.startswith("momentum_buffer.")
+                 else a for key, a in state.items()}
+    load_state(trainer, stock, paths)
     with checkpointer() as saver:
         saver.save(os.path.abspath(path), jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(trainer))))
+        if inside:
+            saver.save(os.path.join(os.path.abspath(path), CANONICAL),
+                       module_tree({name: state[f"momentum_buffer.{name}"] for name in paths}, paths))
+
+
+def module_tree(arrays, paths):
+    """Canonical arrays by name as nested dicts at their parameters' `paths` in the Flax module, channels-last: how
+    an nnx.Optimizer's pure dict keeps a buffer."""
+    tree = {}
+    for name, path in paths.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = to_channels_last(name, np.asarray(arrays[name]))
+    return tree
 
 
 def read_state(path):
-    """The canonical state's entries as stored: the step count, the buffers by canonical name in Flax's layout. The
-    network is the file's: the ResNet's tree has its residual blocks (the paths do not depend on the width)."""
+    """The canonical state's entries as stored: the step count, the buffers by canonical name in Flax's layout, the
+    momentum buffers from CANONICAL where the trace holds the rate (without it, a stock optax.rmsprop's own file, the
+    rate is unknown: refused). The network is the file's: the ResNet's tree has its residual blocks (the paths do
+    not depend on the width)."""
+    path = os.path.abspath(path)
     with checkpointer() as restorer:
-        tree = restorer.restore(os.path.abspath(path))
+        tree = restorer.restore(path)
+        kept = restorer.restore(os.path.join(path, CANONICAL)) if os.path.isdir(os.path.join(path, CANONICAL)) \
+            else None
     opt_state = tree.get("opt_state", {}) if isinstance(tree, dict) else {}
-    buffers = next((b for field in ("trace", "mu") for b in find(opt_state, field)), {})
-    return canonical_state(tree, flax_paths(idiomatic(*any_weights(1 if "blocks" in buffers else None))))
+    first = next((b for _, b in buffers(opt_state)), {})
+    paths = flax_paths(idiomatic(*any_weights(1 if "blocks" in first else None)))
+    state = canonical_state(tree, paths)
+    slots = {key.split(".", 1)[0] for key in state if key != "step"}
+    if kept is not None:
+        state.update({f"momentum_buffer.{name}": np.asarray(at(kept, p)) for name, p in paths.items()})
+    elif {"square_avg", "momentum_buffer"} <= slots:
+        raise ValueError("an RMSprop momentum trace without the canonical buffers this project keeps beside it: "
+                         "optax.rmsprop's trace holds the rate, which its file does not say (a file stock Optax "
+                         "code wrote), so the converter does not read it")
+    return state
 
 
 def logits(model, X):

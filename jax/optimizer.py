@@ -72,6 +72,20 @@ def update(params, grads, state, lr, batch_size):
         buffers = new["momentum_buffer"] = [o.momentum * v + g for v, g in zip(state["momentum_buffer"], grads)]
         directions = [g + o.momentum * v for g, v in zip(grads, buffers)] if o.name == "nesterov" else buffers
         return [p - lr * d for p, d in zip(params, directions)], new   # the rate outside the buffer
+    if o.name == "rmsprop":
+        a = o.alpha
+        square_avg = new["square_avg"] = [a * s + (1 - a) * g * g for s, g in zip(state["square_avg"], grads)]
+        if o.centered:                                            # the running variance: less the mean's square
+            grad_avg = new["grad_avg"] = [a * c + (1 - a) * g for c, g in zip(state["grad_avg"], grads)]
+            square_avg = [s - c * c for s, c in zip(square_avg, grad_avg)]
+        directions = [g / (jnp.sqrt(s) + o.eps) for g, s in zip(grads, square_avg)]   # eps outside the square root
+        if o.momentum:                                            # the buffer starts at 0, the rate outside it
+            directions = new["momentum_buffer"] = [o.momentum * v + d
+                                                   for v, d in zip(state["momentum_buffer"], directions)]
+        return [p - lr * d for p, d in zip(params, directions)], new
+    if o.name == "adagrad":                                       # the sum starts at 0
+        sums = new["sum"] = [s + g * g for s, g in zip(state["sum"], grads)]
+        return [p - lr * g / (jnp.sqrt(s) + o.eps) for p, g, s in zip(params, grads, sums)], new
     if o.decoupled:                                               # adamw: the weights shrink, not the gradient
         params = [p * (1 - lr * o.weight_decay) for p in params]
     b1, b2 = o.betas
@@ -120,8 +134,14 @@ def get_trainer(optimizer, port="canonical"):
     optax.adamw's update -lr * (adam + wd * w) is torch's w * (1 - lr * wd) - lr * adam, on every parameter
     (mask=None: biases decay too). clip_by_global_norm scales by clip / norm, torch's by clip / (norm + 1e-6): a
     ~1e-7 relative difference on the steps that clip. Its input must be the global batch's mean gradient.
+    optax.rmsprop and optax.adagrad do not compute torch's: rmsprop adds eps inside the square root by default and
+    traces its momentum after the rate (the rate inside the buffer), adagrad starts its sum at 0.1 and adds eps inside
+    the square root. rmsprop is therefore built from Optax's own parts in the spec's order (scale_by_rms, or
+    scale_by_stddev when centered, with eps_in_sqrt=False; trace; the rate), adagrad from scale_by_rss_torch.
     port="stock" (idiomatic.py's, for the conventions table): what a straightforward port from torch.optim builds,
-    the same hyperparameters in the same stock classes; only Optax's usual warm-up differs (schedule)."""
+    the same hyperparameters in the same stock classes (optax.rmsprop(lr, alpha, eps, centered=, momentum=),
+    optax.adagrad(lr, eps=)); Optax's usual warm-up (schedule), and its rmsprop's and adagrad's own arithmetic (the
+    rmsprop trace holds the rate: checkpoint.save_state puts -lr * the canonical buffer in it)."""
     o, rate = optimizer, get_schedule(optimizer, port)
     clip = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm is not None else []
     if o.decoupled:
@@ -129,31 +149,82 @@ def get_trainer(optimizer, port="canonical"):
     decay = [optax.add_decayed_weights(o.weight_decay)] if o.weight_decay else []
     if o.name == "adam":
         return optax.chain(*clip, *decay, optax.adam(rate, *o.betas, o.eps))
+    if port == "stock" and o.name == "rmsprop":   # momentum None, not 0: no trace at all, as torch keeps no buffer
+        return optax.chain(*clip, *decay, optax.rmsprop(rate, o.alpha, o.eps, centered=o.centered,
+                                                        momentum=o.momentum or None))
+    if port == "stock" and o.name == "adagrad":
+        return optax.chain(*clip, *decay, optax.adagrad(rate, eps=o.eps))
+    if o.name == "rmsprop":
+        scale = (optax.scale_by_stddev if o.centered else optax.scale_by_rms)(o.alpha, o.eps, eps_in_sqrt=False)
+        trace = [optax.trace(o.momentum)] if o.momentum else []
+        return optax.chain(*clip, *decay, scale, *trace, optax.scale_by_learning_rate(rate))
+    if o.name == "adagrad":
+        return optax.chain(*clip, *decay, scale_by_rss_torch(o.eps), optax.scale_by_learning_rate(rate))
     momentum = None if o.name == "sgd" else o.momentum
     return optax.chain(*clip, *decay, optax.sgd(rate, momentum, nesterov=o.name == "nesterov"))
 
 
-# A state's buffers by Optax's names (fields of TraceState and ScaleByAdamState) and torch.optim's (the canonical
-# slots); every Optax state counts its updates in `count` (the schedule's and Adam's), which is the step.
-FIELDS = {"momentum_buffer": "trace", "exp_avg": "mu", "exp_avg_sq": "nu"}
+def scale_by_rss_torch(eps):
+    """torch.optim.Adagrad's scaling, g / (sqrt(sum of squares) + eps) with the sum from 0, in Optax's own state
+    (ScaleByRssState: a file of it restores into stock optax.adagrad code). No stock transformation computes it:
+    optax.scale_by_rss can start its sum at 0 (initial_accumulator_value) but adds eps inside the square root,
+    rsqrt(sum + eps), and has no eps_in_sqrt switch as scale_by_rms has."""
+    def init(params):
+        return optax.ScaleByRssState(sum_of_squares=optax.tree.zeros_like(params))
+
+    def update(updates, state, params=None):
+        sums = jax.tree.map(lambda g, s: s + g * g, updates, state.sum_of_squares)
+        return jax.tree.map(lambda g, s: g / (jnp.sqrt(s) + eps), updates, sums), optax.ScaleByRssState(sums)
+    return optax.GradientTransformation(init, update)
+
+
+# The Optax states that keep buffers, told apart by their fields (a NamedTuple's, or the keys of the dict
+# nnx.to_pure_dict makes of one: Adam's and the centered RMSprop's are both "mu" and "nu"), and the canonical slot
+# (torch.optim's name) of each buffer. Every Optax state counts its updates in `count` (the schedule's and Adam's),
+# which is the step.
+SLOTS = {frozenset({"trace"}): {"trace": "momentum_buffer"},                        # TraceState
+         frozenset({"count", "mu", "nu"}): {"mu": "exp_avg", "nu": "exp_avg_sq"},    # ScaleByAdamState
+         frozenset({"nu"}): {"nu": "square_avg"},                                   # ScaleByRmsState
+         frozenset({"mu", "nu"}): {"mu": "grad_avg", "nu": "square_avg"},           # ScaleByRStdDevState
+         frozenset({"sum_of_squares"}): {"sum_of_squares": "sum"}}                  # ScaleByRssState
+
+
+def slots_of(node):
+    """{field: canonical slot} of an Optax state that keeps buffers (a NamedTuple, or its pure dict); else {}."""
+    fields = node._fields if isinstance(node, tuple) and hasattr(node, "_fields") else \
+        node.keys() if isinstance(node, dict) else ()
+    return SLOTS.get(frozenset(fields), {})
+
+
+def buffers(opt_state):
+    """(canonical slot, the parameters' tree of its buffers) of every buffer in an Optax state (a chain's, nested, as
+    Optax keeps it or as a pure dict), in the chain's order."""
+    slots = slots_of(opt_state)
+    for field, slot in slots.items():
+        yield slot, opt_state[field] if isinstance(opt_state, dict) else getattr(opt_state, field)
+    if not slots and isinstance(opt_state, (dict, tuple, list)):
+        for value in opt_state.values() if isinstance(opt_state, dict) else opt_state:
+            yield from buffers(value)
 
 
 def optax_state(state, opt_state, params, names):
     """The Optax state `opt_state` (tx.init's, the built-in mode's) holding the canonical `state` of the parameters
     `names`: its buffers as params(canonical arrays) lays them out (the parameters' own pytree), every count at the
     step."""
-    buffers = {FIELDS[slot]: params({name: state[f"{slot}.{name}"] for name in names})
-               for slot in FIELDS if f"{slot}.{names[0]}" in state}
-    return optax.tree_utils.tree_set(opt_state, count=jnp.int32(state["step"]), **buffers)
+    def filled(node):
+        slots = slots_of(node)
+        return node._replace(**{field: params({name: state[f"{slot}.{name}"] for name in names})
+                                for field, slot in slots.items()}) if slots else node
+    opt_state = jax.tree.map(filled, opt_state, is_leaf=lambda node: bool(slots_of(node)))
+    return optax.tree_utils.tree_set(opt_state, count=jnp.int32(state["step"]))
 
 
 def optax_canonical(opt_state, to_canonical):
     """The canonical state an Optax state holds: to_canonical(the parameters' pytree) -> arrays by name."""
     (step,) = {int(count) for _, count in optax.tree_utils.tree_get_all_with_path(opt_state, "count")}
     state = {"step": step}
-    for slot, field in FIELDS.items():
-        for _, buffers in optax.tree_utils.tree_get_all_with_path(opt_state, field):
-            state.update({f"{slot}.{name}": a for name, a in to_canonical(buffers).items()})
+    for slot, kept in buffers(opt_state):
+        state.update({f"{slot}.{name}": a for name, a in to_canonical(kept).items()})
     return state
 
 
@@ -186,9 +257,8 @@ def canonical_state(tree, paths):
     if len(counts) != 1:
         raise ValueError(f"step counts {sorted(counts)} disagree")
     state = {"step": counts.pop()}
-    for slot, field in FIELDS.items():
-        for buffers in find(opt_state, field):
-            state.update({f"{slot}.{name}": np.asarray(at(buffers, path)) for name, path in paths.items()})
+    for slot, kept in buffers(opt_state):
+        state.update({f"{slot}.{name}": np.asarray(at(kept, path)) for name, path in paths.items()})
     return state
 
 
@@ -196,9 +266,8 @@ def load_state(trainer, state, paths):
     """Put the canonical `state` into an nnx.Optimizer: its pure dict with the buffers at `paths` (flax_paths' of its
     module; channels-last, as the weights are: to_channels_last) and every count replaced, then replace_by_pure_dict
     (Flax's own restore). Buffers go in as given, a wrong shape too (for the harness's read_state to name)."""
-    slots = {field: slot for slot, field in FIELDS.items()}
-
     def replace(tree):
+        slots = slots_of(tree)
         for key, value in tree.items():
             if key in slots:
                 for name, path in paths.items():

@@ -18,8 +18,8 @@ from common.lenet import PARAM_NAMES, init_weights
 from . import resnet as resnet_model
 from .idiomatic import canonical_names
 from .lenet import build_model
-from .optimizer import (EXACT, adam_gap, buffers, get_trainer, rate_change_gap, schedule_gap, stock_port, told,
-                        trainer_order, updater_state)
+from .optimizer import (EXACT, adam_gap, buffers, convention_gaps, get_optimizer, get_trainer, momentum_inside,
+                        rate_change_gap, schedule_gap, stock_port, told, trainer_order, updater_state)
 
 KEYS = dict(zip(PARAM_NAMES, (f"{block}.{part}" for block in (0, 3, 6, 7) for part in ("weight", "bias"))))
 CHANNELS_LAST = False   # MXNet's layout is the canonical one
@@ -81,11 +81,13 @@ def save_state(state, optimizer, path):
 
 def rate_inside(optimizer):
     """The stock class save_state pickles for `optimizer` (common.optim's) where it keeps the rate inside its momentum
-    buffer (MXNet's SGD with momentum, NAG: optimizer.stock_port), or None: stock Gluon code that loads the file
-    continues the state's own run only while the rate stays (common.optim.rate_changes)."""
-    if not stock_port(optimizer) or optimizer.name not in ("momentum", "nesterov"):
+    buffer (optimizer.stock_port and momentum_inside: MXNet's SGD with momentum, NAG, a centered RMSProp with
+    momentum), or None: stock Gluon code that loads the file continues the state's own run only while the rate stays
+    (common.optim.rate_changes)."""
+    if not stock_port(optimizer):
         return None
-    return "MXNet's stock NAG" if optimizer.name == "nesterov" else "MXNet's stock SGD"
+    stock = get_optimizer(optimizer, "stock")
+    return f"MXNet's stock {type(stock).__name__}" if momentum_inside(stock) else None
 
 
 def read_state(path):
@@ -108,8 +110,9 @@ def read_optimizer(path, accept_gap=False):
     and the line that says what differs where it is read across a convention gap it was told to accept (else None)."""
     updater = saved_updater(path)
     mx_optimizer = updater.optimizer
-    optimizer = told(mx_optimizer, accept_gap)
-    gaps = [gap(mx_optimizer, optimizer) for gap in (schedule_gap, rate_change_gap)]
+    optimizer = told(mx_optimizer, accept_gap, updater.states)
+    gaps = [*convention_gaps(mx_optimizer, updater.states),
+            *(gap(mx_optimizer, optimizer) for gap in (schedule_gap, rate_change_gap))]
     if type(mx_optimizer) is mx.optimizer.Adam:
         gaps.insert(0, f"MXNet's stock Adam adds epsilon to the uncorrected sqrt(v): continued by torch's or Optax's "
                        f"Adam, the next update differs by {adam_gap(mx_optimizer, updater.states):.1e} of its size "

@@ -52,6 +52,23 @@ def apply(params, grads, state, lr, batch_size):
             v = state["momentum_buffer"][i]
             v[:] = o.momentum * v + g         # the rate stays outside the buffer; v = g on the first step
             p -= lr * (g + o.momentum * v if o.name == "nesterov" else v)
+        elif o.name == "rmsprop":
+            s = state["square_avg"][i]
+            s[:] = o.alpha * s + (1 - o.alpha) * g * g
+            if o.centered:
+                c = state["grad_avg"][i]
+                c[:] = o.alpha * c + (1 - o.alpha) * g
+                s = s - c * c                 # the gradients' running variance
+            scaled = g / (s.sqrt() + o.eps)   # eps outside the square root
+            if o.momentum:
+                v = state["momentum_buffer"][i]
+                v[:] = o.momentum * v + scaled
+                scaled = v
+            p -= lr * scaled                  # the rate outside the momentum buffer
+        elif o.name == "adagrad":
+            s = state["sum"][i]
+            s[:] += g * g
+            p -= lr * g / (s.sqrt() + o.eps)
         else:
             if o.decoupled:
                 p *= 1 - lr * o.weight_decay
@@ -122,6 +139,52 @@ class AdamW(Adam):
                                 beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon * math.sqrt(c2))
 
 
+class RMSProp(mx.optimizer.RMSProp):
+    """torch.optim.RMSprop with mx.optimizer.RMSProp's parameters: gamma1 is torch's alpha, gamma2 its momentum (here
+    centered or not). The stock kernels add epsilon inside the square root, g / sqrt(n + eps), torch's outside,
+    g / (sqrt(n) + eps); the plain one (rmsprop_update) has no momentum, and the centered one (rmspropalex_update) keeps
+    the rate inside it: delta = gamma2 * delta - lr * g / sqrt(n - g_avg^2 + eps); w += delta. No stock kernel computes
+    torch's, so the update is written out, as Momentum's: g (the rescaled mean, plus wd * w); n = gamma1 * n +
+    (1 - gamma1) * g^2 (centered: g_avg likewise, and n - g_avg^2 for n); g / (sqrt(n) + eps), through
+    v = gamma2 * v + that if gamma2; w -= lr * it."""
+
+    def create_state(self, index, weight):
+        """common.optim's slots, in its order (a tuple, as the stock class's)."""
+        return tuple(nd.zeros(weight.shape, weight.context, dtype=weight.dtype) for _ in slots(self))
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        lr, wd = self._get_lr(index), self._get_wd(index)
+        grad = grad * self.rescale_grad + wd * weight
+        square_avg, *others = state
+        square_avg[:] = self.gamma1 * square_avg + (1 - self.gamma1) * grad * grad
+        variance = square_avg
+        if self.centered:
+            grad_avg = others.pop(0)
+            grad_avg[:] = self.gamma1 * grad_avg + (1 - self.gamma1) * grad
+            variance = square_avg - grad_avg * grad_avg
+        scaled = grad / (variance.sqrt() + self.epsilon)
+        if self.gamma2:
+            (buffer,) = others
+            buffer[:] = self.gamma2 * buffer + scaled
+            scaled = buffer
+        weight -= lr * scaled
+
+
+class AdaGrad(mx.optimizer.AdaGrad):
+    """torch.optim.Adagrad. mx.optimizer.AdaGrad adds its eps (float_stable_eps) inside the square root and decays
+    the weights outside the accumulation: history += g^2; w -= lr * (g / sqrt(history + eps) + wd * w), g without the
+    decay. torch's decay is L2, added to the gradient that is accumulated and divided, and its eps is outside the root:
+    the stock update with those two lines changed."""
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        lr, wd = self._get_lr(index), self._get_wd(index)
+        grad = grad * self.rescale_grad + wd * weight
+        state[:] += grad * grad
+        weight -= lr * grad / (state.sqrt() + self.float_stable_eps)
+
+
 class OneUpdateLate:
     """The optimizer asks the schedule for the rate of num_update, which counts the update being made (the first is
     1): the stock warm-up, lr * num_update / W, is torch's LinearLR from 1 / W, and num_update = W is the warm-up's
@@ -181,12 +244,14 @@ def get_schedule(optimizer, port="canonical"):
 
 # The classes each optimizer is built with: "canonical" computes common/optim.py; "stock" is a straightforward port,
 # MXNet's own classes given the same hyperparameters (its momentum and NAG with the rate in the buffer, its Adam's
-# epsilon, no AdamW: Adam whose wd is L2 in the gradient) and its stock schedules. Both clip by global norm
-# (Trainer, below): no stock class does, and clip_gradient, which clips each element, is another operation.
+# epsilon, no AdamW: Adam whose wd is L2 in the gradient; RMSProp's and AdaGrad's epsilon inside the root, RMSProp's
+# momentum only when centered, AdaGrad's decay outside its accumulation) and its stock schedules. Both clip by global
+# norm (Trainer, below): no stock class does, and clip_gradient, which clips each element, is another operation.
 CLASSES = {"canonical": {"sgd": mx.optimizer.SGD, "momentum": Momentum, "nesterov": Nesterov, "adam": Adam,
-                         "adamw": AdamW},
+                         "adamw": AdamW, "rmsprop": RMSProp, "adagrad": AdaGrad},
            "stock": {"sgd": mx.optimizer.SGD, "momentum": mx.optimizer.SGD, "nesterov": mx.optimizer.NAG,
-                     "adam": mx.optimizer.Adam, "adamw": mx.optimizer.Adam}}
+                     "adam": mx.optimizer.Adam, "adamw": mx.optimizer.Adam, "rmsprop": mx.optimizer.RMSProp,
+                     "adagrad": mx.optimizer.AdaGrad}}
 
 
 def get_optimizer(optimizer, port="canonical", step=0):
@@ -197,6 +262,10 @@ def get_optimizer(optimizer, port="canonical", step=0):
     o = optimizer
     if o.name in ("adam", "adamw"):
         hyper = {"beta1": o.betas[0], "beta2": o.betas[1], "epsilon": o.eps}
+    elif o.name == "rmsprop":
+        hyper = {"gamma1": o.alpha, "gamma2": o.momentum, "epsilon": o.eps, "centered": o.centered}
+    elif o.name == "adagrad":
+        hyper = {"eps": o.eps}
     else:
         hyper = {"momentum": 0.0 if o.name == "sgd" else o.momentum}
     return CLASSES[port][o.name](learning_rate=o.lr, wd=o.weight_decay, begin_num_update=step,
@@ -205,33 +274,53 @@ def get_optimizer(optimizer, port="canonical", step=0):
 
 def slots(mx_optimizer):
     """common.optim's names of the buffers an MXNet optimizer keeps per parameter, in the order of its state: Adam's
-    is (mean, var); momentum's, Nesterov's (and the stock SGD's and NAG's with momentum) one buffer; SGD's None."""
-    if isinstance(mx_optimizer, mx.optimizer.Adam):
+    is (mean, var); momentum's, Nesterov's (and the stock SGD's and NAG's with momentum) one buffer; SGD's None;
+    AdaGrad's its history (torch's sum); RMSProp's common.optim's, but the stock one's: (n,), or centered
+    (n, g_avg, delta) whatever gamma2, delta None where gamma2 is 0 (a buffer the canonical state has no slot for:
+    with no momentum it holds the last update alone)."""
+    o = mx_optimizer
+    if type(o) is mx.optimizer.RMSProp:
+        return ("square_avg", "grad_avg", "momentum_buffer" if o.gamma2 else None) if o.centered else ("square_avg",)
+    if isinstance(o, RMSProp):
+        return Optimizer("rmsprop", momentum=o.gamma2, centered=o.centered).slots
+    if isinstance(o, mx.optimizer.AdaGrad):
+        return ("sum",)
+    if isinstance(o, mx.optimizer.Adam):
         return ("exp_avg", "exp_avg_sq")
-    if isinstance(mx_optimizer, Momentum) or getattr(mx_optimizer, "momentum", 0.0):
+    if isinstance(o, Momentum) or getattr(o, "momentum", 0.0):
         return ("momentum_buffer",)
     return ()
 
 
 # MXNet's stock classes that keep the rate inside the momentum buffer (v = mu * v - lr * g; w += v, and NAG's
-# w += mu * v - lr * g): torch's buffer, the canonical one, keeps it outside (w -= lr * buf), so buf = -v / lr at the
-# rate of the last update made. Exact while the rate stays there; after a change of rate the stock trajectory and
-# torch's part, each by its own definition.
-RATE_INSIDE = (mx.optimizer.SGD, mx.optimizer.NAG)
+# w += mu * v - lr * g; a centered RMSProp's delta = gamma2 * delta - lr * g / sqrt(n - g_avg^2 + eps); w += delta):
+# torch's buffer, the canonical one, keeps it outside (w -= lr * buf), so buf = -v / lr at the rate of the last update
+# made. Exact while the rate stays there; after a change of rate the stock trajectory and torch's part, each by its
+# own definition.
+RATE_INSIDE = (mx.optimizer.SGD, mx.optimizer.NAG, mx.optimizer.RMSProp)
 
 
-def canonical_buffer(mx_optimizer, array):
-    """One of a parameter's buffers (numpy) in common.optim's convention: a stock SGD's or NAG's momentum divided by
-    minus the last update's rate (learning_rate: the schedule's rate of num_update, the updates made); the classes
-    above keep the canonical convention already."""
-    if type(mx_optimizer) in RATE_INSIDE and mx_optimizer.learning_rate:   # 0 before a warm-up's first update,
-        return array / -mx_optimizer.learning_rate                          # when the buffer is 0 anyway
+def momentum_inside(mx_optimizer):
+    """The momentum of a stock class that keeps the rate inside its buffer (RATE_INSIDE), else 0: SGD's and NAG's,
+    a centered RMSProp's gamma2 (a plain one has none)."""
+    o = mx_optimizer
+    if type(o) not in RATE_INSIDE:
+        return 0.0
+    return (o.gamma2 if o.centered else 0.0) if type(o) is mx.optimizer.RMSProp else o.momentum
+
+
+def canonical_buffer(mx_optimizer, slot, array):
+    """A parameter's buffer of `slot` (numpy) in common.optim's convention: a stock momentum buffer that holds the rate
+    (momentum_inside) divided by minus the last update's rate (learning_rate: the schedule's rate of num_update, the
+    updates made); the classes above keep the canonical convention already, and the other slots hold no rate."""
+    if slot == "momentum_buffer" and momentum_inside(mx_optimizer) and mx_optimizer.learning_rate:   # 0 before a
+        return array / -mx_optimizer.learning_rate   # warm-up's first update, when the buffer is 0 anyway
     return array
 
 
-def stock_buffer(mx_optimizer, array):
+def stock_buffer(mx_optimizer, slot, array):
     """The inverse of canonical_buffer: a canonical buffer (numpy) in `mx_optimizer`'s convention."""
-    if type(mx_optimizer) in RATE_INSIDE:
+    if slot == "momentum_buffer" and momentum_inside(mx_optimizer):
         return array * -mx_optimizer.learning_rate
     return array
 
@@ -241,8 +330,9 @@ def stock_port(optimizer):
     momentum and nesterov as the stock SGD and NAG (the rate in the buffer: the same update while the rate stays,
     each its own definition after a change), on the stock schedules that give the spec's rates (a constant rate,
     a warm-up, the step schedule's MultiFactorScheduler, a FactorScheduler without a warm-up). Not Adam (its
-    epsilon), AdamW (no class), the cosine or the polynomial (one update ahead: OneUpdateLate), or a factor schedule
-    after a warm-up (its decays counted through it)."""
+    epsilon), AdamW (no class), RMSProp and AdaGrad (their epsilon inside the root: convention_gaps), the cosine or
+    the polynomial (one update ahead: OneUpdateLate), or a factor schedule after a warm-up (its decays counted
+    through it)."""
     schedule, warmup = optimizer.schedule, optimizer.warmup_steps
     return (optimizer.name in ("sgd", "momentum", "nesterov") and schedule not in ("cosine", "poly")
             and not (schedule == "factor" and warmup))
@@ -259,30 +349,95 @@ def adam_gap(mx_optimizer, states):
                             [(mean.asnumpy(), var.asnumpy()) for mean, var in states.values()], source="hat")
 
 
-def told(mx_optimizer, accept_gap=False):
+def told(mx_optimizer, accept_gap=False, states=None):
     """The common.optim.Optimizer a pickled MXNet optimizer is (Trainer.save_states pickles it beside the states),
     told from its class and fields, never guessed from its buffers: this module's classes, or MXNet's stock SGD (with
-    momentum: the canonical momentum, its buffer converted by canonical_buffer) and NAG; with no schedule or this
-    module's (get_schedule's). What has no exact canonical equivalent is a ValueError that says what differs; with
-    `accept_gap`, MXNet's stock Adam is read as torch's (its moments are the same; its epsilon is not: adam_gap)."""
+    momentum: the canonical momentum, its buffer converted by canonical_buffer), NAG, RMSProp (centered: gamma2 the
+    momentum, its delta converted likewise) and AdaGrad; with no schedule or this module's (get_schedule's). What has
+    no exact canonical equivalent is a ValueError that says what differs (measured on the Updater's `states` where
+    given: convention_gaps); with `accept_gap`, MXNet's stock Adam is read as torch's (its moments are the same; its
+    epsilon is not: adam_gap), and its RMSProp and AdaGrad too (their buffers are torch's, their epsilon is not)."""
     o, kind = mx_optimizer, type(mx_optimizer)
     names = {Momentum: "momentum", Nesterov: "nesterov", Adam: "adam", AdamW: "adamw", mx.optimizer.NAG: "nesterov",
-             mx.optimizer.SGD: "momentum" if getattr(o, "momentum", 0.0) else "sgd", mx.optimizer.Adam: "adam"}
+             mx.optimizer.SGD: "momentum" if getattr(o, "momentum", 0.0) else "sgd", mx.optimizer.Adam: "adam",
+             RMSProp: "rmsprop", mx.optimizer.RMSProp: "rmsprop", AdaGrad: "adagrad", mx.optimizer.AdaGrad: "adagrad"}
     if kind is mx.optimizer.Adam and not accept_gap:
         raise ValueError("MXNet's stock Adam adds epsilon to the uncorrected sqrt(v) (torch's epsilon times "
                          "sqrt(1 - beta2^t), smaller in early steps): no stock Adam elsewhere but Keras's computes it "
                          "(--accept-gap converts it anyway)")
     if kind not in names:
-        raise ValueError(f"MXNet's {kind.__name__} is not one the converter carries (sgd, sgd with momentum, nag, and "
-                         "this project's momentum, nesterov, adam, adamw)")
-    hyper = {"betas": (o.beta1, o.beta2), "eps": o.epsilon} if names[kind] in ("adam", "adamw") else \
-        {"momentum": o.momentum} if names[kind] != "sgd" else {}
+        raise ValueError(f"MXNet's {kind.__name__} is not one the converter carries (sgd, sgd with momentum, nag, "
+                         "rmsprop, adagrad, and this project's momentum, nesterov, adam, adamw, rmsprop, adagrad)")
+    if getattr(o, "clip_weights", None):
+        raise ValueError(f"its RMSProp clips the weights to +-{o.clip_weights:g} at every update (clip_weights), which "
+                         "no other framework's optimizer does")
+    if names[kind] in ("adam", "adamw"):
+        hyper = {"betas": (o.beta1, o.beta2), "eps": o.epsilon}
+    elif names[kind] == "rmsprop":   # the stock plain RMSProp ignores gamma2
+        hyper = {"alpha": float(o.gamma1), "eps": float(o.epsilon), "centered": bool(o.centered),
+                 "momentum": float(o.gamma2 if kind is RMSProp else momentum_inside(o))}
+    elif names[kind] == "adagrad":
+        hyper = {"eps": float(o.float_stable_eps)}
+    else:
+        hyper = {"momentum": o.momentum} if names[kind] != "sgd" else {}
     schedule = told_schedule(o.lr_scheduler, int(o.num_update))
     optimizer = Optimizer(names[kind], lr=float(o.lr), weight_decay=float(o.wd), **hyper, **schedule)
-    gap = schedule_gap(o, optimizer) or rate_change_gap(o, optimizer)
-    if gap and not accept_gap:
-        raise ValueError(f"{gap} (--accept-gap converts it anyway)")
+    gaps = [*convention_gaps(o, states), schedule_gap(o, optimizer) or rate_change_gap(o, optimizer)]
+    if any(gaps) and not accept_gap:
+        raise ValueError(f"{'; '.join(gap for gap in gaps if gap)} (--accept-gap converts it anyway)")
     return optimizer
+
+
+def convention_gaps(mx_optimizer, states=None):
+    """Where MXNet's stock RMSProp and AdaGrad compute otherwise than torch.optim's (the spec's), one line each: their
+    epsilon inside the square root, and AdaGrad's decay outside its accumulation ([] for the other classes). Measured
+    on the Updater's `states` (index -> a parameter's state) where given: root_epsilon_gap for epsilon; for the decay,
+    the factor torch's decay term is of MXNet's, 1 / (sqrt(sum) + eps), in the state's median element."""
+    o, kind = mx_optimizer, type(mx_optimizer)
+    if kind not in (mx.optimizer.RMSProp, mx.optimizer.AdaGrad):
+        return []
+    arrays = [[a.asnumpy() for a in buffers(state)] for state in (states or {}).values()]
+    continued = ": continued by torch's, the next update differs"
+    if kind is mx.optimizer.RMSProp:
+        root = "n - g_avg^2" if o.centered else "n"
+        pairs = [(own[0] - own[1] ** 2 if o.centered else own[0], own[0]) for own in arrays]   # (n, g_avg, delta)
+        if arrays:
+            continued += (f" by {root_epsilon_gap(o.epsilon, pairs):.1e} of its size for a gradient the size of each "
+                          "element's running RMS")
+        return [f"MXNet's stock RMSProp adds epsilon ({o.epsilon:g}) inside the square root, sqrt({root} + eps) "
+                f"(torch.optim's RMSprop outside: sqrt({root}) + eps){continued} (Keras's and Optax's RMSprop compute "
+                "MXNet's)"]
+    eps, done = o.float_stable_eps, max(int(o.num_update), 1)
+    histories = [own[0] for own in arrays]
+    if arrays:
+        continued += (f" by {root_epsilon_gap(eps, [(h, h / done) for h in histories]):.1e} of its size for a "
+                      "gradient the size of each element's running RMS")
+    gaps = [f"MXNet's stock AdaGrad adds eps ({eps:g}) inside the square root, sqrt(history + eps) (torch.optim's "
+            f"Adagrad outside: sqrt(sum) + eps){continued} (Keras's and Optax's Adagrad compute MXNet's)"]
+    if o.wd:
+        factor = (f": {np.median(1 / (np.sqrt(np.concatenate([h.ravel() for h in histories])) + eps)):.3g} in this "
+                  "state's median element" if arrays else "")
+        gaps.append(f"MXNet's stock AdaGrad decays the weights outside its accumulation, w -= lr * (g / sqrt(history + "
+                    f"eps) + wd * w), wd {o.wd:g} (torch.optim's Adagrad adds wd * w to the gradient it accumulates, "
+                    "L2): continued by torch's, the decay's term of the update is 1 / (sqrt(sum) + eps) times MXNet's"
+                    f"{factor} (Keras's decoupled weight_decay and Optax's add_decayed_weights after scale_by_rss "
+                    "compute MXNet's)")
+    return gaps
+
+
+def root_epsilon_gap(eps, pairs):
+    """How far an update moves between epsilon inside the square root, g / sqrt(d + eps) (MXNet's RMSProp and AdaGrad,
+    Keras's, Optax's), and outside it, g / (sqrt(d) + eps) (torch.optim's, the spec's), for a gradient g the size of
+    each element's running RMS. `pairs`: (d, g^2) of each parameter, d what the root is taken of, as saved. Returns
+    |difference| / |MXNet's update| over the whole model (elements without a gradient yet move neither)."""
+    difference = norm = 0.0
+    for d, square in pairs:
+        d = np.maximum(np.asarray(d, np.float64), 0.0)   # a centered variance can round below 0
+        g = np.sqrt(np.maximum(np.asarray(square, np.float64), 0.0))
+        inside, outside = g / np.sqrt(d + eps), g / (np.sqrt(d) + eps)
+        difference += np.sum((outside - inside) ** 2)
+        norm += np.sum(inside ** 2)
+    return math.sqrt(difference / norm) if norm and eps else 0.0
 
 
 def told_schedule(s, done):
@@ -345,13 +500,14 @@ def schedule_gap(mx_optimizer, optimizer):
 
 
 def rate_change_gap(mx_optimizer, optimizer):
-    """What a stock SGD's or NAG's momentum (RATE_INSIDE: v = mu * v - lr * g) continued with the rate outside the
-    buffer (torch.optim's, Optax's, the canonical buf = mu * buf + g; w -= lr * buf) differs by, or None: the two
-    are one update only while the rate stays. At the first change after the updates made, from r to r', the
-    momentum's share of the update is r' / r times MXNet's in the other, and the trajectories part there. Keras's
-    SGD keeps the rate inside too: it computes MXNet's. None for a file this project wrote from a canonical run
-    (EXACT, at the file's step): its state is the canonical one."""
-    if type(mx_optimizer) not in RATE_INSIDE or not getattr(mx_optimizer, "momentum", 0.0):
+    """What a stock SGD's or NAG's momentum (RATE_INSIDE: v = mu * v - lr * g), or a centered RMSProp's delta,
+    continued with the rate outside the buffer (torch.optim's, Optax's SGD, the canonical buf = mu * buf + g;
+    w -= lr * buf) differs by, or None: the two are one update only while the rate stays. At the first change after
+    the updates made, from r to r', the momentum's share of the update is r' / r times MXNet's in the other, and the
+    trajectories part there. Keras's SGD keeps the rate inside too, and Keras's and Optax's RMSprop: they compute
+    MXNet's. None for a file this project wrote from a canonical run (EXACT, at the file's step): its state is the
+    canonical one."""
+    if not momentum_inside(mx_optimizer):
         return None
     exact = getattr(mx_optimizer, EXACT, None)   # a canonical run's state written for stock code: its own
     if exact and exact["step"] == mx_optimizer.num_update:
@@ -360,10 +516,13 @@ def rate_change_gap(mx_optimizer, optimizer):
     if not changes:
         return None
     step, before, rate = changes[0]
-    return (f"MXNet's stock {type(mx_optimizer).__name__} keeps the rate inside its momentum buffer (torch.optim's "
-            "and Optax's SGD outside): the two are one update only while the rate stays, and this schedule changes "
+    outside, same = (("torch.optim's RMSprop", "Keras's and Optax's RMSprop compute")
+                     if type(mx_optimizer) is mx.optimizer.RMSProp else
+                     ("torch.optim's and Optax's SGD", "Keras's SGD computes"))
+    return (f"MXNet's stock {type(mx_optimizer).__name__} keeps the rate inside its momentum buffer ({outside} "
+            "outside): the two are one update only while the rate stays, and this schedule changes "
             f"it {how_often(optimizer, changes)} after the {done} updates made, first at update {step + 1} "
-            f"({before:.4g} to {rate:.4g}: their momentum term {rate / before:.4g} times MXNet's); Keras's SGD computes "
+            f"({before:.4g} to {rate:.4g}: their momentum term {rate / before:.4g} times MXNet's); {same} "
             "MXNet's")
 
 
@@ -396,8 +555,11 @@ def updater_state(updater, names):
             raise ValueError(f"{len(arrays)} buffers for parameter {i}; {type(updater.optimizer).__name__} keeps "
                              f"{len(slot_names)}")
         for slot, array in zip(slot_names, arrays):
+            if slot is None:   # a stock centered RMSProp's delta without momentum
+                continue
             key = f"{slot}.{names[i]}"
-            state[key] = exact_buffer(updater.optimizer, key, canonical_buffer(updater.optimizer, array.asnumpy()))
+            state[key] = exact_buffer(updater.optimizer, key,
+                                      canonical_buffer(updater.optimizer, slot, array.asnumpy()))
     return state
 
 
@@ -473,8 +635,14 @@ def canonical_state(trainer):
 
 def mx_state(state, optimizer, name, context, mx_optimizer=None):
     """Parameter `name`'s buffers in the canonical `state` as MXNet's optimizers keep them (create_state's form):
-    None, the momentum buffer, or Adam's (mean, var); copies on `context`, as they are (harness/training/checkpoints.py
-    checks a checkpoint's shapes), in `mx_optimizer`'s convention (stock_buffer)."""
-    arrays = tuple(nd.array(stock_buffer(mx_optimizer, state[f"{slot}.{name}"]), ctx=context)
-                   for slot in optimizer.slots)
+    None, the momentum buffer, AdaGrad's history, Adam's (mean, var) or RMSProp's tuple; copies on `context`, as they
+    are (harness/training/checkpoints.py checks a checkpoint's shapes), in `mx_optimizer`'s convention (stock_buffer),
+    its slots (a stock centered RMSProp without momentum gets a delta of zeros, which its first update overwrites; a
+    stock plain one, which has no momentum, no momentum buffer)."""
+    own = optimizer.slots if mx_optimizer is None else slots(mx_optimizer)
+    like = next((state[f"{slot}.{name}"] for slot in own if slot), None)
+    arrays = tuple(nd.array(np.zeros_like(like) if slot is None else
+                            stock_buffer(mx_optimizer, slot, state[f"{slot}.{name}"]), ctx=context) for slot in own)
+    if isinstance(mx_optimizer, mx.optimizer.RMSProp):
+        return arrays
     return arrays if len(arrays) > 1 else arrays[0] if arrays else None

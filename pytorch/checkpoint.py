@@ -136,7 +136,8 @@ def width_of_state(state):
 def read_state(path):
     """The canonical state's entries as stored: the scheduler's step count, the buffers by parameter number, named
     by the network with as many parameters (the LeNet's or the ResNet's names). A general checkpoint's optimizer
-    counts its steps itself where it keeps a count (Adam's), else they are 0: SGD at a constant rate needs none."""
+    counts its steps itself where it keeps a count (every torch.optim class's but SGD's), else they are 0: SGD at a
+    constant rate needs none."""
     found = general_parts(path)
     if found is None:
         return canonical_state(torch.load(path, map_location="cpu", weights_only=True))
@@ -144,7 +145,8 @@ def read_state(path):
 
 
 def steps_of(found):
-    """The updates a general checkpoint's optimizer has made, where it counts them (Adam's per-parameter step)."""
+    """The updates a general checkpoint's optimizer has made, where it counts them (the per-parameter step of Adam,
+    AdamW, RMSprop and Adagrad)."""
     counts = {float(buffers["step"]) for buffers in found["optimizer"]["state"].values() if "step" in buffers}
     return int(counts.pop()) if len(counts) == 1 else 0
 
@@ -170,12 +172,24 @@ def read_optimizer(path, accept_gap=False):
         if group.get(key, fine) != fine:
             raise ValueError(f"a torch.optim optimizer with {key}={group[key]!r}, which no target's stock "
                              "optimizer computes the same way")
+    if "betas" in group and "amsgrad" not in group:   # Adam's and AdamW's keys have it; the other Adams' not
+        raise ValueError("a torch.optim optimizer with betas that is not Adam or AdamW (Adamax, NAdam or RAdam: "
+                         f"param_groups with {', '.join(sorted(group))}), which no target's stock optimizer computes")
     if "betas" in group:
         name = "adamw" if group.get("decoupled_weight_decay") else "adam"
         return Optimizer(name, group["lr"], weight_decay=group["weight_decay"], betas=tuple(group["betas"]),
                          eps=group["eps"]), None
+    if {"alpha", "centered"} <= set(group):   # RMSprop's (capturable and differentiable change no number)
+        return Optimizer("rmsprop", group["lr"], group["momentum"], group["weight_decay"], eps=group["eps"],
+                         alpha=group["alpha"], centered=group["centered"]), None
+    if "initial_accumulator_value" in group:   # Adagrad's
+        if group["lr_decay"] or group["initial_accumulator_value"]:
+            raise ValueError(f"a torch.optim.Adagrad with lr_decay={group['lr_decay']!r} and initial_accumulator_value="
+                             f"{group['initial_accumulator_value']!r}; the spec's adagrad has neither (its rate is the "
+                             "schedule's, its sum starts at 0)")
+        return Optimizer("adagrad", group["lr"], weight_decay=group["weight_decay"], eps=group["eps"]), None
     if "momentum" not in group:
-        raise ValueError("a torch.optim optimizer other than SGD, Adam or AdamW (param_groups with "
+        raise ValueError("a torch.optim optimizer other than SGD, Adam, AdamW, RMSprop or Adagrad (param_groups with "
                          f"{', '.join(sorted(group))})")
     name = "sgd" if not group["momentum"] else "nesterov" if group["nesterov"] else "momentum"
     return Optimizer(name, group["lr"], group["momentum"] or 0.9, group["weight_decay"]), \

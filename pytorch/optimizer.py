@@ -1,6 +1,6 @@
 """The optimizer in PyTorch, twice: by hand for the scratch step (its state a list of buffers per slot, one replica's),
 and as torch.optim's own classes and schedulers for the built-in and idiomatic modes. common/optim.py is PyTorch's
-conventions, so the stock SGD, Adam and AdamW compute it as they are: no subclass."""
+conventions, so the stock SGD, Adam, AdamW, RMSprop and Adagrad compute it as they are: no subclass."""
 import typing
 import warnings
 
@@ -37,7 +37,8 @@ def state_from_numpy(arrays, replica, optimizer, model):
 def apply(params, grads, state, lr, batch_size):
     """common/optim.py's update of one replica, in place, by hand: the gradients are the all-reduced sums, the same
     on every replica, so every replica clips by the same global norm and stays equal to the others. What
-    torch.optim.SGD, Adam and AdamW (get_trainer) compute, written out."""
+    torch.optim.SGD, Adam, AdamW, RMSprop and Adagrad (get_trainer) compute, written out, RMSprop's and Adagrad's in
+    their single-tensor implementations' order of operations (the same rounding)."""
     o, t = state["optimizer"], state["step"]
     with torch.no_grad():
         grads = [g / batch_size for g in grads]   # the global batch's mean
@@ -53,6 +54,25 @@ def apply(params, grads, state, lr, batch_size):
                 v = state["momentum_buffer"][i]
                 v.mul_(o.momentum).add_(g)        # the rate stays outside the buffer; v = g on the first step
                 p -= lr * (g + o.momentum * v if o.name == "nesterov" else v)
+            elif o.name == "rmsprop":
+                s = state["square_avg"][i]
+                s.mul_(o.alpha).addcmul_(g, g, value=1 - o.alpha)
+                if o.centered:                    # the gradients' running variance: s - c^2
+                    c = state["grad_avg"][i]
+                    c.lerp_(g, 1 - o.alpha)       # a * c + (1 - a) * g
+                    d = s.addcmul(c, c, value=-1).sqrt_().add_(o.eps)
+                else:
+                    d = s.sqrt().add_(o.eps)      # eps outside the square root
+                if o.momentum:
+                    v = state["momentum_buffer"][i]
+                    v.mul_(o.momentum).addcdiv_(g, d)   # from v = 0; the rate stays outside the buffer
+                    p.add_(v, alpha=-lr)
+                else:
+                    p.addcdiv_(g, d, value=-lr)
+            elif o.name == "adagrad":
+                s = state["sum"][i]
+                s.addcmul_(g, g)
+                p.addcdiv_(g, s.sqrt().add_(o.eps), value=-lr)
             else:
                 if o.decoupled:
                     p.mul_(1 - lr * o.weight_decay)
@@ -105,18 +125,22 @@ class Trainer(typing.NamedTuple):
 
     def state_dict(self):
         """What PyTorch's "saving and loading a general checkpoint" saves beside the model: the optimizer's
-        state_dict (its buffers by parameter number, in the model's parameters() order, which is `names`';
-        Adam's step count per parameter) and the scheduler's (its last_epoch is the steps done: SGD counts none)."""
+        state_dict (its buffers by parameter number, in the model's parameters() order, which is `names`'; every
+        class but SGD counts the steps per parameter) and the scheduler's (its last_epoch is the steps done: SGD
+        counts none)."""
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load(self, state):
         """Put the canonical `state` into this new trainer, so that its next update is step state["step"] of the run.
         The buffers go in through the optimizer's load_state_dict as they are, in their parameter's layout (its
         strides: a channels-last kernel's buffer is channels-last, as torch.optim's own are, so the update runs the
-        same kernels; a buffer of the wrong shape is saved as given, for the harness's read_state to name); Adam and
-        AdamW also count the steps per parameter (their bias corrections). The scheduler is stepped to the state's
-        step, as the interrupted run stepped it: the warm-up's and the cosine's rates are each computed from the
-        previous one, so only the same steps give the same rates, bit for bit."""
+        same kernels; a buffer of the wrong shape is saved as given, for the harness's read_state to name); every
+        class but SGD also counts the steps per parameter (Adam's and AdamW's bias corrections; RMSprop and Adagrad
+        count them, and a state of theirs without one does not step). A parameter with no buffers (a state before the
+        first update) gets none, not even a count: torch.optim makes them at the first step, as it would (SGD's
+        momentum, RMSprop's buffers, Adagrad's sum at its initial_accumulator_value, 0). The scheduler is stepped to
+        the state's step, as the interrupted run stepped it: the warm-up's and the cosine's rates are each computed
+        from the previous one, so only the same steps give the same rates, bit for bit."""
         optimizer, step = self.optimizer, state["step"]
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if self.names is None:
@@ -126,7 +150,7 @@ class Trainer(typing.NamedTuple):
         saved["state"] = {}
         for i, (p, name) in enumerate(zip(params, self.names)):
             buffers = {slot: buffer_like(p, state[f"{slot}.{name}"]) for slot in slots}
-            if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+            if buffers and not isinstance(optimizer, torch.optim.SGD):
                 buffers["step"] = torch.tensor(float(step))   # torch.optim's own form: a float32 tensor on the CPU
             saved["state"][i] = buffers
         optimizer.load_state_dict(saved)
@@ -167,8 +191,8 @@ def get_schedule(torch_optimizer, optimizer):
 
 def get_trainer(parameters, optimizer, state=None, names=None):
     """torch.optim's own classes with the spec's hyperparameters and its defaults for the rest (dampening 0, no
-    amsgrad): plain sgd is SGD without momentum; weight_decay is L2 in the gradient, except in AdamW, on every
-    parameter (one group: BatchNorm's weight and bias and every bias too, torch.optim's default). `names`: the
+    amsgrad, no lr_decay): plain sgd is SGD without momentum; weight_decay is L2 in the gradient, except in AdamW, on
+    every parameter (one group: BatchNorm's weight and bias and every bias too, torch.optim's default). `names`: the
     parameters' canonical names in their order (the network's PARAM_NAMES), which the canonical state needs (None:
     the LeNet's or the ResNet's, by their number). With a canonical `state` (a checkpoint's), the trainer goes on from
     it (Trainer.load)."""
@@ -176,6 +200,12 @@ def get_trainer(parameters, optimizer, state=None, names=None):
     if o.name in ("sgd", "momentum", "nesterov"):
         torch_optimizer = torch.optim.SGD(parameters, lr=o.lr, momentum=0.0 if o.name == "sgd" else o.momentum,
                                           nesterov=o.name == "nesterov", weight_decay=o.weight_decay)
+    elif o.name == "rmsprop":
+        torch_optimizer = torch.optim.RMSprop(parameters, lr=o.lr, alpha=o.alpha, eps=o.eps,
+                                              weight_decay=o.weight_decay, momentum=o.momentum, centered=o.centered)
+    elif o.name == "adagrad":   # Adagrad's own eps is 1e-10; its sum starts at 0 and its rate does not decay
+        torch_optimizer = torch.optim.Adagrad(parameters, lr=o.lr, eps=o.eps, weight_decay=o.weight_decay,
+                                              initial_accumulator_value=0.0)
     else:
         adam = torch.optim.AdamW if o.decoupled else torch.optim.Adam
         torch_optimizer = adam(parameters, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
@@ -193,9 +223,9 @@ NAMES_BY_COUNT = {len(names): names for names in (lenet.PARAM_NAMES, resnet.PARA
 def canonical_state(saved, names=None):
     """The canonical state (common.optim.init_state's form) in a Trainer.state_dict(), its arrays as stored but
     C-ordered copies: a channels-last buffer's numpy view keeps its strides, and a view of a live buffer would
-    change under its caller with the next update. Adam's step counts must be the scheduler's. `names`: the
-    parameters' canonical names in the optimizer's order; None: the LeNet's or the ResNet's, whichever network has
-    as many parameters as the optimizer (the ResNet has as many at every width)."""
+    change under its caller with the next update. The step counts (every class's but SGD's) must be the scheduler's.
+    `names`: the parameters' canonical names in the optimizer's order; None: the LeNet's or the ResNet's, whichever
+    network has as many parameters as the optimizer (the ResNet has as many at every width)."""
     if not isinstance(saved, dict) or set(saved) != {"optimizer", "scheduler"}:   # e.g. a model's weights
         raise ValueError("not an optimizer and scheduler checkpoint (Trainer.state_dict)")
     step, buffers = saved["scheduler"]["last_epoch"], saved["optimizer"]["state"]

@@ -7,8 +7,9 @@ The optimizer state is a directory beside the weights holding a TensorFlow check
 TensorFlow saves one: tf.train.Checkpoint(optimizer=...).write. Its variables are the step count (`iterations`,
 which drives the schedule) and the buffers, in Keras's layout like the weights and in Keras's convention: its SGD
 keeps the rate inside the momentum buffer (v = mu * v - lr * g; w += v), so the file holds -lr * the canonical buffer
-at the rate of the last update, and a stock keras.optimizers.SGD that restores it goes on as the run would have
-while the rate stays (rate_inside).
+at the rate of the last update (its RMSprop's, v = mu * v + lr * g / d; w -= v: lr * the canonical buffer), and a
+stock keras.optimizers.SGD (RMSprop) that restores it goes on as the run would have while the rate stays
+(rate_inside).
 That product is rounded to float32, so the canonical buffers are kept beside the optimizer as well (CANONICAL), for
 a resumed run to go on bit for bit. A directory, so that the rename that finishes an atomic write
 (harness/files.py) moves the checkpoint's index and data files at once."""
@@ -37,14 +38,23 @@ OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"   # tf.train.Checkpoint's entry na
 # The stock Adam that loads the optimizer file as it is, and adds epsilon to the uncorrected sqrt(v): it continues a
 # canonical Adam state only approximately (common.optim.epsilon_hat_gap; optimizer.py's Adam is exact)
 STOCK_ADAM_EPSILON_HAT = "keras.optimizers.Adam"
+CANONICAL = "momentum_buffer"   # the checkpoint's entry beside the optimizer: the canonical momentum buffers, exactly
 
 
 def rate_inside(optimizer):
     """The stock optimizer that loads the file as it is and keeps the rate inside its momentum buffer (Keras's SGD,
-    the module docstring says why the file suits it), where `optimizer` (common.optim's) has one: it continues the
-    state's own run only while the rate stays (common.optim.rate_changes; optimizer.py's SGD is exact)."""
-    return "keras.optimizers.SGD" if optimizer.name in ("momentum", "nesterov") else None
-CANONICAL = "momentum_buffer"   # the checkpoint's entry beside the optimizer: the canonical momentum buffers, exactly
+    or its RMSprop with momentum; the module docstring says why the file suits it), where `optimizer` (common.optim's)
+    has one: it continues the state's own run only while the rate stays (common.optim.rate_changes; optimizer.py's
+    SGD and RMSprop are exact)."""
+    if optimizer.name in ("momentum", "nesterov"):
+        return "keras.optimizers.SGD"
+    return "keras.optimizers.RMSprop" if optimizer.name == "rmsprop" and optimizer.momentum else None
+
+
+def rate_held(optimizer, rate):
+    """What the stock class's momentum holds for a canonical buffer of 1 at `rate` (rate_inside's class): SGD adds
+    its buffer to the weights (-rate), RMSprop subtracts it (rate)."""
+    return -rate if rate_inside(optimizer) == "keras.optimizers.SGD" else rate
 
 
 def idiomatic(weights, bn_state=None):
@@ -96,12 +106,12 @@ def save_state(state, optimizer, path):
                  for name, shape in shapes.items()}
     trainer.build(list(stand_ins.values()))
     load_state(trainer, state, stand_ins)
-    rate = optimizer.learning_rate(max(state["step"] - 1, 0))   # a state of no steps has zero buffers
+    held = rate_held(optimizer, optimizer.learning_rate(max(state["step"] - 1, 0)))   # no steps: zero buffers
     canonical = {}
     if "momentum_buffer" in optimizer.slots:
         for name, variable in buffers(trainer, "momentum_buffer", stand_ins).items():
             canonical[name] = tf.Variable(variable.numpy())
-            variable.assign((-rate * variable.numpy().astype(np.float64)).astype(np.float32))
+            variable.assign((held * variable.numpy().astype(np.float64)).astype(np.float32))
     os.makedirs(path)
     tf.train.Checkpoint(optimizer=trainer, **({CANONICAL: canonical} if canonical else {})).write(
         os.path.join(path, PREFIX))
@@ -111,18 +121,28 @@ def read_state(path):
     """The step count and the buffers (canonical names and convention, Keras's layout), read with TensorFlow's
     CheckpointReader: no model, no optimizer. Keras names its variables, not the checkpoint's keys (which say only
     where a variable hangs: optimizer/_variables/3/...): the checkpoint's object graph has both. Keras names a buffer
-    after its parameter and slot: <parameter>_momentum (SGD's buffer, or Adam's first moment) and
-    <parameter>_velocity (Adam's second), so the parameters' names, the LeNet's or the ResNet's, come from the file.
-    SGD's buffers are the canonical ones kept beside them (Keras's hold the rate, rounded)."""
+    after its parameter and slot: <parameter>_momentum (SGD's buffer, Adam's first moment, RMSprop's momentum),
+    <parameter>_velocity (Adam's second moment, RMSprop's average of the squares), <parameter>_average_gradient
+    (centered RMSprop's average of the gradients) and <parameter>_accumulator (Adagrad's sum), so the parameters'
+    names, the LeNet's or the ResNet's, come from the file. Adam's and RMSprop's (with momentum) have the same two
+    suffixes: Keras's RMSprop makes all its velocities first, its Adam each parameter's momentum then its velocity.
+    SGD's and RMSprop's momentum buffers are the canonical ones kept beside them (Keras's hold the rate, rounded)."""
     reader = tf.train.load_checkpoint(os.path.join(path, PREFIX))
     variables = optimizer_variables(reader)
     state = {"step": int(reader.get_tensor(key)) for name, key in variables if name.endswith("/iteration")}
+    suffixes = ("momentum", "velocity", "average_gradient", "accumulator")
     kinds = {kind: {name.split("/")[-1][:-len(f"_{kind}")]: key for name, key in variables
-                    if name.endswith(f"_{kind}")} for kind in ("momentum", "velocity")}
-    if kinds["velocity"]:   # Adam's moments: the canonical ones
-        state.update({f"{slot}.{name}": reader.get_tensor(key) for slot, keys in zip(("exp_avg", "exp_avg_sq"),
-                      kinds.values()) for name, key in keys.items()})
-    elif kinds["momentum"]:   # plain SGD keeps none
+                    if name.endswith(f"_{kind}")} for kind in suffixes}
+    first = next((kind for name, _ in variables for kind in suffixes if name.endswith(f"_{kind}")), None)
+    if first == "velocity":   # RMSprop's
+        as_they_are = {"square_avg": "velocity", "grad_avg": "average_gradient"}
+    elif kinds["velocity"]:   # Adam's moments
+        as_they_are = {"exp_avg": "momentum", "exp_avg_sq": "velocity"}
+    else:   # Adagrad's sum, or SGD's momentum alone
+        as_they_are = {"sum": "accumulator"}
+    state.update({f"{slot}.{name}": reader.get_tensor(key) for slot, kind in as_they_are.items()
+                  for name, key in kinds[kind].items()})
+    if kinds["momentum"] and "momentum" not in as_they_are.values():   # SGD's or RMSprop's: the rate inside
         kept = {key.split("/")[1].replace("..", "."): key for key in reader.get_variable_to_shape_map()
                 if key.startswith(f"{CANONICAL}/")}
         if not kept:

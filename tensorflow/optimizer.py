@@ -79,6 +79,24 @@ def apply(params, grads, state, lr, batch_size):
                 v.assign(o.momentum * v)   # the buffer starts at zero: v = g on the first step
                 v.assign_add(g)   # not v.assign(mu * v + g): see below
                 w.assign_sub(lr * (g + o.momentum * v if o.name == "nesterov" else v))
+            elif o.name == "rmsprop":
+                s = state["square_avg"][i]
+                s.assign(o.alpha * s + (1 - o.alpha) * g * g)
+                second = s
+                if o.centered:
+                    c = state["grad_avg"][i]
+                    c.assign(o.alpha * c + (1 - o.alpha) * g)
+                    second = s - c * c
+                scaled = g / (tf.sqrt(second) + o.eps)   # eps outside the square root
+                if o.momentum:   # the rate outside the buffer, which starts at zero
+                    v = state["momentum_buffer"][i]
+                    v.assign(o.momentum * v + scaled)
+                    scaled = v
+                w.assign_sub(lr * scaled)
+            elif o.name == "adagrad":
+                s = state["sum"][i]
+                s.assign_add(g * g)   # from zero
+                w.assign_sub(lr * g / (tf.sqrt(s) + o.eps))
             else:
                 if o.decoupled:
                     w.assign(w * (1 - lr * o.weight_decay))
@@ -146,6 +164,44 @@ class AdamW(Adam, keras.optimizers.AdamW):
     differs."""
 
 
+class RMSprop(Canonical, keras.optimizers.RMSprop):
+    """PyTorch's RMSprop: epsilon outside the square root, d = sqrt(s) + eps (centered: sqrt(s - c**2) + eps), and the
+    rate outside the momentum buffer, v = mu * v + g / d; w -= lr * v. Keras's update_step adds epsilon inside it
+    (sqrt(s + eps): a larger denominator wherever s is not far above eps) and keeps the rate inside its momentum
+    (v = mu * v + lr * g / d; w -= v): the same only while the rate is constant."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        lr = tf.cast(learning_rate, variable.dtype)
+        g = gradient + self.l2 * variable
+        i = self._get_variable_index(variable)
+        s = self._velocities[i]
+        self.assign(s, self.rho * s + (1 - self.rho) * g * g)
+        second = s
+        if self.centered:
+            c = self._average_gradients[i]
+            self.assign(c, self.rho * c + (1 - self.rho) * g)
+            second = s - c * c
+        scaled = g / (tf.sqrt(second) + self.epsilon)
+        if self.momentum > 0:
+            v = self._momentums[i]
+            self.assign(v, self.momentum * v + scaled)
+            scaled = v
+        self.assign_sub(variable, lr * scaled)
+
+
+class Adagrad(Canonical, keras.optimizers.Adagrad):
+    """PyTorch's epsilon, outside the square root: w -= lr * g / (sqrt(sum) + eps). Keras's update_step adds it inside
+    (sqrt(sum + eps)). PyTorch's sum from 0 is only Keras's argument (initial_accumulator_value=0; its default is
+    0.1): canonical passes it."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        lr = tf.cast(learning_rate, variable.dtype)
+        g = gradient + self.l2 * variable
+        s = self._accumulators[self._get_variable_index(variable)]
+        self.assign_add(s, g * g)
+        self.assign_sub(variable, lr * g / (tf.sqrt(s) + self.epsilon))
+
+
 class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
     """common/optim.py's linear warm-up, lr * (step + 1) / warmup_steps (PyTorch's LinearLR from 1 / warmup_steps),
     then `after` (a stock schedule, or the constant rate) counted from the warm-up's end. Keras's own warm-up,
@@ -186,16 +242,23 @@ def canonical(o):
         return AdamW(weight_decay=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps, **options)
     if o.name == "adam":
         return Adam(l2=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps, **options)
+    if o.name == "rmsprop":
+        return RMSprop(l2=o.weight_decay, rho=o.alpha, momentum=o.momentum, epsilon=o.eps, centered=o.centered,
+                       **options)
+    if o.name == "adagrad":
+        return Adagrad(l2=o.weight_decay, initial_accumulator_value=0.0, epsilon=o.eps, **options)
     return SGD(l2=o.weight_decay, momentum=0.0 if o.name == "sgd" else o.momentum, nesterov=o.name == "nesterov",
                **options)
 
 
 def stock(o):
-    """What a straightforward port gets: the same hyperparameters given to Keras's stock classes, Keras's defaults
-    and meanings for the rest: the rate inside the momentum buffer, weight_decay decoupled on every optimizer,
-    epsilon 1e-7 on the uncorrected moments, CosineDecay's warm-up from 0 (as its documentation shows), the
-    milestones as PiecewiseConstantDecay's boundaries, and no warm-up where Keras has none (step, factor, poly,
-    constant)."""
+    """What a straightforward port gets: the run's hyperparameters given to Keras's stock classes (the rate,
+    momentum, Adam's betas, rmsprop's alpha as rho and centered, weight decay, the clipping norm), Keras's defaults
+    and meanings for the rest, as for an epsilon (no option of a run): the rate inside the momentum buffer (SGD's,
+    RMSprop's), weight_decay decoupled on every optimizer, epsilon 1e-7 on Adam's uncorrected moments and inside
+    RMSprop's and Adagrad's square root, Adagrad's sum from 0.1 (initial_accumulator_value's default; torch's is 0),
+    CosineDecay's warm-up from 0 (as its documentation shows), the milestones as PiecewiseConstantDecay's boundaries,
+    and no warm-up where Keras has none (step, factor, poly, constant)."""
     rate = o.lr
     if o.schedule == "cosine" and o.warmup_steps:
         rate = keras.optimizers.schedules.CosineDecay(0.0, max(o.decay_steps, 1), warmup_target=o.lr,
@@ -214,6 +277,10 @@ def stock(o):
         return keras.optimizers.AdamW(beta_1=o.betas[0], beta_2=o.betas[1], **options)
     if o.name == "adam":
         return keras.optimizers.Adam(beta_1=o.betas[0], beta_2=o.betas[1], **options)
+    if o.name == "rmsprop":
+        return keras.optimizers.RMSprop(rho=o.alpha, momentum=o.momentum, centered=o.centered, **options)
+    if o.name == "adagrad":
+        return keras.optimizers.Adagrad(**options)
     return keras.optimizers.SGD(momentum=0.0 if o.name == "sgd" else o.momentum, nesterov=o.name == "nesterov",
                                 **options)
 
@@ -263,16 +330,22 @@ def follows_its_schedule(trainer):
     return hasattr(unwrapped(trainer), "spec")
 
 
-# The Keras optimizer's attribute holding each canonical slot's variables, one per trainable variable it was built
-# over: SGD's "momentum" buffers, Adam's (and AdamW's) first and second moments.
-SLOTS = {"momentum_buffer": "momentums", "exp_avg": "_momentums", "exp_avg_sq": "_velocities"}
+# Each Keras optimizer's attribute holding a canonical slot's variables, one per trainable variable it was built
+# over: SGD's "momentum" buffers, Adam's (and AdamW's) first and second moments, RMSprop's average of the squares
+# ("velocity"), of the gradients and its momentum, Adagrad's sum of the squares ("accumulator").
+SLOTS = {keras.optimizers.SGD: {"momentum_buffer": "momentums"},
+         keras.optimizers.Adam: {"exp_avg": "_momentums", "exp_avg_sq": "_velocities"},
+         keras.optimizers.RMSprop: {"square_avg": "_velocities", "grad_avg": "_average_gradients",
+                                    "momentum_buffer": "_momentums"},
+         keras.optimizers.Adagrad: {"sum": "_accumulators"}}
 
 
 def buffers(trainer, slot, parameters):
     """canonical parameter name -> the trainer's buffer of `slot` for it; `parameters`: canonical name -> the Keras
     variable the trainer was built over (idiomatic.parameters). Found by the variable, not by position: a Keras
     model's order of variables is its own."""
-    found = getattr(trainer, SLOTS[slot])
+    attribute = next(slots[slot] for kind, slots in SLOTS.items() if isinstance(trainer, kind))
+    found = getattr(trainer, attribute)
     return {name: found[trainer._get_variable_index(variable)] for name, variable in parameters.items()}
 
 

@@ -37,30 +37,36 @@ def test_a_checkpoint_holds_the_weights_exactly(fw, tmp_path):
     assert os.listdir(tmp_path) == [os.path.basename(path)]   # no temporary file left beside it
 
 
+# Every kind of state: rmsprop's with all three of its buffers (the squares', the gradients' average and momentum's)
+KINDS = {"sgd": optim.Optimizer("sgd"), "momentum": optim.Optimizer("momentum"), "adamw": optim.Optimizer("adamw"),
+         "rmsprop": optim.Optimizer("rmsprop", centered=True, momentum=0.9), "adagrad": optim.Optimizer("adagrad")}
+
+
 def a_state(name, seed=4, step=7):
-    """A canonical optimizer state with distinct random buffers (a layout slip cannot go unseen); Adam's second
-    moment at least 0, as every Adam's is."""
+    """A canonical optimizer state (of KINDS[name], or of the optimizer `name` is) with distinct random buffers (a
+    layout slip cannot go unseen); sums and averages of squares at least 0, as every optimizer's are."""
     rng = np.random.default_rng(seed)
     state = {"step": step}
-    for key, value in optim.init_state(optim.Optimizer(name), init_weights()).items():
+    optimizer = name if isinstance(name, optim.Optimizer) else KINDS.get(name, optim.Optimizer(name))
+    for key, value in optim.init_state(optimizer, init_weights()).items():
         if key != "step":
             state[key] = rng.normal(size=value.shape).astype(np.float32)
-            if key.startswith("exp_avg_sq."):
+            if key.split(".")[0] in ("exp_avg_sq", "square_avg", "sum"):
                 state[key] = np.abs(state[key])
     return state
 
 
 def saved_with_state(framework, folder, name, state=None, file="lenet"):
     path = saved(framework, folder, name=file)
-    write_state(framework, a_state(name) if state is None else state, optim.Optimizer(name), path)
+    write_state(framework, a_state(name) if state is None else state, KINDS.get(name, optim.Optimizer(name)), path)
     return path
 
 
-@pytest.mark.parametrize("name", ["momentum", "adamw", "sgd"])
+@pytest.mark.parametrize("name", KINDS)
 def test_an_optimizer_state_is_saved_natively_and_read_back_exactly(fw, name, tmp_path):
     path = saved_with_state(fw.name, tmp_path, name)
     assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in (path, state_path(fw.name, path)))
-    state = read_state(fw.name, path, optim.Optimizer(name))
+    state = read_state(fw.name, path, KINDS[name])
     want = a_state(name)
     assert sorted(state) == sorted(want) and state["step"] == want["step"]
     assert all(np.array_equal(state[k], want[k]) for k in want if k != "step")
@@ -99,6 +105,27 @@ def test_every_conversion_carries_the_optimizer_state(tmp_path, available, capsy
             assert "with adamw's state after 7 steps" in capsys.readouterr().out
             got = read_state(target, dst, optim.Optimizer("adamw"))
             assert all(np.array_equal(got[k], want[k]) for k in want), (source, target)
+
+
+@pytest.mark.parametrize("name", ["rmsprop", "adagrad"])
+def test_rmsprop_s_and_adagrad_s_states_go_round_every_framework(name, tmp_path, available, capsys):
+    """A centered rmsprop's three buffers (and adagrad's sum) from each framework's file to the next one's, told by
+    the buffers alone (no --optimizer): every framework reads and writes each once, exactly. Keras's and Optax's
+    stock RMSprop keep the rate inside the momentum buffer, so their file holds it times the rate, which this
+    project's own files do not say: without --lr, one line."""
+    want = a_state(name)
+    for source, target in zip(available, available[1:] + available[:1]):
+        src = saved_with_state(source, tmp_path / source, name, want)
+        dst = str(tmp_path / source / f"to-{target}{SUFFIXES[target]}")
+        rate_inside = name == "rmsprop" and target in ("tensorflow", "jax") and source != "mxnet"   # MXNet's says it
+        if rate_inside:
+            assert convert([src, dst]) == 1
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and err.endswith("give --lr, the rate of its last update"), err
+        assert convert([src, dst, *(["--lr", "0.01"] if rate_inside else [])]) == 0
+        assert f"with {name}'s state after 7 steps" in capsys.readouterr().out
+        got = read_state(target, dst, KINDS[name])
+        assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in want), (source, target)
 
 
 @pytest.mark.parametrize("schedule", [{"warmup_steps": 30, "total_steps": 100},   # written for MXNet's stock SGD

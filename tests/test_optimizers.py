@@ -23,12 +23,16 @@ from harness.training.loop import steps_per_epoch
 BATCH, EPOCHS, SEED = 64, 1, 0    # digits: 23 steps, the last one short (a batch of 29)
 WARMUP = 5
 CLIP = 3.5                        # the mean gradient's norm on digits is ~2-7 in these runs: some steps clip
-DECAY = {"sgd": 5e-4, "momentum": 5e-4, "nesterov": 5e-4, "adam": 5e-4, "adamw": 5e-2}
+DECAY = {"sgd": 5e-4, "momentum": 5e-4, "nesterov": 5e-4, "adam": 5e-4, "adamw": 5e-2, "rmsprop": 5e-4,
+         "adagrad": 5e-4}
 TOLERANCE = 1e-5
+# rmsprop with all three of its buffers: the squares' average, the gradients' (centered) and momentum's
+VARIANT = {"rmsprop": {"centered": True}}
 
 
 def canonical(name, total_steps, clip_norm=CLIP):
-    return optim.Optimizer(name, optim.DEFAULT_LR[name], 0.9, DECAY[name], "cosine", WARMUP, total_steps, clip_norm)
+    return optim.Optimizer(name, optim.DEFAULT_LR[name], 0.9, DECAY[name], "cosine", WARMUP, total_steps, clip_norm,
+                           **VARIANT.get(name, {}))
 
 
 def total_steps(data, n_devices):

@@ -179,6 +179,11 @@ def test_a_general_checkpoint_it_cannot_carry_is_one_line(tmp_path, networks, ca
         "amsgrad": ({"model": model.state_dict(),
                      "optimizer": torch.optim.Adam(model.parameters(), amsgrad=True).state_dict()}, "amsgrad=True"),
         "no model": ({"epoch": 3, "optimizer": sgd.state_dict()}, "no model state_dict in it"),
+        "nadam": ({"model": model.state_dict(), "optimizer": torch.optim.NAdam(model.parameters()).state_dict()},
+                  "with betas that is not Adam or AdamW (Adamax, NAdam or RAdam"),
+        "adagrad's own": ({"model": model.state_dict(),
+                           "optimizer": torch.optim.Adagrad(model.parameters(), lr_decay=0.1).state_dict()},
+                          "a torch.optim.Adagrad with lr_decay=0.1"),
     }
     for name, (content, says) in cases.items():
         path = tmp_path / f"{name.replace(' ', '-')}.pt"

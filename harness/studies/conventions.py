@@ -31,7 +31,8 @@ from .stepcheck import mean_gradient, step_errors, traced
 from ..training.loop import Idiomatic, steps_per_epoch
 
 BATCH, SEED, WARMUP_EPOCHS = 128, 0, 0.5
-DECAY = {"sgd": 5e-4, "momentum": 5e-4, "nesterov": 5e-4, "adam": 5e-4, "adamw": 1e-2}
+DECAY = {"sgd": 5e-4, "momentum": 5e-4, "nesterov": 5e-4, "adam": 5e-4, "adamw": 1e-2, "rmsprop": 5e-4,
+         "adagrad": 5e-4}
 
 
 class Stock(Idiomatic):

@@ -28,7 +28,7 @@ from common.interface import RosettaError
 from common.loss_scaling import ScalerState
 from common.layouts import to_channels_last, to_canonical
 from common.lenet import PARAM_NAMES, PARAM_SHAPES
-from common.optim import OPTIMIZERS, Optimizer, init_state
+from common.optim import OPTIMIZERS, Optimizer, init_state, of_state
 from common.precision import needs_loss_scaling
 
 from ..files import replaced_atomically, replacing
@@ -257,17 +257,15 @@ def read_state(framework, path, optimizer=None, weights=None, given=None):
     if not isinstance(step, int) or step < 0:
         raise RosettaError(f"{file}: no step count in the optimizer state")
     slots = sorted({key.split(".", 1)[0] for key in arrays})
-    known = {}   # the buffers -> the first optimizer keeping them: momentum (and nesterov), adam (and adamw)
-    for name in OPTIMIZERS:
-        known.setdefault(tuple(sorted(Optimizer(name).slots)), name)
-    if tuple(slots) not in known:
+    kind = of_state(slots)   # momentum's buffer is nesterov's too, adam's moments adamw's
+    if kind is None:
         raise RosettaError(f"{file}: an optimizer state with {', '.join(slots)} is none of {', '.join(OPTIMIZERS)}'s")
     weights = read_model(framework, path)[0] if weights is None else weights
     if optimizer and not slots and step == 0:   # no update yet (torch.optim makes its buffers at the first one)
         return init_state(optimizer, weights)
-    if optimizer and tuple(slots) != tuple(sorted(optimizer.slots)):
-        holds = ", ".join(slots) or "no buffers"
-        raise RosettaError(f"{file}: holds {known[tuple(slots)]}-style state ({holds}); {optimizer.name} keeps "
+    if optimizer and tuple(slots) != tuple(sorted(optimizer.slots)) and not optimizer.name == kind.name == "rmsprop":
+        holds = ", ".join(slots) or "no buffers"   # (rmsprop's buffers say whether it was centered, had momentum)
+        raise RosettaError(f"{file}: holds {kind.name}-style state ({holds}); {optimizer.name} keeps "
                            f"{', '.join(optimizer.slots) or 'no buffers'}")
     model = "LeNet" if set(weights) == set(PARAM_NAMES) else f"ResNet-18 (width {resnet.width_of(weights)})"
     state = {"step": step}
@@ -281,12 +279,15 @@ def read_state(framework, path, optimizer=None, weights=None, given=None):
             state[key] = np.ascontiguousarray(to_canonical(name, array) if checkpoint.CHANNELS_LAST else array)
     if arrays:
         raise RosettaError(f"{file}: unexpected entry {sorted(arrays)[0]!r} in the optimizer state")
-    negative = next((key for key in state if key.startswith("exp_avg_sq.") and np.any(state[key] < 0)), None)
-    if negative:   # a mean of squares: no Adam makes one below 0
-        raise RosettaError(f"{file}: {negative} has negative entries; Adam's second moment has none")
+    negative = next((key for key in state if key.split(".")[0] in SQUARES and np.any(state[key] < 0)), None)
+    if negative:   # a mean or sum of squares: no optimizer makes one below 0
+        raise RosettaError(f"{file}: {negative} has negative entries; {SQUARES[negative.split('.')[0]]} has none")
     return state
 
 
+# The buffers that are averages or sums of squares, which no optimizer makes negative
+SQUARES = {"exp_avg_sq": "Adam's second moment", "square_avg": "RMSprop's average of squares",
+           "sum": "Adagrad's sum of squares"}
 SCALER_SUFFIX = ".loss-scale.json"   # lenet-epoch3.pt's loss scaler: lenet-epoch3.loss-scale.json
 
 

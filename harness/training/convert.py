@@ -18,13 +18,15 @@ schedule, with the schedule's position); otherwise its buffers tell (momentum or
 their frameworks' own calls into their idiomatic models, in inference mode (a ResNet normalises by its running
 statistics), and prints the largest logit difference and both accuracies on the test split (and checks that the converted state reads back identical)."""
 import argparse
+import dataclasses
+import math
 import os
 import sys
 
 import numpy as np
 
 from common.interface import FRAMEWORKS, RosettaError
-from common.optim import OPTIMIZERS, Optimizer, epsilon_hat_gap, how_often, rate_changes
+from common.optim import OPTIMIZERS, Optimizer, epsilon_hat_gap, how_often, of_state, rate_changes
 
 TOLERANCE = 1e-4   # float32 round-off of two frameworks' kernels on the same weights, with room to spare
 
@@ -38,6 +40,10 @@ def parse_args(argv):
     p.add_argument("--optimizer", choices=OPTIMIZERS,
                    help="the optimizer whose state SRC has beside it (default: told from its buffers); SRC must "
                         "have one")
+    p.add_argument("--lr", type=float, metavar="LR",
+                   help="the rate of SRC's last update, where SRC does not say it (this project's PyTorch, Keras and "
+                        "Orbax files) and the target's stock optimizer keeps the rate inside its momentum buffer "
+                        "(Keras's SGD and RMSprop, Optax's rmsprop, MXNet's SGD), which the file must hold times it")
     p.add_argument("--state", metavar="PATH",
                    help="SRC's optimizer state where it is not beside SRC under SRC's name (a Gluon program's "
                         "trainer.states beside its net.params)")
@@ -100,7 +106,8 @@ def main(argv=None):
         if gap:
             print(f"note: {gap}", file=sys.stderr)
         if state is not None:   # read and checked before anything is written
-            optimizer = optimizer or Optimizer(optimizer_of(state))
+            optimizer = optimizer_of(state, optimizer)
+            optimizer = with_rate(optimizer, told, args, target)
             write_state(target, state, optimizer, args.dst)
         if scaler is not None:
             write_scaler(target, *scaler, args.dst)
@@ -112,7 +119,7 @@ def main(argv=None):
                  "growth)" if scaler is not None else ""))
         if state is not None and not gap and optimizer.slots == ("exp_avg", "exp_avg_sq"):
             epsilon_hat_note(target, optimizer, state)
-        if state is not None and not gap and optimizer.slots == ("momentum_buffer",):
+        if state is not None and not gap and "momentum_buffer" in optimizer.slots:
             rate_inside_note(target, optimizer, state)
         if state is not None and args.verify:
             again = read_state(target, args.dst, optimizer, weights)
@@ -145,26 +152,49 @@ def epsilon_hat_note(target, optimizer, state):
           f"{gap:.1e} of its size (this project's Adam for {target} computes the state's own)", file=sys.stderr)
 
 
+def stock_rate_inside(target, optimizer):
+    """The target's stock optimizer that loads the file as it is and keeps the rate inside its momentum buffer (the
+    file holds -rate * the canonical buffer), or None."""
+    from ..loader import load_module
+    return getattr(load_module(target, "checkpoint"), "rate_inside", lambda o: None)(optimizer)
+
+
+def with_rate(optimizer, told, args, target):
+    """The optimizer with --lr's rate. A file that says its optimizer (a Gluon states file, a PyTorch general
+    checkpoint) says its rate too; a project's own file does not, and a target whose stock optimizer keeps the rate
+    in its buffer needs it: without --lr that is an error, not the dataclass's default rate written silently."""
+    if args.lr is not None and told is not None and not math.isclose(args.lr, told.lr):
+        raise RosettaError(f"{args.src}: its optimizer's rate is {told.lr:g}, not --lr {args.lr:g}")
+    if args.lr is not None:
+        return dataclasses.replace(optimizer, lr=args.lr, final_lr=min(optimizer.final_lr, args.lr))
+    stock = stock_rate_inside(target, optimizer) if told is None and "momentum_buffer" in optimizer.slots else None
+    if stock:
+        raise RosettaError(f"{args.src} does not say its rate, and {stock}, which loads {args.dst} as it is, keeps "
+                           "the rate inside its momentum buffer (the file holds -rate * the buffer): give --lr, the "
+                           "rate of its last update")
+    return optimizer
+
+
 def rate_inside_note(target, optimizer, state):
     """A note where the target's stock SGD, loading the file as it is, keeps the rate inside its momentum buffer
     (Keras's, MXNet's): the file holds -rate * the state's buffer, which continues the state's own run only until the
     schedule changes the rate (common.optim.rate_changes)."""
-    from ..loader import load_module
-    stock = getattr(load_module(target, "checkpoint"), "rate_inside", lambda o: None)(optimizer)
+    stock = stock_rate_inside(target, optimizer)
     changes = rate_changes(optimizer, state["step"]) if stock else []
     if changes:
         step, before, rate = changes[0]
         print(f"note: {stock} keeps the rate inside its momentum buffer: continued by it, the run departs from the "
               f"state's own at update {step + 1}, where the schedule changes the rate ({before:.4g} to {rate:.4g}; "
-              f"changing {how_often(optimizer, changes)} after the {state['step']} updates made); this project's SGD "
-              f"for {target} "
-              "computes the state's own", file=sys.stderr)
+              f"changing {how_often(optimizer, changes)} after the {state['step']} updates made); this project's "
+              f"{optimizer.name} for {target} computes the state's own", file=sys.stderr)
 
 
 def hyperparameters(o):
     """What the written state carries besides its buffers: a stock optimizer that loads it takes these."""
     own = {"sgd": "", "momentum": f", momentum {o.momentum:g}", "nesterov": f", nesterov momentum {o.momentum:g}",
-           "adam": f", betas {o.betas}, eps {o.eps:g}", "adamw": f", betas {o.betas}, eps {o.eps:g}"}[o.name]
+           "adam": f", betas {o.betas}, eps {o.eps:g}", "adamw": f", betas {o.betas}, eps {o.eps:g}",
+           "rmsprop": f", alpha {o.alpha:g}, eps {o.eps:g}" + (", centered" if o.centered else "")
+           + (f", momentum {o.momentum:g}" if o.momentum else ""), "adagrad": f", eps {o.eps:g}"}[o.name]
     warmup = f" after {o.warmup_steps} warm-up steps" if o.warmup_steps else ""
     shape = {"constant": "", "step": f" (x{o.decay_factor:g} at steps {', '.join(map(str, o.milestones))})",
              "factor": f" (x{o.decay_factor:g} every {o.period} steps)",
@@ -173,11 +203,17 @@ def hyperparameters(o):
     return f"lr {o.lr:g}{own}, weight decay {o.weight_decay:g}, {o.schedule} rate{shape}{warmup}"
 
 
-def optimizer_of(state):
-    """The optimizer a canonical state is from, by its buffers: momentum and nesterov keep the same one, adam and
-    adamw the same two (--optimizer tells them apart)."""
+def optimizer_of(state, optimizer=None):
+    """The optimizer a canonical state is from: `optimizer` (--optimizer's or the file's), or told by its buffers
+    (momentum and nesterov keep the same one, adam and adamw the same two: --optimizer tells them apart). rmsprop's
+    buffers say whether it was centered and had momentum (0.9 where --optimizer gives no value)."""
     slots = {key.split(".", 1)[0] for key in state if key != "step"}
-    return next(name for name in OPTIMIZERS if set(Optimizer(name).slots) == slots)
+    if optimizer is None:
+        return of_state(slots)
+    if set(optimizer.slots) == slots:
+        return optimizer
+    return dataclasses.replace(optimizer, centered="grad_avg" in slots,
+                               momentum=(optimizer.momentum or 0.9) if "momentum_buffer" in slots else 0.0)
 
 
 def quiet_tensorflow(environ=os.environ):
