@@ -8,17 +8,19 @@ from common.buckets import ALLREDUCES
 from common.data import SYNTHETIC_SIZE
 from common.interface import RosettaError
 from common.models import DEFAULT_WIDTH, RESNET_SGD_LR, check, check_bn, has_batchnorm
-from common.optim import DEFAULT_LR, REFERENCE_BATCH, STEP_FACTOR, Optimizer, scaled_lr
+from common.optim import DEFAULT_LR, REFERENCE_BATCH, STEP_FACTOR, Optimizer, default_momentum, scaled_lr
 from common.loss_scaling import check as check_loss_scaling
 from common.precision import check as check_precision, check_wire
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 # The schedules' own parameters (common.optim.Optimizer's, in epochs where it counts steps)
 SCHEDULE_FIELDS = ("lr_decay_at", "lr_decay_every", "lr_decay_factor", "lr_power", "lr_final")
+RMSPROP_FIELDS = ("rmsprop_alpha", "rmsprop_centered")   # rmsprop's own (Optimizer's alpha and centered)
 # The fields that make a row of the table what it is (the rest say where the data and files are).
 ROW_FIELDS = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "accumulate", "precision",
               "allreduce_dtype", "loss_scale", "loss_scale_interval", "devices", "processes", "cores", "epochs",
-              "batch_size", "lr", "seed", "init", "threads", "optimizer", "momentum", "weight_decay", "lr_schedule",
+              "batch_size", "lr", "seed", "init", "threads", "optimizer", "momentum", *RMSPROP_FIELDS, "weight_decay",
+              "lr_schedule",
               "warmup_epochs", *SCHEDULE_FIELDS, "clip_norm", "lr_scaling", "reference_batch", "target_accuracy")
 
 
@@ -63,8 +65,10 @@ class RunSpec:
     epochs: int | None = None        # None: DEFAULT_EPOCHS for the data set, else 10
     batch_size: int = 256            # global, split across processes and devices
     lr: float | None = None          # the base rate; None: common.optim.DEFAULT_LR for the optimizer (0.2 for sgd)
-    optimizer: str = "sgd"           # sgd | momentum | nesterov | adam | adamw (common/optim.py)
-    momentum: float = 0.9            # momentum and nesterov
+    optimizer: str = "sgd"           # sgd | momentum | nesterov | adam | adamw | rmsprop | adagrad (common/optim.py)
+    momentum: float | None = None    # momentum, nesterov and rmsprop; None: common.optim.default_momentum's
+    rmsprop_alpha: float = 0.99      # rmsprop: the squares' running average keeps this much
+    rmsprop_centered: bool = False   # rmsprop: divided by the gradients' running variance
     weight_decay: float = 0.0        # L2 in the gradient; decoupled for adamw
     lr_schedule: str = "constant"    # constant | step | cosine | factor | poly, per step (common/optim.py)
     warmup_epochs: float = 0.0       # linear warm-up, per step, before the schedule
@@ -96,6 +100,8 @@ class RunSpec:
         object.__setattr__(self, "lr_decay_at", tuple(self.lr_decay_at))   # JSON gives a list; a spec is hashed
         if self.lr is None:
             object.__setattr__(self, "lr", default_lr(self.model, self.optimizer))
+        if self.momentum is None:
+            object.__setattr__(self, "momentum", default_momentum(self.optimizer))
         check(self.model, self.width if has_batchnorm(self.model) else None, self.init)
         check_bn(self.model, self.bn)
         check_precision(self.precision)
@@ -117,7 +123,8 @@ class RunSpec:
                              round(self.warmup_epochs * steps_per_epoch), self.epochs * steps_per_epoch, self.clip_norm,
                              decay_at=tuple(round(e * steps_per_epoch) for e in self.lr_decay_at),
                              decay_every=max(1, round(self.lr_decay_every * steps_per_epoch)) if self.lr_decay_every
-                             else 0, decay_factor=self.lr_decay_factor, power=self.lr_power, final_lr=self.lr_final)
+                             else 0, decay_factor=self.lr_decay_factor, power=self.lr_power, final_lr=self.lr_final,
+                             alpha=self.rmsprop_alpha, centered=self.rmsprop_centered)
         except ValueError as err:
             raise RosettaError(str(err)) from None
 

@@ -75,7 +75,30 @@ def test_a_schedule_s_own_options_reach_the_spec_s_optimizer_in_steps():
         assert RunSpec.of(spec.to_json()) == spec and line in optimizer_line(args), optimizer_line(args)
 
 
+def test_rmsprop_s_options_reach_the_spec_s_optimizer_and_momentum_defaults_by_optimizer():
+    """rmsprop's momentum is none unless given (torch's, Keras's and Optax's default), momentum's and nesterov's 0.9;
+    --rmsprop-alpha and --rmsprop-centered reach the row's optimizer and the table's line, and survive JSON."""
+    import compare
+    from common.optim import Optimizer
+    from harness.publishing.tables import optimizer_line
+    from harness.run.plan import run_specs
+    cases = {("--optimizer", "rmsprop"): ({"momentum": 0.0}, "optimizer: rmsprop, lr 0.1"),
+             ("--optimizer", "rmsprop", "--rmsprop-centered", "--momentum", "0.5", "--rmsprop-alpha", "0.9"):
+             ({"momentum": 0.5, "centered": True, "alpha": 0.9}, "rmsprop centered momentum 0.5 alpha 0.9,"),
+             ("--optimizer", "nesterov"): ({"momentum": 0.9}, "optimizer: nesterov 0.9,"),
+             ("--optimizer", "adagrad"): ({}, "optimizer: adagrad, lr 0.1")}
+    for options, (given, line) in cases.items():
+        args = compare.parse_args(["--frameworks", "pytorch", "--epochs", "4", "--lr", "0.1", *options])
+        spec = next(iter(run_specs(args)))[0]
+        assert spec.canonical_optimizer(10) == Optimizer(options[1], 0.1, total_steps=40, **given)
+        assert RunSpec.of(spec.to_json()) == spec and line in optimizer_line(args), optimizer_line(args)
+    assert RunSpec("jax", optimizer="rmsprop").momentum == 0.0 and RunSpec("jax", optimizer="momentum").momentum == 0.9
+
+
 @pytest.mark.parametrize("options, says", [
+    (["--optimizer", "adam", "--rmsprop-centered"], "--rmsprop-alpha and --rmsprop-centered are rmsprop's, not "
+     "--optimizer adam's"),
+    (["--optimizer", "rmsprop", "--rmsprop-alpha", "1"], "--rmsprop-alpha must be in (0, 1)"),
     (["--lr-schedule", "step", "--lr-power", "3"], "--lr-power is the poly schedule's, not --lr-schedule step's"),
     (["--lr-schedule", "step", "--warmup-epochs", "1", "--lr-decay-at", "0.5"], "--lr-decay-at: increasing epochs"),
     (["--lr-schedule", "factor", "--lr-decay-factor", "2"], "--lr-decay-factor in (0, 1]"),

@@ -307,13 +307,25 @@ def schedule_shape(args):
     return f" ({', '.join(said)})" if said else ""
 
 
+def optimizer_name(args):
+    """The optimizer with what sets it apart: momentum's value, rmsprop's centring, momentum and alpha."""
+    if args.optimizer in ("momentum", "nesterov"):
+        return f"{args.optimizer} {args.momentum:g}"
+    if args.optimizer != "rmsprop":
+        return args.optimizer
+    alpha = getattr(args, "rmsprop_alpha", 0.99)
+    return " ".join(["rmsprop", *(["centered"] if getattr(args, "rmsprop_centered", False) else []),
+                     *([f"momentum {args.momentum:g}"] if args.momentum else []),
+                     *([f"alpha {alpha:g}"] if alpha != 0.99 else [])])
+
+
 def optimizer_line(args):
     """The training options above the table, unless they are the recipe's (plain SGD, constant rate): None then."""
     if (args.optimizer, args.lr_schedule, args.warmup_epochs, args.weight_decay, args.clip_norm,
             getattr(args, "lr_scaling", "none")) == ("sgd", "constant", 0, 0, None, "none"):
         return None
     lr = args.lr if args.lr is not None else default_lr(getattr(args, "model", "lenet"), args.optimizer)
-    parts = [args.optimizer + (f" {args.momentum:g}" if args.optimizer in ("momentum", "nesterov") else ""),
+    parts = [optimizer_name(args),
              f"lr {lr:g}"
              + (f" x batch / {args.reference_batch}" if args.lr_scaling == "linear" else ""),
              f"{args.lr_schedule} schedule" + schedule_shape(args)]

@@ -9,7 +9,7 @@ from common.data import DATASETS
 from common.interface import FRAMEWORKS, RosettaError
 from common.lenet import INITS
 from common.models import BN_MODES, DEFAULT_WIDTH, MODELS, RESNET_SGD_LR, check
-from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, SCHEDULES
+from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, SCHEDULES, default_momentum
 from common.precision import PRECISIONS, WIRE_DTYPES
 
 from ..cli import HelpFormatter, Parser, float_list, host_list, int_list, name_list
@@ -49,7 +49,12 @@ def parse_args(argv, description=None):
                    + "; " + ", ".join(f"{model}'s sgd {lr:g}" for model, lr in RESNET_SGD_LR.items()))
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=default("optimizer"),
                    help="the update, PyTorch's conventions in every framework (common/optim.py)")
-    g.add_argument("--momentum", type=float, default=default("momentum"), help="momentum and nesterov's")
+    g.add_argument("--momentum", type=float, help="momentum's and nesterov's (default 0.9), rmsprop's (default 0: none)")
+    g.add_argument("--rmsprop-alpha", type=float, metavar="A", default=default("rmsprop_alpha"),
+                   help="rmsprop: the squares' running average keeps A of itself each step (torch's alpha; Gluon's "
+                        "gamma1, Keras's rho, Optax's decay)")
+    g.add_argument("--rmsprop-centered", action="store_true",
+                   help="rmsprop: divide by the gradients' running variance, not their second moment")
     g.add_argument("--weight-decay", type=float, default=default("weight_decay"),
                    help="L2 added to the gradient; decoupled (w -= lr * wd * w) for adamw")
     g.add_argument("--lr-schedule", choices=SCHEDULES, default=default("lr_schedule"),
@@ -180,8 +185,14 @@ def parse_args(argv, description=None):
             p.error(f"--{name.replace('_', '-')} must be > 0")
     if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
         p.error("--target-accuracy must be in (0, 1]")
+    if args.momentum is None:
+        args.momentum = default_momentum(args.optimizer)
     if not 0 <= args.momentum < 1 or args.weight_decay < 0:
         p.error("--momentum must be in [0, 1) and --weight-decay >= 0")
+    if args.optimizer != "rmsprop" and (args.rmsprop_centered or args.rmsprop_alpha != default("rmsprop_alpha")):
+        p.error(f"--rmsprop-alpha and --rmsprop-centered are rmsprop's, not --optimizer {args.optimizer}'s")
+    if not 0 < args.rmsprop_alpha < 1:
+        p.error("--rmsprop-alpha must be in (0, 1)")
     if not 0 <= args.warmup_epochs <= args.epochs:
         p.error(f"--warmup-epochs must be between 0 and --epochs {args.epochs}")
     check_schedule(p, args)

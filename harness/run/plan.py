@@ -9,7 +9,7 @@ from common.interface import RosettaError
 
 from ..processes.cores import per_device_threads
 from ..processes.launch import process_per_device
-from ..spec import SCHEDULE_FIELDS, RunSpec, default
+from ..spec import RMSPROP_FIELDS, SCHEDULE_FIELDS, RunSpec, default
 
 BATCH_SIZE = default("batch_size")   # a row of another global batch says so in its label
 
@@ -78,6 +78,7 @@ def run_specs(args):
                            n_synthetic=args.n_synthetic, epochs=args.epochs, lr=args.lr,
                            batch_size=per_device * devices if per_device else args.batch_size,
                            optimizer=args.optimizer, momentum=args.momentum, weight_decay=args.weight_decay,
+                           **{name: getattr(args, name) for name in RMSPROP_FIELDS},
                            lr_schedule=args.lr_schedule, warmup_epochs=args.warmup_epochs, clip_norm=args.clip_norm,
                            **{name: getattr(args, name) for name in SCHEDULE_FIELDS},
                            lr_scaling=args.lr_scaling, reference_batch=args.reference_batch,
