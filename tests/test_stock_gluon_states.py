@@ -272,7 +272,7 @@ def test_a_stock_momentum_state_goes_across_a_change_of_rate_only_when_told(warm
 # how far torch's continued losses depart. MXNet adds epsilon inside the square root, as Keras and Optax do;
 # torch.optim outside it, which for an element whose average of squares (centered: variance) is near 0 is another
 # step altogether: the converter refuses, then converts with --accept-gap and a note that says by how much. Keras and
-# Optax follow MXNet within 1e-5; torch departs, by 8.5e-3 (rmsprop), 0.19 (centered) and 4.7e-2 (adagrad) over the
+# Optax follow MXNet within 1e-5; torch departs, by 1.4e-2 (rmsprop), 0.19 (centered) and 4.7e-2 (adagrad) over the
 # 10 steps (measured at the commit that wrote this, 2026-11-28): each at least a tenth of that and at most twice.
 # RMSProp's normalised step turns float32 round-off into steps of the rate's size wherever a gradient's average is
 # near 0: the plain case's L2 decay, computed by autodiff in Keras and Optax and by MXNet's kernel, rounds differently
@@ -281,7 +281,7 @@ ADAPTIVE = {
     "rmsprop": (("rmsprop", {"learning_rate": 1e-3, "gamma1": 0.9}),
                 ("RMSprop", {"lr": 1e-3, "alpha": 0.9, "eps": 1e-8}),
                 ("RMSprop", {"learning_rate": 1e-3, "rho": 0.9, "epsilon": 1e-8}),
-                ("rmsprop", {"learning_rate": 1e-3, "decay": 0.9, "eps": 1e-8}), 8.5e-3),
+                ("rmsprop", {"learning_rate": 1e-3, "decay": 0.9, "eps": 1e-8}), 1.4e-2),
     "rmsprop-centered": (
         ("rmsprop", {"learning_rate": 1e-3, "gamma1": 0.9, "gamma2": 0.9, "centered": True, "wd": 1e-4}),
         ("RMSprop", {"lr": 1e-3, "alpha": 0.9, "eps": 1e-8, "momentum": 0.9, "centered": True, "weight_decay": 1e-4}),
