@@ -107,7 +107,7 @@ def main(argv=None):
             print(f"error: {err}", file=sys.stderr)
             return 1
         first = first or fw
-        for optimizer in ("sgd", "momentum", "nesterov", "adam", "adamw"):
+        for optimizer in optim.OPTIMIZERS:
             error, loss, stock_error, stock_loss = port_row(fw, optimizer, data, args.epochs)
             print(f"| {name} | {optimizer} | {error:.1e} | {stock_error:.1e} | {loss:.4f} | {stock_loss:.4f} |",
                   flush=True)
