@@ -210,6 +210,21 @@ def epsilon_hat_gap(eps, beta2, step, moments, source="spec"):
     return math.sqrt(difference / norm) if norm else 0.0
 
 
+def root_epsilon_gap(eps, pairs):
+    """How far an update moves between epsilon inside the square root, g / sqrt(d + eps) (MXNet's RMSProp and AdaGrad,
+    Keras's, Optax's), and outside it, g / (sqrt(d) + eps) (torch.optim's, the spec's), for a gradient g the size of
+    each element's running RMS. `pairs`: (d, g^2) of each parameter, d what the root is taken of, as saved. Returns
+    |difference| / |MXNet's update| over the whole model (elements without a gradient yet move neither)."""
+    difference = norm = 0.0
+    for d, square in pairs:
+        d = np.maximum(np.asarray(d, np.float64), 0.0)   # a centered variance can round below 0
+        g = np.sqrt(np.maximum(np.asarray(square, np.float64), 0.0))
+        inside, outside = g / np.sqrt(d + eps), g / (np.sqrt(d) + eps)
+        difference += np.sum((outside - inside) ** 2)
+        norm += np.sum(inside ** 2)
+    return math.sqrt(difference / norm) if norm and eps else 0.0
+
+
 def step(optimizer, weights, grads, state):
     """One canonical update of canonical numpy weights by the global batch's mean gradient; returns the new weights
     and state (float32 like the frameworks; the step count decides the rate and Adam's bias corrections)."""

@@ -8,7 +8,8 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon, nd
 
-from common.optim import CLIP_EPS, STEP_FACTOR, Optimizer, epsilon_hat_gap, how_often, rate_changes
+from common.optim import (CLIP_EPS, STEP_FACTOR, Optimizer, epsilon_hat_gap, how_often, rate_changes,
+                          root_epsilon_gap)
 
 
 def init_state(replica, optimizer):
@@ -423,21 +424,6 @@ def convention_gaps(mx_optimizer, states=None):
                     f"{factor} (Keras's decoupled weight_decay and Optax's add_decayed_weights after scale_by_rss "
                     "compute MXNet's)")
     return gaps
-
-
-def root_epsilon_gap(eps, pairs):
-    """How far an update moves between epsilon inside the square root, g / sqrt(d + eps) (MXNet's RMSProp and AdaGrad,
-    Keras's, Optax's), and outside it, g / (sqrt(d) + eps) (torch.optim's, the spec's), for a gradient g the size of
-    each element's running RMS. `pairs`: (d, g^2) of each parameter, d what the root is taken of, as saved. Returns
-    |difference| / |MXNet's update| over the whole model (elements without a gradient yet move neither)."""
-    difference = norm = 0.0
-    for d, square in pairs:
-        d = np.maximum(np.asarray(d, np.float64), 0.0)   # a centered variance can round below 0
-        g = np.sqrt(np.maximum(np.asarray(square, np.float64), 0.0))
-        inside, outside = g / np.sqrt(d + eps), g / (np.sqrt(d) + eps)
-        difference += np.sum((outside - inside) ** 2)
-        norm += np.sum(inside ** 2)
-    return math.sqrt(difference / norm) if norm and eps else 0.0
 
 
 def told_schedule(s, done):
