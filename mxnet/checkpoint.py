@@ -4,11 +4,10 @@ block 0, conv2 block 3, fc1 and fc2 (whose ReLU is inside the Dense) blocks 6 an
 
 The optimizer state is Gluon's Trainer.save_states file: the pickle of its first updater's states by parameter index
 (the Trainer's numbering, by sorted names: optimizer.trainer_order) and of the optimizer itself, which counts the
-updates made (num_update) and holds its schedule. Its classes are MXNet's stock ones where they compute the
-optimizer (save_state), so stock Gluon code loads the file alone; else optimizer.py's, and the file unpickles where
-that module is loaded (this one imports it). Trainer.load_states reads it into a Trainer(net.collect_params()) of the
-same network: the LeNet's numbers 8 parameters, a ResNet's all of its Parameters (the BatchNorms' running
-statistics too, which have no state)."""
+updates made (num_update) and holds its schedule. The files this project writes pickle MXNet's stock classes
+(save_state), so stock Gluon code loads them alone; a stock Gluon program's own files are read as they are.
+Trainer.load_states reads it into a Trainer(net.collect_params()) of the same network: the LeNet's numbers 8
+parameters, a ResNet's all of its Parameters (the BatchNorms' running statistics too, which have no state)."""
 import mxnet as mx
 import numpy as np
 
@@ -18,8 +17,9 @@ from common.lenet import PARAM_NAMES, init_weights
 from . import resnet as resnet_model
 from .idiomatic import canonical_names
 from .lenet import build_model
-from .optimizer import (EXACT, adam_gap, buffers, convention_gaps, get_optimizer, get_trainer, momentum_inside,
-                        rate_change_gap, schedule_gap, stock_port, told, trainer_order, updater_state)
+from .optimizer import (buffers, carry_exact, exact_optimizer, get_optimizer, get_trainer, momentum_inside, told,
+                        trainer_order, updater_state)
+from .optimizer import stock_gap as optimizer_stock_gap
 
 KEYS = dict(zip(PARAM_NAMES, (f"{block}.{part}" for block in (0, 3, 6, 7) for part in ("weight", "bias"))))
 CHANNELS_LAST = False   # MXNet's layout is the canonical one
@@ -68,26 +68,30 @@ def state_network(state):
 
 def save_state(state, optimizer, path):
     """A Trainer for `optimizer` on the state's network (LeNet or ResNet, any width), started from the canonical
-    `state`, saves it: save_states(path). Its optimizer is MXNet's stock class where one computes `optimizer`
-    (optimizer.stock_port: SGD, the stock SGD with momentum and NAG, the rate in their buffers), so that stock Gluon
-    code loads the file with Trainer.load_states and no import of this project; else the class the built-in and
-    idiomatic modes build, which needs it. The canonical state rides along (optimizer.EXACT)."""
+    `state`, saves it: save_states(path). Its optimizer and schedule are MXNet's stock classes (get_optimizer's
+    "stock" port, its buffers in their convention), so that stock Gluon code loads the file with Trainer.load_states
+    and no import of this project; where they compute otherwise than `optimizer`, stock_gap says how. The canonical
+    state and optimizer ride along (optimizer.EXACT), and read_state and read_optimizer read them back exactly."""
     net = state_network(state)   # any weights: the file holds the trainer's state, not the model's
-    port = "stock" if stock_port(optimizer) else "canonical"
-    trainer = get_trainer(net.collect_params(), optimizer, canonical_names(net), port=port, state=state)
-    setattr(trainer._optimizer, EXACT, {key: a if key == "step" else np.asarray(a) for key, a in state.items()})
+    trainer = get_trainer(net.collect_params(), optimizer, canonical_names(net), port="stock", state=state)
+    carry_exact(trainer._optimizer, state, optimizer)
     trainer.save_states(path)
 
 
 def rate_inside(optimizer):
     """The stock class save_state pickles for `optimizer` (common.optim's) where it keeps the rate inside its momentum
-    buffer (optimizer.stock_port and momentum_inside: MXNet's SGD with momentum, NAG, a centered RMSProp with
-    momentum), or None: stock Gluon code that loads the file continues the state's own run only while the rate stays
-    (common.optim.rate_changes)."""
-    if not stock_port(optimizer):
-        return None
+    buffer (optimizer.momentum_inside: MXNet's SGD with momentum, NAG, a centered RMSProp with momentum), or None: the
+    file holds -rate * the canonical buffer, and stock Gluon code that loads it continues the state's own run only
+    while the rate stays (common.optim.rate_changes)."""
     stock = get_optimizer(optimizer, "stock")
     return f"MXNet's stock {type(stock).__name__}" if momentum_inside(stock) else None
+
+
+def stock_gap(path, optimizer):
+    """What stock Gluon code that loads the states file at `path` (save_state's) computes otherwise than `optimizer`,
+    the state's own, from where the file leaves it (optimizer.stock_gap), or None where it continues the same run."""
+    updater = saved_updater(path)
+    return optimizer_stock_gap(updater.optimizer, optimizer, updater.states)
 
 
 def read_state(path):
@@ -107,17 +111,13 @@ def read_state(path):
 
 def read_optimizer(path, accept_gap=False):
     """The optimizer the file pickled (save_states dumps it with the states), as common.optim's (optimizer.told),
-    and the line that says what differs where it is read across a convention gap it was told to accept (else None)."""
+    and the line that says what differs where it is read across a convention gap it was told to accept (else None);
+    a file this project wrote gives its own optimizer exactly, with no gap."""
     updater = saved_updater(path)
-    mx_optimizer = updater.optimizer
-    optimizer = told(mx_optimizer, accept_gap, updater.states)
-    gaps = [*convention_gaps(mx_optimizer, updater.states),
-            *(gap(mx_optimizer, optimizer) for gap in (schedule_gap, rate_change_gap))]
-    if type(mx_optimizer) is mx.optimizer.Adam:
-        gaps.insert(0, f"MXNet's stock Adam adds epsilon to the uncorrected sqrt(v): continued by torch's or Optax's "
-                       f"Adam, the next update differs by {adam_gap(mx_optimizer, updater.states):.1e} of its size "
-                       "(Keras's Adam computes MXNet's)")
-    return optimizer, "; ".join(gap for gap in gaps if gap) or None
+    optimizer = told(updater.optimizer, accept_gap, updater.states)
+    if exact_optimizer(updater.optimizer) is not None:
+        return optimizer, None
+    return optimizer, optimizer_stock_gap(updater.optimizer, optimizer, updater.states)
 
 
 def saved_updater(path):

@@ -2,6 +2,7 @@
 and as MXNet's own optimizer and schedule classes under a gluon.Trainer for the built-in and idiomatic modes. MXNet's
 conventions are not PyTorch's: the smallest subclasses below make its classes compute common/optim.py, each saying
 which line of the stock class differs."""
+import dataclasses
 import math
 
 import mxnet as mx
@@ -326,19 +327,6 @@ def stock_buffer(mx_optimizer, slot, array):
     return array
 
 
-def stock_port(optimizer):
-    """Whether MXNet's stock classes compute `optimizer` (common.optim's) from where a state leaves it: SGD, and
-    momentum and nesterov as the stock SGD and NAG (the rate in the buffer: the same update while the rate stays,
-    each its own definition after a change), on the stock schedules that give the spec's rates (a constant rate,
-    a warm-up, the step schedule's MultiFactorScheduler, a FactorScheduler without a warm-up). Not Adam (its
-    epsilon), AdamW (no class), RMSProp and AdaGrad (their epsilon inside the root: convention_gaps), the cosine or
-    the polynomial (one update ahead: OneUpdateLate), or a factor schedule after a warm-up (its decays counted
-    through it)."""
-    schedule, warmup = optimizer.schedule, optimizer.warmup_steps
-    return (optimizer.name in ("sgd", "momentum", "nesterov") and schedule not in ("cosine", "poly")
-            and not (schedule == "factor" and warmup))
-
-
 def adam_gap(mx_optimizer, states):
     """What MXNet's stock Adam differs by from torch's (and Optax's): it adds epsilon to the uncorrected sqrt(v),
     which is torch's epsilon times sqrt(1 - beta2^t). On the next update (t = num_update + 1) of the moments in
@@ -355,17 +343,17 @@ def told(mx_optimizer, accept_gap=False, states=None):
     told from its class and fields, never guessed from its buffers: this module's classes, or MXNet's stock SGD (with
     momentum: the canonical momentum, its buffer converted by canonical_buffer), NAG, RMSProp (centered: gamma2 the
     momentum, its delta converted likewise) and AdaGrad; with no schedule or this module's (get_schedule's). What has
-    no exact canonical equivalent is a ValueError that says what differs (measured on the Updater's `states` where
-    given: convention_gaps); with `accept_gap`, MXNet's stock Adam is read as torch's (its moments are the same; its
-    epsilon is not: adam_gap), and its RMSProp and AdaGrad too (their buffers are torch's, their epsilon is not)."""
+    no exact canonical equivalent is a ValueError that says what differs (stock_gap, measured on the Updater's
+    `states` where given); with `accept_gap`, MXNet's stock Adam is read as torch's (its moments are the same; its
+    epsilon is not: adam_gap), and its RMSProp and AdaGrad too (their buffers are torch's, their epsilon is not).
+    A file this project wrote is the canonical optimizer it carries (exact_optimizer), as long as that is current."""
+    exact = exact_optimizer(mx_optimizer)
+    if exact is not None:
+        return exact
     o, kind = mx_optimizer, type(mx_optimizer)
     names = {Momentum: "momentum", Nesterov: "nesterov", Adam: "adam", AdamW: "adamw", mx.optimizer.NAG: "nesterov",
              mx.optimizer.SGD: "momentum" if getattr(o, "momentum", 0.0) else "sgd", mx.optimizer.Adam: "adam",
              RMSProp: "rmsprop", mx.optimizer.RMSProp: "rmsprop", AdaGrad: "adagrad", mx.optimizer.AdaGrad: "adagrad"}
-    if kind is mx.optimizer.Adam and not accept_gap:
-        raise ValueError("MXNet's stock Adam adds epsilon to the uncorrected sqrt(v) (torch's epsilon times "
-                         "sqrt(1 - beta2^t), smaller in early steps): no stock Adam elsewhere but Keras's computes it "
-                         "(--accept-gap converts it anyway)")
     if kind not in names:
         raise ValueError(f"MXNet's {kind.__name__} is not one the converter carries (sgd, sgd with momentum, nag, "
                          "rmsprop, adagrad, and this project's momentum, nesterov, adam, adamw, rmsprop, adagrad)")
@@ -383,10 +371,39 @@ def told(mx_optimizer, accept_gap=False, states=None):
         hyper = {"momentum": o.momentum} if names[kind] != "sgd" else {}
     schedule = told_schedule(o.lr_scheduler, int(o.num_update))
     optimizer = Optimizer(names[kind], lr=float(o.lr), weight_decay=float(o.wd), **hyper, **schedule)
-    gaps = [*convention_gaps(o, states), schedule_gap(o, optimizer) or rate_change_gap(o, optimizer)]
-    if any(gaps) and not accept_gap:
-        raise ValueError(f"{'; '.join(gap for gap in gaps if gap)} (--accept-gap converts it anyway)")
+    gap = stock_gap(o, optimizer, states)
+    if gap and not accept_gap:
+        raise ValueError(f"{gap} (--accept-gap converts it anyway)")
     return optimizer
+
+
+def stock_gap(mx_optimizer, optimizer, states=None):
+    """What MXNet's stock class `mx_optimizer` computes otherwise than common.optim's `optimizer` from where the
+    Updater's `states` (index -> a parameter's state) leave it, one clause each, or None: the class itself where it has
+    no equivalent of the optimizer's (port_gaps), Adam's epsilon (adam_gap), RMSProp's and AdaGrad's
+    (convention_gaps), the schedule (schedule_gap) and the rate inside a momentum buffer (rate_change_gap). The gaps
+    told() refuses without accept_gap, and the note of a file written for stock Gluon code to continue."""
+    o, gaps = mx_optimizer, port_gaps(mx_optimizer, optimizer)
+    if type(o) is mx.optimizer.Adam:
+        size = f" by {adam_gap(o, states):.1e} of its size" if states else ""
+        gaps.append("MXNet's stock Adam adds epsilon to the uncorrected sqrt(v) (torch's epsilon times "
+                    f"sqrt(1 - beta2^t), smaller in early steps): continued by torch's or Optax's Adam, the next "
+                    f"update differs{size} (Keras's Adam computes MXNet's)")
+    gaps += [*convention_gaps(o, states), schedule_gap(o, optimizer), rate_change_gap(o, optimizer)]
+    return "; ".join(gap for gap in gaps if gap) or None
+
+
+def port_gaps(mx_optimizer, optimizer):
+    """Where MXNet has no stock class for `optimizer` and the stock port (get_optimizer's "stock") is another: AdamW
+    (MXNet 1.9.1 has its kernel, no class) is Adam with wd as L2, and RMSProp has momentum only when centered."""
+    o, gaps = mx_optimizer, []
+    if optimizer.name == "adamw" and type(o) is mx.optimizer.Adam:
+        gaps.append(f"MXNet 1.9.1 has no AdamW class: its stock Adam adds the decay ({o.wd:g}) to the gradient (L2), "
+                    "where AdamW decays the weights apart, w *= 1 - lr * wd")
+    if optimizer.name == "rmsprop" and optimizer.momentum and type(o) is mx.optimizer.RMSProp and not o.centered:
+        gaps.append(f"MXNet's stock RMSProp has momentum only when centered: its plain one drops the momentum "
+                    f"({optimizer.momentum:g}) and its buffer")
+    return gaps
 
 
 def convention_gaps(mx_optimizer, states=None):
@@ -491,12 +508,8 @@ def rate_change_gap(mx_optimizer, optimizer):
     w -= lr * buf) differs by, or None: the two are one update only while the rate stays. At the first change after
     the updates made, from r to r', the momentum's share of the update is r' / r times MXNet's in the other, and the
     trajectories part there. Keras's SGD keeps the rate inside too, and Keras's and Optax's RMSprop: they compute
-    MXNet's. None for a file this project wrote from a canonical run (EXACT, at the file's step): its state is the
-    canonical one."""
+    MXNet's."""
     if not momentum_inside(mx_optimizer):
-        return None
-    exact = getattr(mx_optimizer, EXACT, None)   # a canonical run's state written for stock code: its own
-    if exact and exact["step"] == mx_optimizer.num_update:
         return None
     done, changes = int(mx_optimizer.num_update), rate_changes(optimizer, int(mx_optimizer.num_update))
     if not changes:
@@ -529,7 +542,8 @@ def trainer_order(params, names):
 def updater_state(updater, names):
     """The canonical state (common.optim.init_state's form) of an Updater, what Trainer.save_states writes: its
     states by the Trainer's index i, parameter names[i] (None: not trained, no state), and its optimizer's
-    num_update, the updates made (the largest count of any parameter on any context: one a step)."""
+    num_update, the updates made (the largest count of any parameter on any context: one a step); the exact copy
+    where the optimizer carries one that is still the file's (exact_state)."""
     slot_names = slots(updater.optimizer)
     trained = [i for i, name in enumerate(names) if name is not None]
     if sorted(updater.states) != trained:
@@ -541,30 +555,52 @@ def updater_state(updater, names):
             raise ValueError(f"{len(arrays)} buffers for parameter {i}; {type(updater.optimizer).__name__} keeps "
                              f"{len(slot_names)}")
         for slot, array in zip(slot_names, arrays):
-            if slot is None:   # a stock centered RMSProp's delta without momentum
-                continue
-            key = f"{slot}.{names[i]}"
-            state[key] = exact_buffer(updater.optimizer, key,
-                                      canonical_buffer(updater.optimizer, slot, array.asnumpy()))
-    return state
+            if slot is not None:   # None: a stock centered RMSProp's delta without momentum
+                state[f"{slot}.{names[i]}"] = canonical_buffer(updater.optimizer, slot, array.asnumpy())
+    return exact_state(updater.optimizer, state) or state
 
 
-# A stock optimizer's buffer in MXNet's convention is the canonical one times the rate, rounded: a file written from
-# a canonical state keeps that state too, as a dict of numpy arrays on the pickled optimizer (any pickled Python
-# object may carry one; stock MXNet never reads it), so that reading the file back is exact (a resumed run goes on
-# bit for bit).
-EXACT = "canonical_state"
+# A file this project writes pickles MXNet's stock class (get_optimizer's "stock" port), so that stock Gluon code
+# loads it alone; but a stock buffer is the canonical one times the rate, rounded, and a stock class may have no slot
+# for a canonical buffer, or no equivalent of the optimizer (AdamW, RMSProp with momentum but not centered, a cosine one
+# update later). So the pickled optimizer carries the canonical state and optimizer too, as plain Python (any pickled
+# object may carry attributes; stock MXNet never reads them): reading the file back is exact, and a resumed run goes on
+# bit for bit.
+EXACT = "canonical_state"           # {"step": int, "<slot>.<name>": numpy array}
+EXACT_OPTIMIZER = "canonical_optimizer"   # common.optim.Optimizer's fields
 
 
-def exact_buffer(mx_optimizer, key, converted):
-    """The canonical buffer `key` as written, where the optimizer carries it (EXACT) and it is still the file's: at
-    the same step and within float32's rounding of `converted`, the buffer read from the states. Stock code that
-    loaded such a file, trained and saved it again pickles the stale copy too: then the states are the truth."""
-    exact = getattr(mx_optimizer, EXACT, None)
-    if not exact or exact["step"] != mx_optimizer.num_update or key not in exact \
-            or not np.allclose(exact[key], converted, rtol=1e-5, atol=1e-7):
-        return converted
-    return exact[key]
+def carry_exact(mx_optimizer, state, optimizer):
+    """Attach the canonical `state` and `optimizer` to the optimizer a Trainer will pickle (EXACT)."""
+    setattr(mx_optimizer, EXACT, {key: a if key == "step" else np.asarray(a) for key, a in state.items()})
+    setattr(mx_optimizer, EXACT_OPTIMIZER, dataclasses.asdict(optimizer))
+
+
+def is_current(mx_optimizer):
+    """Whether the optimizer's exact copy is still its own: at its num_update, with its rate and decay (a file
+    written before the copy carried the optimizer has the state alone). Stock code that loaded such a file, trained
+    and saved it again pickles the stale copy too: then the file's states and classes are the truth."""
+    exact, fields = getattr(mx_optimizer, EXACT, None), getattr(mx_optimizer, EXACT_OPTIMIZER, None)
+    return bool(exact) and exact["step"] == mx_optimizer.num_update and (fields is None or (
+        math.isclose(fields["lr"], mx_optimizer.lr) and math.isclose(fields["weight_decay"], mx_optimizer.wd)))
+
+
+def exact_optimizer(mx_optimizer):
+    """The canonical optimizer the pickled one carries where it is current (is_current), else None."""
+    fields = getattr(mx_optimizer, EXACT_OPTIMIZER, None)
+    return Optimizer(**fields) if fields is not None and is_current(mx_optimizer) else None
+
+
+def exact_state(mx_optimizer, converted):
+    """The canonical state the optimizer carries where it is current and still the file's: each buffer read from
+    the states (`converted`, canonical) within float32's rounding of the copy's; else None."""
+    if not is_current(mx_optimizer):
+        return None
+    exact = getattr(mx_optimizer, EXACT)
+    if any(key not in exact or not np.allclose(exact[key], a, rtol=1e-5, atol=1e-7)
+           for key, a in converted.items() if key != "step"):
+        return None
+    return dict(exact)
 
 
 class Trainer(gluon.Trainer):

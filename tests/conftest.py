@@ -179,7 +179,7 @@ SLOW_REPEATS = {
     "test_stock_gluon_states.py::test_stock_torch_keras_and_optax_code_continue_a_stock_gluon_trainer[nag-1ctx]",
     "test_stock_gluon_states.py::test_stock_torch_keras_and_optax_code_continue_a_stock_gluon_trainer"
     "[sgd-momentum-2ctx]",
-    "test_stock_gluon_states.py::test_stock_gluon_code_loads_the_converter_s_mxnet_files_alone[nag]",
+    "test_stock_gluon_states.py::test_stock_gluon_code_loads_the_converter_s_mxnet_files_alone[1]",
     # each framework once in the fast tier: the same step on another number of devices, or for more steps, is slow
     *[f"test_buckets.py::test_the_bucketed_sum_is_the_per_tensor_sum[{f}-1]" for f in FRAMEWORKS],   # 3 devices: fast
     *[f"test_interface.py::test_train_step_on_several_devices_equals_one_device[{f}-3]" for f in FRAMEWORKS

@@ -38,13 +38,13 @@ def test_the_stock_cosine_decays_one_update_early(mx_optimizer):
 
 @pytest.mark.parametrize("given,warmup", RATE_CASES, ids=[
     f"{g['schedule']}{'-given' if len(g) > 1 else ''}-warmup{w}" for g, w in RATE_CASES])
-def test_a_file_for_stock_gluon_code_is_written_only_where_its_schedule_is_the_spec_s(mx_optimizer, given, warmup):
-    """save_state writes MXNet's stock classes where they compute the state's optimizer (stock_port), so that stock
-    Gluon code continues the run: only on a stock schedule that gives the spec's rates at every update."""
+def test_the_stock_schedule_is_said_to_differ_exactly_where_it_does(mx_optimizer, given, warmup):
+    """save_state pickles MXNet's stock schedules, so that stock Gluon code loads the file alone; the converter's note
+    (schedule_gap) speaks where the stock one's rates leave the spec's, and only there."""
     o = optim.Optimizer("momentum", 0.1, warmup_steps=warmup, total_steps=24, **given)
-    if mx_optimizer.stock_port(o):
-        stock = mx_optimizer.get_schedule(o, "stock")
-        assert [stock(step + 1) for step in range(24)] == pytest.approx([o.learning_rate(s) for s in range(24)])
+    stock = mx_optimizer.get_optimizer(o, "stock")
+    same = [stock.lr_scheduler(step + 1) for step in range(24)] == pytest.approx([o.learning_rate(s) for s in range(24)])
+    assert (mx_optimizer.schedule_gap(stock, o) is None) == same
 
 
 def random_problem(scale):
@@ -227,8 +227,7 @@ def test_an_optimizer_a_trainer_pickles_is_told_back_as_it_was_built(mx_optimize
 
 def test_the_stock_classes_that_keep_the_rate_inside_their_momentum(mx_optimizer):
     """SGD's and NAG's momentum and a centered RMSProp's delta hold the rate; a plain RMSProp has no momentum. A file
-    this project writes pickles the stock SGD and NAG (rate_inside names them for the converter's note), but this
-    project's RMSProp, whose buffer keeps the rate outside (the stock one's epsilon is not the spec's: stock_port)."""
+    this project writes pickles the stock classes, and rate_inside names these for the converter's --lr."""
     mx = mx_optimizer.mx
     checkpoint = load_module("mxnet", "checkpoint")
     assert [mx_optimizer.momentum_inside(o) for o in (
@@ -237,7 +236,52 @@ def test_the_stock_classes_that_keep_the_rate_inside_their_momentum(mx_optimizer
         mx_optimizer.RMSProp(gamma2=0.7, centered=True), mx.optimizer.AdaGrad())] == [0.9, 0.8, 0.7, 0, 0, 0, 0, 0]
     assert [checkpoint.rate_inside(variant(name, lr=0.01)) for name in ("momentum", "nesterov", "sgd",
                                                                       "rmsprop-centered")] == \
-        ["MXNet's stock SGD", "MXNet's stock NAG", None, None]
+        ["MXNet's stock SGD", "MXNet's stock NAG", None, "MXNet's stock RMSProp"]
+
+
+def pickled_modules(path):
+    """The modules whose classes the pickle at `path` names: what unpickling it imports (pickle's find_class)."""
+    import pickle
+    modules = set()
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module, name):
+            modules.add(module)
+            return super().find_class(module, name)
+
+    with open(path, "rb") as file:
+        Recording(file).load()
+    return modules
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("schedule,warmup,total,explicit", SCHEDULES[1:5:3],
+                         ids=[f"{s}-{w}-{t}" for s, w, t, _ in SCHEDULES[1:5:3]])
+def test_a_file_this_project_writes_pickles_only_mxnet_s_own_classes(mx_optimizer, name, schedule, warmup, total,
+                                                                     explicit, tmp_path):
+    """save_state pickles MXNet's stock optimizer and schedule, whatever the optimizer (AdamW and an RMSProp with
+    momentum but not centered have no stock class: the nearest, Adam and the plain RMSProp), so that stock Gluon code
+    loads the file with nothing of this project; and the file reads back as it was written, optimizer and buffers
+    exactly, from the canonical copy it carries. Stock code that trained on and saved it again leaves that copy stale
+    (its step is not the file's): then the stock classes are read."""
+    checkpoint = load_module("mxnet", "checkpoint")
+    o = optim.Optimizer(name.split("-")[0], 0.05, weight_decay=1e-4, warmup_steps=warmup, total_steps=total,
+                        schedule=schedule, **{"momentum": 0.8, **VARIANTS[name], **explicit})
+    rng = np.random.default_rng(0)
+    state = {"step": 7, **{f"{slot}.{p}": np.abs(rng.normal(size=a.shape)).astype(np.float32)
+                           for slot in o.slots for p, a in init_weights(0).items()}}
+    path = str(tmp_path / "lenet.states")
+    checkpoint.save_state(state, o, path)
+    modules = pickled_modules(path)
+    assert {m.split(".")[0] for m in modules} <= {"builtins", "numpy", "mxnet"}, modules
+    assert "mxnet.optimizer.optimizer" in modules
+    read = checkpoint.read_state(path)
+    assert sorted(read) == sorted(state) and all(np.array_equal(read[k], state[k]) for k in state if k != "step")
+    assert checkpoint.read_optimizer(path) == (o, None)
+    updater = checkpoint.saved_updater(path)
+    updater.optimizer.num_update += 1   # as if stock code had trained on
+    assert mx_optimizer.exact_optimizer(updater.optimizer) is None
+    assert type(updater.optimizer).__module__.startswith("mxnet.optimizer")
 
 
 def stock_gluon_run(digits, optimizer, params, scheduler=None, steps=4):

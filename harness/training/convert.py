@@ -43,7 +43,8 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, metavar="LR",
                    help="the rate of SRC's last update, where SRC does not say it (this project's PyTorch, Keras and "
                         "Orbax files) and the target's stock optimizer keeps the rate inside its momentum buffer "
-                        "(Keras's SGD and RMSprop, Optax's rmsprop, MXNet's SGD), which the file must hold times it")
+                        "(Keras's SGD and RMSprop, Optax's rmsprop, MXNet's SGD, NAG and centered RMSProp), which the file "
+                        "must hold times it")
     p.add_argument("--state", metavar="PATH",
                    help="SRC's optimizer state where it is not beside SRC under SRC's name (a Gluon program's "
                         "trainer.states beside its net.params)")
@@ -117,10 +118,8 @@ def main(argv=None):
                  f"{os.path.basename(state_path(target, args.dst))}" if state is not None else "")
               + (f", and its loss scaler (scale {scaler[0].scale:g}, {scaler[0].good_steps} finite steps towards its "
                  "growth)" if scaler is not None else ""))
-        if state is not None and not gap and optimizer.slots == ("exp_avg", "exp_avg_sq"):
-            epsilon_hat_note(target, optimizer, state)
-        if state is not None and not gap and "momentum_buffer" in optimizer.slots:
-            rate_inside_note(target, optimizer, state)
+        if state is not None and not gap:
+            stock_note(target, optimizer, state, args.dst)
         if state is not None and args.verify:
             again = read_state(target, args.dst, optimizer, weights)
             if any(not np.array_equal(again[k], state[k]) for k in state):
@@ -136,6 +135,26 @@ def main(argv=None):
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def stock_note(target, optimizer, state, dst):
+    """A note where the target's stock optimizer, loading the written file as it is, continues otherwise than the
+    state's own run: MXNet's says all of it itself (its checkpoint's stock_gap: the file pickles its stock classes);
+    elsewhere Keras's Adam's epsilon and a momentum that keeps the rate inside."""
+    from ..loader import load_module
+    from .checkpoints import state_path
+    stock_gap = getattr(load_module(target, "checkpoint"), "stock_gap", None)
+    if stock_gap is not None:
+        path = state_path(target, dst)
+        line = stock_gap(path, optimizer)
+        if line:
+            print(f"note: stock Gluon code that loads {os.path.basename(path)} continues otherwise than the state's "
+                  f"run (this project reads its exact copy): {line}", file=sys.stderr)
+        return
+    if optimizer.slots == ("exp_avg", "exp_avg_sq"):
+        epsilon_hat_note(target, optimizer, state)
+    if "momentum_buffer" in optimizer.slots:
+        rate_inside_note(target, optimizer, state)
 
 
 def epsilon_hat_note(target, optimizer, state):
