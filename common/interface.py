@@ -27,6 +27,8 @@ CONTRACT = {
     "state_from_numpy": "state_from_numpy(arrays, replica, optimizer, model) -> a state as init_state makes it, "
                         "holding the canonical `arrays` (state_to_numpy's form), on the replica's device, in `model`'s "
                         "layout.",
+    "state_bytes": "state_bytes(state) -> int: the bytes the state's buffers (every slot's) hold on their device: a "
+                   "replica's whole state, or under --shard the slices its device owns (common/zero.py).",
     # data_parallel.py: the multi-device recipe, one step for every network.
     "split_and_load": "split_and_load(array, devices) -> list of len(devices) contiguous shards along axis 0, "
                       "sizes differing by at most one (common.sharding), shard i on devices[i].",
@@ -36,6 +38,21 @@ CONTRACT = {
                            "bucket_bytes one per bucket of common.buckets.plan's (each device's gradients flattened "
                            "into one buffer, summed, cut back into their shapes); the same sums either way. With "
                            "dtype 'bf16' the gradients go over the wire in bf16 (common.precision.summed_on_the_wire).",
+    "reduce_scatter": "reduce_scatter(buffers, dtype='fp32') -> slices: one flat buffer of a unit per local device "
+                      "(flattened in the framework's own element order, zero-padded to common.zero.chunk * the world's "
+                      "devices) -> each local device's own slice of their sum over every device of every process "
+                      "(common.zero: the owner of slice g is device g % devices of process g // devices), on its "
+                      "device. dtype: the wire's, as allreduce's.",
+    "all_gather": "all_gather(slices) -> buffers: each local device's own slice of a unit -> the whole flat (padded) "
+                  "buffer, every device's and process's slices in owner order, on every local device.",
+    "shard_states": "shard_states(states, replicas, bucket_bytes=None) -> states: each device's whole state "
+                    "(init_state's or state_from_numpy's, one per replica) cut to the slices the device owns: every "
+                    "slot's buffers of a unit (common.zero.groups of the parameters' sizes) flattened, padded and cut "
+                    "(common.zero.bounds), a list of one slice a unit per slot; the step count and optimizer kept. "
+                    "What --shard optimizer, gradients and parameters keep between steps.",
+    "gather_states": "gather_states(states, replicas, bucket_bytes=None) -> states: the inverse of shard_states, every "
+                     "device's and process's slices gathered (all_gather) into whole per-parameter buffers in the "
+                     "replicas' shapes and layout, on every device: what state_to_numpy and a checkpoint read.",
     "train_step": "train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, "
                   "settings=StepSettings()) -> float: one synchronous step of the network `model` (a Functional of "
                   "lenet.py or resnet.py) on a numpy batch: split_and_load, each device's summed loss and gradients "
@@ -48,7 +65,11 @@ CONTRACT = {
                   "(None: every unit as written). With settings.scaler (common/loss_scaling.py) each device "
                   "differentiates its loss times scaler.scale, the all-reduced gradients are multiplied by 1/scale "
                   "and checked (unscale_gradients), the update is skipped where one is not finite, and "
-                  "scaler.update(finite) runs. Returns the mean loss over X (unscaled).",
+                  "scaler.update(finite) runs. With settings.shard other than 'none' the states are shard_states' "
+                  "(the step cuts whole ones itself on its first call): the gradients all-reduced ('optimizer') or "
+                  "reduce_scatter'ed ('gradients'), each device's owned slices updated (the global norm for clipping "
+                  "summed from every device's slices, an overflow anywhere skipping every device's update), the "
+                  "slices all_gather'ed back into every replica. Returns the mean loss over X (unscaled).",
     "evaluate": "evaluate(model, replica, bn_state, X, y) -> float: accuracy of one replica on numpy data, in "
                 "inference mode (a BatchNorm network normalises by the running statistics bn_state).",
 }
@@ -64,8 +85,11 @@ CONTRACT = {
 # scaler.update; allreduce_dtype: the gradients' precision on the wire (--allreduce-dtype, common/precision.py's
 # summed_on_the_wire): "fp32", or "bf16" (each device's gradients cast to bf16 for the all-reduce, summed in bf16,
 # widened back).
-StepSettings = collections.namedtuple("StepSettings", "bucket_bytes units accumulate scaler allreduce_dtype",
-                                      defaults=(None, None, 1, None, "fp32"))
+# shard: ZeRO's stage (--shard, common/zero.py): "none", the recipe's replicated step; "optimizer" (stage 1), the
+# all-reduce, then each device updates the slices it owns with its slice of the optimizer state (the states are
+# shard_states' form), then all_gather; "gradients" (stage 2), reduce_scatter in place of the all-reduce.
+StepSettings = collections.namedtuple("StepSettings", "bucket_bytes units accumulate scaler allreduce_dtype shard",
+                                      defaults=(None, None, 1, None, "fp32", "none"))
 
 # The networks the scratch step trains: lenet.py and resnet.py of every framework folder each define a class
 # Functional, the network as the recipe writes it (weights as lists of tensors, forward as a function), with these

@@ -1,8 +1,9 @@
 """Data parallelism from scratch in JAX: split the batch, forward and backward on every device, sum the
 gradients across devices, apply the same update to every replica. One step for every network: the network is
 a Functional (lenet.py's, resnet.py's) handed in, and the run's settings (the all-reduce's buckets, the compiled
-units of execution.compile, fp16's loss scaler) come in with it, never through this module. JAX functions are pure
-and its arrays immutable: every step makes new arrays, and the lists that hold them are re-pointed at them.
+units of execution.compile, fp16's loss scaler, ZeRO's sharding) come in with it, never through this module. JAX
+functions are pure and its arrays immutable: every step makes new arrays, and the lists that hold them are
+re-pointed at them.
 JAX has no loss scaler: at fp16 the step is common/loss_scaling.py's rule, written here (step_on_shards)."""
 import functools
 
@@ -11,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from common.buckets import plan
-from common.interface import StepSettings
+from common.interface import RosettaError, StepSettings
 from common.sharding import micro_batches, shard_bounds
+from common.zero import chunk, groups, owner_index, unflat
 
 from . import distributed as dist
 from . import optimizer
@@ -40,14 +42,21 @@ def allreduce(tensors, dtype="fp32"):
         widened = allreduce([t.astype(jnp.bfloat16) for t in tensors])
         tensors[:] = [t.astype(jnp.float32) for t in widened]
         return tensors
-    first = device_of(tensors[0])
-    total = tensors[0]
-    for t in tensors[1:]:
-        total = total + jax.device_put(t, first)
+    total = local_sum(tensors)
     if dist.is_initialized():
         total = dist.all_reduce(total)
     tensors[:] = [jax.device_put(total, device_of(t)) for t in tensors]
     return tensors
+
+
+def local_sum(tensors):
+    """This process's devices' tensors added in device order on the first one's device (the all-reduce's and the
+    reduce-scatter's sum before the processes')."""
+    first = device_of(tensors[0])
+    total = tensors[0]
+    for t in tensors[1:]:
+        total = total + jax.device_put(t, first)
+    return total
 
 
 def allreduce_gradients(grads, bucket_bytes=None, dtype="fp32"):
@@ -65,6 +74,97 @@ def allreduce_gradients(grads, bucket_bytes=None, dtype="fp32"):
             for i, piece in zip(bucket, unflatten(buffer, tuple(device_grads[i].shape for i in bucket))):
                 device_grads[i] = piece
     return grads
+
+
+def reduce_scatter(buffers, dtype="fp32"):
+    """Each local device's flat padded buffer of one unit -> each device's own slice of their sum over every device
+    of every process (common/zero.py's owners): the buffers added in device order on the first device, as allreduce
+    adds them (dtype "bf16": the same casts, bf16 adds and bf16 between processes, widened back), across processes
+    distributed.reduce_scatter leaving this process the contiguous slices of its devices, then each device's copied
+    to it. New arrays (arrays are immutable)."""
+    if len(buffers) == 1 and not dist.is_initialized():   # one device in one process: the sum, and its slice
+        return list(buffers)
+    if dtype != "fp32":
+        return [s.astype(jnp.float32) for s in reduce_scatter([b.astype(jnp.bfloat16) for b in buffers])]
+    total = local_sum(buffers)
+    if dist.is_initialized():
+        total = dist.reduce_scatter(total)
+    size = len(total) // len(buffers)
+    return [jax.device_put(total[i * size:(i + 1) * size], device_of(b)) for i, b in enumerate(buffers)]
+
+
+def all_gather(slices):
+    """Each local device's own slice of one unit -> the whole flat (padded) buffer on every local device: the slices
+    joined on the first device, every process's joined in rank order (distributed.all_gather), copied to each."""
+    first = device_of(slices[0])
+    whole = jnp.concatenate([jax.device_put(s, first) for s in slices])
+    if dist.is_initialized():
+        whole = dist.all_gather(whole)
+    return [jax.device_put(whole, device_of(s)) for s in slices]
+
+
+def shard_states(states, replicas, bucket_bytes=None):
+    """Each device's whole state cut to the slices it owns (common/zero.py): every slot's buffers of a unit flattened
+    in JAX's element order (the parameters' own, so a slice of state lines up with its slice of weights), padded and
+    cut on the device. New dicts: the whole buffers are left to the caller."""
+    rank, world = world_of(replicas)
+    parts = units_of(replicas[0], bucket_bytes)
+    sharded = []
+    for i, state in enumerate(states):
+        owner = owner_index(rank, len(replicas), i)
+        sharded.append({"optimizer": state["optimizer"], "step": state["step"], "shard": (owner, world),
+                        **{slot: owned(state[slot], parts, world, owner) for slot in state["optimizer"].slots}})
+    return sharded
+
+
+def gather_states(states, replicas, bucket_bytes=None):
+    """The sharded states whole again (shard_states' inverse): every slot's slices all_gather'ed, one unit at a time,
+    and cut back into the replica's shapes (its layout), on every device: init_state's form."""
+    parts = units_of(replicas[0], bucket_bytes)
+    whole = [{"optimizer": state["optimizer"], "step": state["step"]} for state in states]
+    for slot in states[0]["optimizer"].slots:
+        gathered = zip(*[all_gather([state[slot][k] for state in states]) for k in range(len(parts))])
+        for state, replica, buffers in zip(whole, replicas, gathered):
+            state[slot] = unpadded(list(buffers), parts, tuple(p.shape for p in replica))
+    return whole
+
+
+def world_of(replicas):
+    """(this process's rank, the world's devices): common/zero.py's owners; one process when not initialised."""
+    if not dist.is_initialized():
+        return 0, len(replicas)
+    return jax.process_index(), jax.process_count() * len(replicas)
+
+
+def units_of(replica, bucket_bytes):
+    """What is sharded, as common.zero.groups gives it (the parameters' indices, one unit each), hashable: the
+    compiled helpers below take it as static."""
+    return tuple(tuple(unit) for unit in groups([p.size for p in replica], bucket_bytes))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def padded(arrays, parts, world):
+    """One device's arrays as flat buffers, one a unit of `parts`, each zero-padded to world * chunk elements:
+    compiled once for all the units, on the device that holds them."""
+    buffers = [jnp.concatenate([arrays[i].ravel() for i in unit]) for unit in parts]
+    return [jnp.pad(b, (0, chunk(b.size, world) * world - b.size)) for b in buffers]
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def owned(arrays, parts, world, owner):
+    """Device `owner`'s slice of every unit's padded buffer (common.zero.bounds)."""
+    return [b[owner * (b.size // world):(owner + 1) * (b.size // world)] for b in padded(arrays, parts, world)]
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def unpadded(buffers, parts, shapes):
+    """Every unit's whole (padded) buffer cut back into its arrays, in `shapes` (the replica's): a list in parameter
+    order."""
+    arrays = [None] * len(shapes)
+    for unit, buffer in zip(parts, buffers):
+        for i, piece in zip(unit, unflatten(buffer, tuple(shapes[i] for i in unit))):
+            arrays[i] = piece
+    return arrays
 
 
 def unscale_gradients(grads, scale):
@@ -90,14 +190,8 @@ def flatten(arrays):
     return jnp.concatenate([a.ravel() for a in arrays])
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def unflatten(buffer, shapes):
-    pieces, start = [], 0
-    for shape in shapes:
-        size = int(np.prod(shape))
-        pieces.append(buffer[start:start + size].reshape(shape))
-        start += size
-    return pieces
+# a flat buffer cut back into `shapes` (static): the spec's own cut, common.zero.unflat, compiled
+unflatten = jax.jit(unflat, static_argnums=1)
 
 
 def sgd(params, grads, lr, batch_size, unit=None):
@@ -140,8 +234,69 @@ def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, 
     return losses, grads, bn_states
 
 
+def sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes=None, scaler=None,
+                   allreduce_dtype="fp32", units=None):
+    """ZeRO's half of the step once the gradients exist (common/zero.py): each device's own slice of every unit's
+    summed gradient, by allreduce_gradients and a cut (shard "optimizer") or reduce_scatter (shard "gradients"); at
+    fp16 the slices unscaled and every device of every process skipping if any saw an overflow; each device's
+    parameter slices updated with its sharded state (`states`: shard_states'; None: the recipe's sgd), clipping by
+    the norm summed from every device's slices; the slices all_gather'ed and every replica's list re-pointed at its
+    new arrays."""
+    if shard not in ("optimizer", "gradients"):
+        raise RosettaError(f"the scratch step shards the optimizer or the gradients, not {shard!r}")
+    units = units or UNITS
+    rank, world = world_of(replicas)
+    owners = [owner_index(rank, len(replicas), i) for i in range(len(replicas))]
+    parts = units_of(replicas[0], bucket_bytes)
+    if shard == "optimizer":
+        grads = allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
+        grads = [owned(device_grads, parts, world, owner) for device_grads, owner in zip(grads, owners)]
+    else:
+        buffers = [padded(device_grads, parts, world) for device_grads in grads]
+        grads = [list(slices) for slices in zip(*[reduce_scatter([b[k] for b in buffers], allreduce_dtype)
+                                                  for k in range(len(parts))])]
+    if scaler is not None:
+        finite = unscale_gradients(grads, np.float32(scaler.scale))
+        if dist.is_initialized():   # each process saw its slices only
+            finite = dist.sum_count(int(not finite)) == 0
+        if not scaler.update(finite):
+            return   # an overflow somewhere: skipped everywhere
+    norm = None
+    if states is not None and states[0]["optimizer"].clip_norm is not None:
+        norm = global_norm(grads, batch_size)
+    params = [owned(replica, parts, world, owner) for replica, owner in zip(replicas, owners)]
+    for i, (device_params, device_grads) in enumerate(zip(params, grads)):
+        if states is None:
+            sgd(device_params, device_grads, lr, batch_size, units["update"])
+        else:
+            optimizer.apply(device_params, device_grads, states[i], lr, batch_size, units["optimizer.update"],
+                            norm=None if norm is None else jax.device_put(norm, device_of(device_params[0])))
+    gathered = zip(*[all_gather([device_params[k] for device_params in params]) for k in range(len(parts))])
+    for replica, buffers in zip(replicas, gathered):
+        replica[:] = unpadded(list(buffers), parts, tuple(p.shape for p in replica))
+
+
+def global_norm(grads, batch_size):
+    """Clipping's norm of the mean gradient from every device's slices (grads[d]: device d's): each device's sum of
+    squares, added in device order on the first, across processes by distributed.all_reduce, its square root."""
+    partial = [squares(device_grads, batch_size) for device_grads in grads]
+    total = partial[0]
+    for p in partial[1:]:
+        total = total + jax.device_put(p, device_of(partial[0]))
+    if dist.is_initialized():
+        total = dist.all_reduce(total)
+    return jnp.sqrt(total)
+
+
+@jax.jit
+def squares(grads, batch_size):
+    """One device's sum of the squares of its slices of the mean gradient (optimizer.update's g / batch_size)."""
+    grads = [g / batch_size for g in grads]
+    return sum(jnp.sum(g * g) for g in grads)
+
+
 def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
-                   bucket_bytes=None, units=None, accumulate=1, scaler=None, allreduce_dtype="fp32"):
+                   bucket_bytes=None, units=None, accumulate=1, scaler=None, allreduce_dtype="fp32", shard="none"):
     """The step on shards already on their devices: each device's loss and gradients, the gradients summed across
     devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes), the same update on every replica (with
     states, optimizer.py's, each replica's state advancing); bn_states[:] gets the new running statistics. `units`:
@@ -149,11 +304,19 @@ def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, 
     the loss's times scaler.scale (an argument of the compiled loss_and_grads, not a constant), unscaled after the
     all-reduce, and the update runs only where scaler.update(finite) says so: a skipped step moves no weight and no
     optimizer state, and keeps the running statistics its forward made. `allreduce_dtype`: the wire's (allreduce; the
-    all-reduce runs op by op at every exec level, so no compiled unit bakes it). Returns each device's summed loss."""
+    all-reduce runs op by op at every exec level, so no compiled unit bakes it). `shard` (ZeRO's, common/zero.py):
+    other than "none", whole states are cut by shard_states on the first call (the list's slots re-pointed) and
+    sharded_update runs the rest, its compiled units taking the slices as they take whole arrays. Returns each
+    device's summed loss."""
     units = units or UNITS
     scale = None if scaler is None else np.float32(scaler.scale)
     losses, grads, bn_states[:] = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
                                               y_shards, devices, accumulate, scale)
+    if shard != "none":
+        if states is not None and "shard" not in states[0]:   # the first sharded step: whole states, cut
+            states[:] = shard_states(states, replicas, bucket_bytes)
+        sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes, scaler, allreduce_dtype, units)
+        return losses
     grads = allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
     if scaler is not None and not scaler.update(unscale_gradients(grads, scale)):
         return losses   # an overflow: skipped
@@ -174,12 +337,12 @@ UNITS = {"update": update, "optimizer.update": optimizer.update, "loss_and_grads
 
 def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, settings=StepSettings()):
     """One step of the network `model` (lenet.Functional or resnet.Functional) with the run's settings (bucket_bytes,
-    units, accumulate, scaler, allreduce_dtype): split_and_load, the step on the shards, the mean loss over X."""
+    units, accumulate, scaler, allreduce_dtype, shard): split_and_load, the step on the shards, the mean loss over X."""
     units = settings.units or UNITS
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses = units["step_on_shards"](model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size or len(X),
                                      states, settings.bucket_bytes, units, settings.accumulate, settings.scaler,
-                                     settings.allreduce_dtype)
+                                     settings.allreduce_dtype, settings.shard)
     return sum(float(loss) for loss in jax.device_get(losses)) / len(X)   # one wait for every device's loss
 
 

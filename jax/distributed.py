@@ -18,6 +18,7 @@ import os
 
 import jax
 import numpy as np
+from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from common.interface import RosettaError
@@ -96,15 +97,45 @@ def sum_over_processes():
     return jax.jit(lambda rows: rows.sum(0), out_shardings=NamedSharding(process_mesh(), P()))
 
 
+def rows_of(x):
+    """A global array over the process mesh whose row p is process p's x (this process gives its own row)."""
+    mesh = process_mesh()
+    (mine,) = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    return jax.make_array_from_single_device_arrays((mesh.size, *x.shape), NamedSharding(mesh, P("processes")),
+                                                    [jax.device_put(x[None], mine)])
+
+
 def all_reduce(x):
     """The element-wise sum of x over all processes: each process's x is one row of a global array sharded
     over the process mesh, and a jitted sum over the rows makes XLA all-reduce across the processes. The
     result is replicated: this process's copy comes back."""
-    mesh = process_mesh()
-    (mine,) = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-    rows = jax.make_array_from_single_device_arrays((mesh.size, *x.shape), NamedSharding(mesh, P("processes")),
-                                                    [jax.device_put(x[None], mine)])
-    return sum_over_processes()(rows).addressable_data(0)
+    return sum_over_processes()(rows_of(x)).addressable_data(0)
+
+
+@functools.cache
+def scattered_sum():
+    return jax.jit(jax.shard_map(lambda row: lax.psum_scatter(row[0], "processes", tiled=True), mesh=process_mesh(),
+                                 in_specs=P("processes"), out_specs=P("processes")))
+
+
+@functools.cache
+def gathered():
+    return jax.jit(jax.shard_map(lambda row: lax.all_gather_invariant(row[0], "processes", tiled=True),
+                                 mesh=process_mesh(), in_specs=P("processes"), out_specs=P()))
+
+
+def reduce_scatter(x):
+    """This process's chunk (the rank's, of `processes` equal ones) of the element-wise sum of x over all processes:
+    the rows as all_reduce's, lax.psum_scatter under shard_map over the process mesh, so no process receives the
+    whole sum (ZeRO's reduce-scatter, common/zero.py)."""
+    return scattered_sum()(rows_of(x)).addressable_data(0)
+
+
+def all_gather(x):
+    """Every process's chunk x, concatenated in rank order, on every process: lax.all_gather under shard_map over
+    the process mesh (reduce_scatter's inverse), its _invariant form, which tells shard_map that every process holds
+    the same result (out_specs P(): replicated)."""
+    return gathered()(rows_of(x)).addressable_data(0)
 
 
 def sum_count(n):

@@ -47,21 +47,28 @@ def state_from_numpy(arrays, replica, optimizer, model):
     return {"optimizer": optimizer, "step": int(arrays["step"]), **slots}
 
 
-def apply(params, grads, state, lr, batch_size, unit=None):
+def state_bytes(state):
+    """Every slot's buffers (a replica's whole ones, or a sharded state's slices), as their arrays hold them."""
+    return sum(b.nbytes for slot in state["optimizer"].slots for b in state[slot])
+
+
+def apply(params, grads, state, lr, batch_size, unit=None, norm=None):
     """The scratch step's update of one replica by the all-reduced summed gradients: new arrays written back into
     the replica's list slots, and the state re-pointed at its new buffers and step count. `unit`: update as the
-    exec level makes it (execution.compile's "optimizer.update"; None: as written)."""
-    params[:], new_state = (unit or update)(params, grads, state, lr, batch_size)
+    exec level makes it (execution.compile's "optimizer.update"; None: as written). `norm`: the global norm of the
+    mean gradient, for clipping, where `grads` are only this device's slices (--shard); None: theirs."""
+    params[:], new_state = (unit or update)(params, grads, state, lr, batch_size, norm)
     state.update(new_state)
 
 
-def update(params, grads, state, lr, batch_size):
+def update(params, grads, state, lr, batch_size, norm=None):
     """common/optim.py's update, line for line: new weights and a new state (a unit of the step: jax.jit compiles
-    it at the graph level, the Optimizer static, the step count traced)."""
+    it at the graph level, the Optimizer static, the step count and the norm traced)."""
     o, t = state["optimizer"], state["step"]
     grads = [g / batch_size for g in grads]                       # the global batch's mean
-    if o.clip_norm is not None:                                   # every replica holds the all-reduced gradient
-        norm = jnp.sqrt(sum(jnp.sum(g * g) for g in grads))
+    if o.clip_norm is not None:                                   # the all-reduced gradient's, unless given
+        if norm is None:
+            norm = jnp.sqrt(sum(jnp.sum(g * g) for g in grads))
         grads = [g * jnp.minimum(1.0, o.clip_norm / (norm + CLIP_EPS)) for g in grads]
     if o.weight_decay and not o.decoupled:                        # L2: added to the gradient
         grads = [g + o.weight_decay * p for g, p in zip(grads, params)]

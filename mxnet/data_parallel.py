@@ -3,13 +3,15 @@ sum the gradients across contexts, apply the same SGD update to every replica (o
 update of optimizer.py). One step for every network: `model` is lenet.py's or resnet.py's Functional. With a loss
 scaler (--precision fp16) the backward is the scaled loss's, and the summed gradients are unscaled and checked before
 the update, which an overflow skips (common/loss_scaling.py). With --allreduce-dtype bf16 the gradients are summed in
-bf16 (on_the_wire)."""
+bf16 (on_the_wire). With --shard (ZeRO, common/zero.py) each context keeps and updates only the slices it owns
+(sharded_update)."""
 import numpy as np
 from mxnet import nd
 
 from common.buckets import plan
-from common.interface import StepSettings, Unavailable
+from common.interface import RosettaError, StepSettings, Unavailable
 from common.sharding import micro_batches, shard_bounds
+from common.zero import bounds, chunk, groups, owner_index
 
 from . import distributed as dist
 from . import optimizer
@@ -45,13 +47,7 @@ def on_the_wire(tensors, name, dtype):
     processes by across_processes, the sum widened back into every tensor. amp_cast and elemwise_add round to nearest
     even (their oneDNN kernels, on the CPU); astype and `+` or `+=` (Cast, broadcast_add) would truncate, as mshadow's
     bf16_t keeps a float's upper 16 bits, and so would every kernel of a GPU: GPU contexts are refused."""
-    if any(t.context.device_type == "gpu" for t in tensors):
-        raise Unavailable(f"--allreduce-dtype {dtype} on MXNet GPUs: only its oneDNN (CPU) kernels round to bf16, its "
-                          f"GPU kernels truncate (mshadow's bf16_t)")
-    wire = [nd.amp_cast(t, dtype=DTYPES[dtype]) for t in tensors]
-    total = wire[0]
-    for w in wire[1:]:
-        nd.elemwise_add(total, w.as_in_context(total.context), out=total)
+    total = wire_sum(tensors, dtype)
     if dist.is_initialized():
         total = across_processes(total, name)
     for t in tensors:
@@ -59,8 +55,21 @@ def on_the_wire(tensors, name, dtype):
     return tensors
 
 
-def across_processes(total, name):
-    """The sum of every process's bf16 `total`, in bf16. The kvstore's server refuses bf16 (its type switch stops on
+def wire_sum(tensors, dtype):
+    """on_the_wire's sum within the process: a new bf16 tensor on the first tensor's context."""
+    if any(t.context.device_type == "gpu" for t in tensors):
+        raise Unavailable(f"--allreduce-dtype {dtype} on MXNet GPUs: only its oneDNN (CPU) kernels round to bf16, its "
+                          f"GPU kernels truncate (mshadow's bf16_t)")
+    wire = [nd.amp_cast(t, dtype=DTYPES[dtype]) for t in tensors]
+    total = wire[0]
+    for w in wire[1:]:
+        nd.elemwise_add(total, w.as_in_context(total.context), out=total)
+    return total
+
+
+def across_processes(total, name, collective=None):
+    """The sum of every process's bf16 `total`, in bf16 (with `collective` distributed.reduce_scatter, this process's
+    chunk of it; None: distributed.all_reduce). The kvstore's server refuses bf16 (its type switch stops on
     "Unknown type enum 12"), so the values travel widened to fp32 (between processes the bytes are fp32's) and their
     sum is rounded to bf16 once: with two processes that is the one fp32 addition elemwise_add makes and rounds, the
     bf16 sum; past two the server's fp32 additions would each skip a rounding, so no other count runs."""
@@ -68,8 +77,7 @@ def across_processes(total, name):
         raise Unavailable(f"--allreduce-dtype bf16 across {dist.process_count()} MXNet processes: its kvstore carries "
                           f"no bf16, and its fp32 sum is the bf16 sum for only two processes")
     wide = nd.amp_cast(total, dtype=np.float32)
-    dist.all_reduce(wide, name)
-    return nd.amp_cast(wide, dtype=total.dtype)
+    return nd.amp_cast((collective or dist.all_reduce)(wide, name), dtype=total.dtype)
 
 
 def allreduce_gradients(grads, bucket_bytes=None, dtype="fp32"):
@@ -93,6 +101,94 @@ def allreduce_gradients(grads, bucket_bytes=None, dtype="fp32"):
     return grads
 
 
+def reduce_scatter(buffers, dtype="fp32", name=("unit",)):
+    """Each context's flat padded buffer of one unit (common/zero.py) -> each context's own slice of their sum over
+    every context of every process, on its context. The sum on the first context in context order, as allreduce adds
+    (with dtype 'bf16' on_the_wire's, in bf16), across processes by distributed.reduce_scatter (this process's chunk:
+    its contexts' slices, contiguous), then cut. `name`: the kvstore's, as allreduce's."""
+    if dtype == "fp32":
+        total = buffers[0].copy()
+        for b in buffers[1:]:
+            total += b.copyto(total.context)
+        if dist.is_initialized():
+            total = dist.reduce_scatter(total, name)
+    else:
+        total = wire_sum(buffers, dtype)
+        if dist.is_initialized():
+            total = across_processes(total, name, dist.reduce_scatter)
+        total = nd.amp_cast(total, dtype=np.float32)
+    k = total.shape[0] // len(buffers)
+    return [total[d * k:(d + 1) * k].copyto(b.context) for d, b in enumerate(buffers)]
+
+
+def all_gather(slices, name=("unit",)):
+    """Each context's own slice of one unit -> the whole flat (padded) buffer, on every context: the slices
+    concatenated on the first context, every process's chunk by distributed.all_gather, copied to every context."""
+    whole = nd.concat(*[s.as_in_context(slices[0].context) for s in slices], dim=0)
+    if dist.is_initialized():
+        whole = dist.all_gather(whole, name)
+    return [whole.copyto(s.context) for s in slices]
+
+
+def shard_states(states, replicas, bucket_bytes=None):
+    """Each context's whole state cut to the slices its device owns (common/zero.py): per slot, a list of one flat
+    padded slice a unit, each a copy that holds its own memory alone (state_bytes counts it); the step and the
+    optimizer kept, and "shard": (owner, world devices)."""
+    rank, world = placement(len(replicas))
+    units = groups([p.size for p in replicas[0]], bucket_bytes)
+    sharded = []
+    for d, state in enumerate(states):
+        owner = owner_index(rank, len(replicas), d)
+        sharded.append({"optimizer": state["optimizer"], "step": state["step"], "shard": (owner, world),
+                        **{slot: [own_slice([state[slot][i] for i in unit], world, owner) for unit in units]
+                           for slot in state["optimizer"].slots}})
+    return sharded
+
+
+def gather_states(states, replicas, bucket_bytes=None):
+    """shard_states' inverse: every slot's slices all_gather'ed into whole buffers of the replicas' shapes, on every
+    context (init_state's form, which state_to_numpy reads)."""
+    units = groups([p.size for p in replicas[0]], bucket_bytes)
+    whole = [{"optimizer": s["optimizer"], "step": s["step"],
+              **{slot: [nd.zeros_like(p) for p in replica] for slot in s["optimizer"].slots}}
+             for s, replica in zip(states, replicas)]
+    for slot in states[0]["optimizer"].slots:
+        for u, unit in enumerate(units):
+            for w, buffer in zip(whole, all_gather([s[slot][u] for s in states], ("state", slot, u))):
+                unflat(buffer, [w[slot][i] for i in unit])
+    return whole
+
+
+def placement(count):
+    """(rank, world): this process's rank (its kvstore's; 0 alone) and the devices of every process, each holding
+    `count` (common.zero.owner_index)."""
+    return (dist.rank(), dist.process_count() * count) if dist.is_initialized() else (0, count)
+
+
+def flat(tensors, world):
+    """A unit's tensors flattened in NDArray's own (row-major) order into one buffer on the first one's context,
+    zero-padded to common.zero.chunk * world elements."""
+    size = sum(t.size for t in tensors)
+    parts = [t.reshape(-1) for t in tensors]
+    if chunk(size, world) * world > size:
+        parts.append(nd.zeros((chunk(size, world) * world - size,), tensors[0].context, dtype=tensors[0].dtype))
+    return nd.concat(*parts, dim=0)
+
+
+def own_slice(tensors, world, owner):
+    """Device `owner`'s slice of a unit's tensors (flat, common.zero.bounds): a copy, not a view of the whole."""
+    start, stop = bounds(sum(t.size for t in tensors), world, owner)
+    return flat(tensors, world)[start:stop].copy()
+
+
+def unflat(buffer, tensors):
+    """A unit's flat buffer written back into its tensors, in place, in their shapes (the padding left out)."""
+    start = 0
+    for t in tensors:
+        t[:] = buffer[start:start + t.size].reshape(t.shape)
+        start += t.size
+
+
 def unscale_gradients(grads, scale):
     """The all-reduced gradients of the scaled loss multiplied by 1/scale in fp32, in place (exact: scale is a power
     of two), and whether every one is finite: multi_all_finite, the check of contrib.amp's LossScaler, on the first
@@ -112,8 +208,8 @@ def sgd(params, grads, lr, batch_size):
 
 # The units of the step: execution.compile(level, model) hands train_step (settings.units) each name of UNITS as the
 # level makes it, or as written here. MXNet's graph level traces the model's forward with hybridize, inside
-# loss_and_grads (the cached graph runs the backward too); update (through sgd) and step_on_shards run as written at
-# every level (execution.COMPILERS names no other unit).
+# loss_and_grads (the cached graph runs the backward too); update (through sgd) and step_on_shards (with --shard's
+# sharded_update) run as written at every level (execution.COMPILERS names no other unit).
 def update(params, grads, scale):
     """The SGD update of one replica, in place."""
     for p, g in zip(params, grads):
@@ -150,19 +246,74 @@ def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, 
     return losses, grads, bn_states
 
 
+def sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes=None, scaler=None,
+                   allreduce_dtype="fp32"):
+    """--shard's half of the step once the gradients exist (common/zero.py), `states` shard_states' (None: the
+    recipe's sgd). Each context's slices of the summed gradients: cut from allreduce_gradients' sums ('optimizer'), or
+    reduce_scatter'ed unit by unit ('gradients'). With a `scaler` they are unscaled, and an overflow on any context of
+    any process skips every update. Each context updates its own slices of its replica's parameters, clipping by the
+    norm summed from every context's slices, and all_gather writes the updated units back into every replica."""
+    if shard not in ("optimizer", "gradients"):
+        raise RosettaError(f"unknown --shard {shard!r} for the scratch step; choose from none, optimizer, gradients")
+    count = len(replicas)
+    rank, world = placement(count)
+    owners = [owner_index(rank, count, d) for d in range(count)]
+    units = groups([p.size for p in replicas[0]], bucket_bytes)
+    if shard == "optimizer":
+        allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
+        slices = [[own_slice([g[i] for i in unit], world, owner) for unit in units]
+                  for g, owner in zip(grads, owners)]
+    else:
+        scattered = [reduce_scatter([flat([g[i] for i in unit], world) for g in grads], allreduce_dtype,
+                                    ("gradient unit", u)) for u, unit in enumerate(units)]
+        slices = [list(device_slices) for device_slices in zip(*scattered)]   # slices[d][u]
+    if scaler is not None:
+        overflows = sum(not unscale_gradients([device_slices], scaler.scale) for device_slices in slices)
+        if dist.is_initialized():
+            overflows = dist.all_reduce(nd.array([overflows]), ("overflows",)).asscalar()
+        if not scaler.update(overflows == 0):
+            return
+    norm = None
+    if states is not None and states[0]["optimizer"].clip_norm is not None:
+        squares = [nd.add_n(*[(m * m).sum() for m in (g / batch_size for g in device_slices)])
+                   for device_slices in slices]   # the mean gradient's, as apply squares it
+        norm = squares[0]
+        for s in squares[1:]:
+            norm = norm + s.as_in_context(norm.context)
+        if dist.is_initialized():
+            dist.all_reduce(norm, ("clip norm",))
+        norm = norm.sqrt()
+    params = [[own_slice([r[i] for i in unit], world, owner) for unit in units] for r, owner in zip(replicas, owners)]
+    if states is None:
+        for device_params, device_slices in zip(params, slices):
+            sgd(device_params, device_slices, lr, batch_size)
+    else:
+        for device_params, device_slices, state in zip(params, slices, states):
+            optimizer.apply(device_params, device_slices, state, lr, batch_size, norm=norm)
+    for u, unit in enumerate(units):
+        for replica, buffer in zip(replicas, all_gather([p[u] for p in params], ("parameter unit", u))):
+            unflat(buffer, [replica[i] for i in unit])
+
+
 def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
-                   bucket_bytes=None, units=None, accumulate=1, scaler=None, allreduce_dtype="fp32"):
+                   bucket_bytes=None, units=None, accumulate=1, scaler=None, allreduce_dtype="fp32", shard="none"):
     """The step on shards already on their contexts: each context's loss and gradients, the gradients summed across
     contexts (allreduce_gradients: per parameter, or by buckets of bucket_bytes; allreduce_dtype on the wire), the
     same update on every replica (the recipe's sgd, or optimizer.apply with each replica's state). `units`: the
     step's units (None: UNITS). With a `scaler` (common.loss_scaling.Scaler) the gradients are the loss's times its
     scale, unscaled after the sum; where one is not finite no replica updates (nor its optimizer state), and the
-    scaler takes the verdict. Returns each context's summed loss and each replica's new BatchNorm state (kept when
-    the update is skipped)."""
+    scaler takes the verdict. With `shard` other than 'none' whole states are cut to their owned slices on the first
+    call (shard_states, into the caller's list) and sharded_update makes the rest of the step. Returns each context's
+    summed loss and each replica's new BatchNorm state (kept when the update is skipped)."""
     units = units or UNITS
     scale = None if scaler is None else scaler.scale
     losses, grads, bn_states = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
                                            y_shards, devices, accumulate, scale)
+    if shard != "none":
+        if states is not None and "shard" not in states[0]:
+            states[:] = shard_states(states, replicas, bucket_bytes)   # in place: the caller keeps the slices
+        sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes, scaler, allreduce_dtype)
+        return losses, bn_states
     allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
     if scaler is not None and not scaler.update(unscale_gradients(grads, scale)):
         return losses, bn_states
@@ -180,14 +331,14 @@ UNITS = {"update": update, "loss_and_grads": loss_and_grads, "step_on_shards": s
 
 def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, settings=StepSettings()):
     """One synchronous step of `model` (common.interface.CONTRACT): split_and_load, then step_on_shards with the run's
-    settings (its all-reduce's buckets, its compiled units, its loss scaler, its dtype on the wire). The replicas'
-    new running statistics go into bn_states."""
+    settings (its all-reduce's buckets, its compiled units, its loss scaler, its dtype on the wire, its shard). The
+    replicas' new running statistics go into bn_states."""
     units = settings.units or UNITS
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, bn_states[:] = units["step_on_shards"](model, replicas, bn_states, X_shards, y_shards, devices, lr,
                                                    batch_size or len(X), states, settings.bucket_bytes, units,
                                                    settings.accumulate, settings.scaler,
-                                                   settings.allreduce_dtype)
+                                                   settings.allreduce_dtype, settings.shard)
     return sum(loss.asscalar() for loss in losses) / len(X)
 
 

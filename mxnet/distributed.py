@@ -74,6 +74,24 @@ def all_reduce(t, name):
     return t
 
 
+def reduce_scatter(x, name):
+    """This process's chunk (the rank's, len(x) / processes elements) of the element-wise sum of every process's flat
+    x (`name`: all_reduce's). The kvstore has push and pull, no reduce-scatter: what comes closest is all_reduce (x
+    summed in place, every process pulling the whole sum), then the chunk."""
+    k = x.shape[0] // KV.num_workers
+    return all_reduce(x, name)[KV.rank * k:(KV.rank + 1) * k]
+
+
+def all_gather(x, name):
+    """Every process's chunk x, concatenated in rank order. What comes closest with push and pull: each process
+    writes its chunk at its place in a buffer of zeros, and all_reduce sums the buffers: x + 0 is x (a -0.0 comes
+    back 0.0)."""
+    k = x.shape[0]
+    buffer = mx.nd.zeros((KV.num_workers * k,), x.context, dtype=x.dtype)
+    buffer[KV.rank * k:(KV.rank + 1) * k] = x
+    return all_reduce(buffer, name)
+
+
 def sum_count(n):
     """The integer n summed over every worker (the test split's correct counts), through the kvstore as the
     gradients are; float64, exact for any count."""
@@ -83,3 +101,8 @@ def sum_count(n):
 def process_count():
     """The job's number of workers (the processes that train)."""
     return KV.num_workers
+
+
+def rank():
+    """This worker's rank, which the scheduler hands out: the chunk a reduce_scatter leaves it."""
+    return KV.rank

@@ -36,14 +36,21 @@ def state_from_numpy(arrays, replica, optimizer, model):
     return state
 
 
-def apply(params, grads, state, lr, batch_size):
+def state_bytes(state):
+    """The bytes of every slot's buffers on their context: a replica's whole state, or a sharded one's slices."""
+    return sum(b.size * np.dtype(b.dtype).itemsize for slot in state["optimizer"].slots for b in state[slot])
+
+
+def apply(params, grads, state, lr, batch_size, norm=None):
     """common/optim.py's update of one replica, in place, by hand: the gradients are the all-reduced sums, the same
     on every replica, so every replica clips by the same global norm and stays equal to the others. What
-    get_trainer's classes compute, written out."""
+    get_trainer's classes compute, written out. Element-wise but for clipping, so it updates a device's flat slices
+    under --shard alike: there `norm` (an NDArray) is the mean gradient's global norm, which the slices alone lack."""
     o, t = state["optimizer"], state["step"]
     grads = [g / batch_size for g in grads]   # the global batch's mean
     if o.clip_norm is not None:               # clip_grad_norm_'s: times clip / (norm + 1e-6), at most 1
-        norm = nd.add_n(*[(g * g).sum() for g in grads]).sqrt()
+        norm = (nd.add_n(*[(g * g).sum() for g in grads]).sqrt() if norm is None
+                else norm.as_in_context(grads[0].context))
         grads = [g * nd.minimum(o.clip_norm / (norm + CLIP_EPS), 1.0) for g in grads]
     for i, (p, g) in enumerate(zip(params, grads)):
         if o.weight_decay and not o.decoupled:

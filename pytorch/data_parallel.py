@@ -5,12 +5,14 @@ forward, its loss and its BatchNorm state; the run's settings (the all-reduce's 
 gradients' precision on the wire) are the step's arguments."""
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from common.buckets import plan
-from common.interface import StepSettings
+from common.interface import RosettaError, StepSettings
 from common.sharding import micro_batches, shard_bounds
+from common.zero import chunk, groups, owner_index
 
-from . import optimizer
+from . import distributed, optimizer
 from .lenet import DTYPES
 
 
@@ -56,6 +58,69 @@ def allreduce_gradients(grads, bucket_bytes=None, dtype="fp32"):
             for i, piece in zip(bucket, pieces):
                 device_grads[i].copy_(piece.view(device_grads[i].shape))   # into its strides (channels-last too)
     return grads
+
+
+def reduce_scatter(buffers, dtype="fp32"):
+    """ZeRO's half of an all-reduce (common/zero.py): one flat padded buffer of a unit per local device -> each
+    device's own slice of the sum over every device of every process, on its device. Summed on the first device in
+    device order, as allreduce sums (with dtype 'bf16' cast, added and sent in bf16, as its wire is, then widened),
+    then across processes by distributed.reduce_scatter: a process's chunk is its devices' slices, contiguous, as
+    the owners are numbered."""
+    with torch.no_grad():
+        wire = [b.to(DTYPES[dtype]) for b in buffers]   # at fp32 the buffers themselves, left unchanged
+        total = wire[0]
+        for b in wire[1:]:
+            total = total + b.to(total.device)
+        if dist.is_initialized():
+            total = distributed.reduce_scatter(total)
+        return [s.to(b.device, torch.float32) for s, b in zip(total.tensor_split(len(buffers)), buffers)]
+
+
+def all_gather(slices):
+    """reduce_scatter's inverse: each local device's slice of a unit -> the whole flat (padded) buffer on every local
+    device: the local slices concatenated in device order, every process's chunk of them gathered in rank order
+    (distributed.all_gather), a copy on each other device."""
+    with torch.no_grad():
+        whole = torch.cat([s.to(slices[0].device) for s in slices])
+        if dist.is_initialized():
+            whole = distributed.all_gather(whole)
+        return [whole] + [whole.to(s.device, copy=True) for s in slices[1:]]
+
+
+def shard_states(states, replicas, bucket_bytes=None):
+    """Each device's whole state cut to the slices it owns (common/zero.py): every slot's buffers of a unit
+    flattened in PyTorch's element order (reshape's: the shape's, whatever the strides), zero-padded and cut into
+    the world's slices; the owned one copied, so that the whole buffers can go."""
+    rank, processes = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    world, sizes = processes * len(replicas), [p.numel() for p in replicas[0]]
+    sharded = []
+    for device, state in enumerate(states):
+        owner = owner_index(rank, len(replicas), device)
+        sliced = {"optimizer": state["optimizer"], "step": state["step"], "shard": (owner, world)}
+        for slot in state["optimizer"].slots:
+            sliced[slot] = []
+            for unit in groups(sizes, bucket_bytes):
+                buffer = torch.cat([state[slot][i].reshape(-1) for i in unit])
+                buffer = F.pad(buffer, (0, chunk(buffer.numel(), world) * world - buffer.numel()))
+                sliced[slot].append(buffer.tensor_split(world)[owner].clone())
+        sharded.append(sliced)
+    return sharded
+
+
+def gather_states(states, replicas, bucket_bytes=None):
+    """shard_states' inverse: every slot's slices of a unit all_gather'ed and cut back into init_state's buffers, in
+    each replica's shapes and strides (a channels-last kernel's buffer is channels-last), the step count kept."""
+    sizes = [p.numel() for p in replicas[0]]
+    whole = [{**optimizer.init_state(replica, state["optimizer"]), "step": state["step"]}
+             for replica, state in zip(replicas, states)]
+    with torch.no_grad():
+        for slot in states[0]["optimizer"].slots:
+            for u, unit in enumerate(groups(sizes, bucket_bytes)):
+                size = sum(sizes[i] for i in unit)
+                for state, replica, buffer in zip(whole, replicas, all_gather([s[slot][u] for s in states])):
+                    for i, piece in zip(unit, buffer[:size].split([sizes[i] for i in unit])):
+                        state[slot][i].copy_(piece.view(replica[i].shape))
+    return whole
 
 
 def unscale_gradients(grads, scale):
@@ -117,19 +182,80 @@ def accumulated(loss_and_grads, model, replicas, bn_states, X_shards, y_shards, 
     return losses, grads, bn_states
 
 
+def sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes=None, scaler=None,
+                   allreduce_dtype="fp32", units=None):
+    """ZeRO's half of the step once every device has its gradients (common/zero.py), `shard` its stage: each
+    device's slices of the summed gradients, a cut of allreduce_gradients' sums ('optimizer': the replicated step's
+    all-reduce) or reduce_scatter's ('gradients': no device holds a whole sum); fp16's unscaling of the slices, an
+    overflow on any device of any process skipping every device's update; the clipping norm summed from every
+    device's slices (an all-reduce of one number a device); each device's update of the parameter slices it owns
+    (optimizer.apply with its sharded state, or the recipe's sgd); the updated slices all_gather'ed back into every
+    replica, in place."""
+    if shard not in ("optimizer", "gradients"):
+        raise RosettaError(f"the scratch step shards 'optimizer' or 'gradients', not {shard!r}")
+    rank, processes = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    world, sizes = processes * len(replicas), [p.numel() for p in replicas[0]]
+    owners = [owner_index(rank, len(replicas), device) for device in range(len(replicas))]
+    unit_list = groups(sizes, bucket_bytes)
+
+    def flat(tensors, unit):
+        """A unit's tensors in one buffer, in PyTorch's element order (reshape's, whatever the strides), padded."""
+        buffer = torch.cat([tensors[i].reshape(-1) for i in unit])
+        return F.pad(buffer, (0, chunk(buffer.numel(), world) * world - buffer.numel()))
+
+    with torch.no_grad():
+        if shard == "optimizer":
+            allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
+            slices = [[flat(device_grads, unit).tensor_split(world)[owner] for unit in unit_list]
+                      for device_grads, owner in zip(grads, owners)]
+        else:
+            scattered = [reduce_scatter([flat(device_grads, unit) for device_grads in grads], allreduce_dtype)
+                         for unit in unit_list]
+            slices = [list(device_slices) for device_slices in zip(*scattered)]
+        if scaler is not None:
+            finite = unscale_gradients(slices, scaler.scale)
+            if dist.is_initialized():   # each process checked its own slices only
+                finite = distributed.sum_count(int(not finite)) == 0
+            if not scaler.update(finite):
+                return
+        norms = [None] * len(replicas)
+        if states is not None and states[0]["optimizer"].clip_norm is not None:
+            means = [[g / batch_size for g in device_slices] for device_slices in slices]
+            norms = [total.sqrt() for total in allreduce([sum((g * g).sum() for g in mean) for mean in means])]
+        params = [[flat(replica, unit).tensor_split(world)[owner] for unit in unit_list]
+                  for replica, owner in zip(replicas, owners)]
+        for device, (device_params, device_slices) in enumerate(zip(params, slices)):
+            if states is None:
+                sgd(device_params, device_slices, lr, batch_size, units)
+            else:
+                optimizer.apply(device_params, device_slices, states[device], lr, batch_size, norm=norms[device])
+        for u, unit in enumerate(unit_list):
+            size = sum(sizes[i] for i in unit)
+            for replica, buffer in zip(replicas, all_gather([device_params[u] for device_params in params])):
+                for i, piece in zip(unit, buffer[:size].split([sizes[i] for i in unit])):
+                    replica[i].copy_(piece.view(replica[i].shape))   # into its strides (channels-last too)
+
+
 def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
-                   bucket_bytes=None, units=None, accumulate=1, scaler=None, allreduce_dtype="fp32"):
+                   bucket_bytes=None, units=None, accumulate=1, scaler=None, allreduce_dtype="fp32", shard="none"):
     """The step on shards already on their devices: each device's loss and gradients, the gradients summed across
     devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes; allreduce_dtype on the wire), the
     same update on every replica (the recipe's sgd, or optimizer.apply with each replica's state). `units`: a level's,
     None as written. With a `scaler` (common.loss_scaling.Scaler) the gradients are the loss's times its scale,
     unscaled after the all-reduce, and the update is skipped where one is not finite (every replica sees the same
-    sums, so every one skips). Returns each device's summed loss and each replica's new BatchNorm state (kept when
-    the update is skipped)."""
+    sums, so every one skips). With `shard` other than 'none' (ZeRO, common/zero.py) whole states are cut to their
+    owned slices on the first call (shard_states, into the caller's list) and sharded_update makes the rest of the
+    step. Returns each device's summed loss and each replica's new BatchNorm state (kept when the update is
+    skipped)."""
     units = units or UNITS
     scale = 1.0 if scaler is None else scaler.scale
     losses, grads, new_bn_states = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
                                                y_shards, devices, accumulate, scale)
+    if shard != "none":
+        if states is not None and "shard" not in states[0]:
+            states[:] = shard_states(states, replicas, bucket_bytes)
+        sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes, scaler, allreduce_dtype, units)
+        return losses, new_bn_states
     allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
     if scaler is not None and not scaler.update(unscale_gradients(grads, scale)):
         return losses, new_bn_states
@@ -146,14 +272,15 @@ UNITS = {"update": update, "loss_and_grads": loss_and_grads, "step_on_shards": s
 
 
 def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, settings=StepSettings()):
-    """One step of the network `model` on a numpy batch (common.interface.CONTRACT): the replicas and states in place,
-    the new running statistics into bn_states' slots, settings.scaler's scale moved on. Returns the mean loss
-    (unscaled)."""
+    """One step of the network `model` on a numpy batch (common.interface.CONTRACT): the replicas and states in place
+    (under settings.shard the list holds shard_states' states from the first step on), the new running statistics
+    into bn_states' slots, settings.scaler's scale moved on. Returns the mean loss (unscaled)."""
     units = settings.units or UNITS
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, bn_states[:] = units["step_on_shards"](model, replicas, bn_states, X_shards, y_shards, devices, lr,
                                                    batch_size or len(X), states, settings.bucket_bytes, units,
-                                                   settings.accumulate, settings.scaler, settings.allreduce_dtype)
+                                                   settings.accumulate, settings.scaler, settings.allreduce_dtype,
+                                                   settings.shard)
     return sum(loss.item() for loss in losses) / len(X)
 
 

@@ -31,6 +31,23 @@ def shutdown():
         dist.destroy_process_group()
 
 
+def reduce_scatter(x):
+    """This process's chunk (its rank's, of `processes` equal ones) of the sum of every process's flat x: the
+    process group's own reduce-scatter, each process receiving only its chunk's sum (half an all-reduce's traffic).
+    reduce_scatter_single is torch 2.13's name for reduce_scatter_tensor; gloo runs it, bf16 too."""
+    chunk = x.new_empty(x.numel() // dist.get_world_size())
+    dist.reduce_scatter_single(chunk, x)
+    return chunk
+
+
+def all_gather(x):
+    """Every process's chunk x, concatenated in rank order, on every process: the inverse of reduce_scatter's cut
+    (all_gather_single, torch 2.13's name for all_gather_into_tensor)."""
+    whole = x.new_empty(x.numel() * dist.get_world_size())
+    dist.all_gather_single(whole, x)
+    return whole
+
+
 def sum_count(n):
     """The integer n summed over every process (the test split's correct counts), by the process group's all-reduce:
     on this process's GPU under nccl, which takes no CPU tensor."""

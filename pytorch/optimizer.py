@@ -34,16 +34,24 @@ def state_from_numpy(arrays, replica, optimizer, model):
     return state
 
 
-def apply(params, grads, state, lr, batch_size):
+def state_bytes(state):
+    """The bytes of every slot's buffers, a whole state's or a sharded one's slices (what ZeRO's stage 1 saves)."""
+    return sum(b.numel() * b.element_size() for slot in state["optimizer"].slots for b in state[slot])
+
+
+def apply(params, grads, state, lr, batch_size, norm=None):
     """common/optim.py's update of one replica, in place, by hand: the gradients are the all-reduced sums, the same
     on every replica, so every replica clips by the same global norm and stays equal to the others. What
     torch.optim.SGD, Adam, AdamW, RMSprop and Adagrad (get_trainer) compute, written out, RMSprop's and Adagrad's in
-    their single-tensor implementations' order of operations (the same rounding)."""
+    their single-tensor implementations' order of operations (the same rounding). Element-wise but for clipping, so
+    it updates a sharded state's flat slices as they are: `norm` (a 0-d tensor) is then the mean gradient's global
+    norm over every device's slices, which this device's own slices cannot give (None: computed from `grads`)."""
     o, t = state["optimizer"], state["step"]
     with torch.no_grad():
         grads = [g / batch_size for g in grads]   # the global batch's mean
         if o.clip_norm is not None:               # clip_grad_norm_'s: times clip / (norm + 1e-6), at most 1
-            norm = torch.sqrt(sum((g * g).sum() for g in grads))
+            if norm is None:
+                norm = torch.sqrt(sum((g * g).sum() for g in grads))
             grads = [g * (o.clip_norm / (norm + CLIP_EPS)).clamp(max=1.0) for g in grads]
         for i, (p, g) in enumerate(zip(params, grads)):
             if o.weight_decay and not o.decoupled:

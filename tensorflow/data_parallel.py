@@ -6,8 +6,9 @@ buckets, the compiled units, the loss scaler of fp16, the gradients' dtype on th
 import tensorflow as tf
 
 from common.buckets import plan
-from common.interface import StepSettings
+from common.interface import RosettaError, StepSettings
 from common.sharding import micro_batches, shard_bounds
+from common.zero import bounds, chunk, groups, owner_index
 
 from . import distributed as dist, optimizer
 from .lenet import COMPUTE_DTYPES
@@ -86,6 +87,113 @@ def allreduce_gradients(grads, bucket_bytes=None, dtype="fp32"):
     return grads
 
 
+def reduce_scatter(buffers, dtype="fp32"):
+    """ZeRO's half of an all-reduce (common/zero.py): one flat padded buffer of a unit per local device -> each
+    device's own slice of the sum over every device of every process, on its device. Summed on the first device in
+    device order, as allreduce sums (with dtype 'bf16' on_the_wire's sum, sent in bf16, widened on each device), then
+    across processes by distributed.reduce_scatter: a process's chunk is its devices' slices, contiguous, as the
+    owners are numbered."""
+    if dtype == "fp32":
+        with tf.device(buffers[0].device):
+            total = tf.add_n(buffers)
+    else:
+        total = on_the_wire(buffers, dtype)
+    if dist.is_initialized():
+        total = dist.reduce_scatter(total)
+    with tf.device(buffers[0].device):
+        pieces = tf.split(total, len(buffers))
+    slices = []
+    for b, piece in zip(buffers, pieces):
+        with tf.device(b.device):
+            slices.append(tf.identity(piece) if dtype == "fp32" else tf.cast(piece, b.dtype))
+    return slices
+
+
+def all_gather(slices):
+    """reduce_scatter's inverse: each local device's slice of a unit -> the whole flat (padded) buffer on every local
+    device: the local slices concatenated in device order, every process's chunk of them gathered in rank order
+    (distributed.all_gather), a copy on each device (new tensors: TensorFlow's are immutable)."""
+    with tf.device(slices[0].device):
+        whole = tf.concat(slices, 0)
+    if dist.is_initialized():
+        whole = dist.all_gather(whole)
+    buffers = []
+    for s in slices:
+        with tf.device(s.device):
+            buffers.append(tf.identity(whole))
+    return buffers
+
+
+def owners(count):
+    """The slices this process's `count` devices own (common.zero.owner_index; the strategy's task is the process's
+    rank) and the world's device count."""
+    rank, processes = dist.task()
+    return [owner_index(rank, count, d) for d in range(count)], processes * count
+
+
+def flat(tensors, world):
+    """A unit's tensors in one buffer on the first one's device, in TensorFlow's element order (tf.reshape's: a
+    kernel's HWIO), zero-padded to world * common.zero.chunk elements."""
+    with tf.device(tensors[0].device):
+        buffer = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
+        size = buffer.shape.num_elements()
+        return tf.pad(buffer, [[0, chunk(size, world) * world - size]])
+
+
+def owned(tensors, owner, world):
+    """Device `owner`'s slice of a unit's flat padded buffer (common.zero.bounds)."""
+    buffer = flat(tensors, world)
+    start, stop = bounds(buffer.shape.num_elements(), world, owner)
+    with tf.device(tensors[0].device):
+        return buffer[start:stop]
+
+
+def unflat(buffer, tensors):
+    """A unit's flat (padded) buffer cut back into its `tensors`' shapes, on the buffer's device."""
+    sizes = [t.shape.num_elements() for t in tensors]
+    with tf.device(buffer.device):
+        pieces = tf.split(buffer[:sum(sizes)], sizes)
+        return [tf.reshape(piece, t.shape) for piece, t in zip(pieces, tensors)]
+
+
+def shard_states(states, replicas, bucket_bytes=None):
+    """Each device's whole state cut to the slices it owns (common/zero.py): every slot's buffers of a unit
+    flattened in TensorFlow's element order, zero-padded and cut into the world's slices; the owned one a new
+    tf.Variable on the device (the step's assigns need one), so that the whole buffers can go. The step count is the
+    same tf.Variable."""
+    unit_list = groups([p.shape.num_elements() for p in replicas[0]], bucket_bytes)
+    device_owners, world = owners(len(replicas))
+    sharded = []
+    for state, owner in zip(states, device_owners):
+        sliced = {"optimizer": state["optimizer"], "step": state["step"], "shard": (owner, world)}
+        for slot in state["optimizer"].slots:
+            sliced[slot] = []
+            for u, unit in enumerate(unit_list):
+                buffers = [state[slot][i] for i in unit]
+                with tf.device(buffers[0].device):
+                    sliced[slot].append(tf.Variable(owned(buffers, owner, world), name=f"{slot}.unit{u}"))
+        sharded.append(sliced)
+    return sharded
+
+
+def gather_states(states, replicas, bucket_bytes=None):
+    """shard_states' inverse: every slot's slices of a unit all_gather'ed and cut back into init_state's buffers
+    (new tf.Variables, on each replica's device, in its shapes and layout: state_to_numpy reads them), the step count
+    copied."""
+    unit_list = groups([p.shape.num_elements() for p in replicas[0]], bucket_bytes)
+    whole = []
+    for replica, state in zip(replicas, states):
+        whole.append(optimizer.init_state(replica, state["optimizer"]))
+        whole[-1]["step"].assign(state["step"])
+    for slot in states[0]["optimizer"].slots:
+        for u, unit in enumerate(unit_list):
+            for state, buffer in zip(whole, all_gather([s[slot][u] for s in states])):
+                buffers = [state[slot][i] for i in unit]
+                for b, piece in zip(buffers, unflat(buffer, buffers)):
+                    b.assign(piece)
+    return whole
+
+
 def unscale_gradients(grads, scale):
     """The all-reduced gradients of the scaled loss (grads[d]: device d's list) multiplied by 1/scale in fp32 (exact:
     the scale is a power of two), each on its device, put back in their slots of the lists (tensors are immutable);
@@ -109,7 +217,7 @@ def sgd(params, grads, lr, batch_size):
 
 # The units of the step (UNITS): execution.compile(level, model) hands train_step each one as the level makes it.
 # TensorFlow compiles the whole step (tf.function), and XLA each device's loss and gradients (jit_compile=True);
-# no level compiles `update` alone (it runs inside the step's graph).
+# no level compiles `update` alone (it runs inside the step's graph, as sharded_update does under --shard).
 def update(params, grads, scale):
     """The SGD update of one replica, in place: each tf.Variable is assigned on its own device."""
     for p, g in zip(params, grads):
@@ -170,8 +278,88 @@ def update_replicas(replicas, grads, lr, batch_size, states=None):
             optimizer.apply(params, device_grads, states[i], lr, batch_size)
 
 
+class Slice:
+    """A device's slice of a unit's parameters as optimizer.apply and update write it: a tensor that assign and
+    assign_sub replace (and that apply's products read). The slice of a replica's variables is a new tensor, not a
+    variable, and a traced step cannot make one to hold it; the updated slices reach the replicas' variables through
+    the all-gather."""
+
+    def __init__(self, value, device):
+        self.value, self.device = value, device
+
+    def assign(self, value):
+        self.value = value
+
+    def assign_sub(self, delta):
+        self.value = self.value - delta
+
+    def __mul__(self, other):
+        return self.value * other
+
+    __rmul__ = __mul__
+
+
+def sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes=None, scale=None,
+                   allreduce_dtype="fp32"):
+    """ZeRO's half of the step once every device has its gradients (common/zero.py), `shard` its stage: each
+    device's slices of the summed gradients, a cut of allreduce_gradients' sums ('optimizer': the replicated step's
+    all-reduce) or reduce_scatter's ('gradients': no device holds a whole sum); under a loss `scale` the slices
+    unscaled, an overflow on any device of any process skipping every device's update (a tf.cond, as the replicated
+    step's); the clipping norm summed from every device's slices (an all-reduce of one number a device); each
+    device's update of the parameter slices it owns (optimizer.apply with its sharded state, or the recipe's sgd);
+    the updated slices all_gather'ed back into every replica's variables. Returns whether the gradients were finite
+    (None without a scale)."""
+    if shard not in ("optimizer", "gradients"):
+        raise RosettaError(f"the scratch step shards 'optimizer' or 'gradients', not {shard!r}")
+    device_owners, world = owners(len(replicas))
+    unit_list = groups([p.shape.num_elements() for p in replicas[0]], bucket_bytes)
+    if shard == "optimizer":
+        grads = allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
+        slices = [[owned([device_grads[i] for i in unit], owner, world) for unit in unit_list]
+                  for device_grads, owner in zip(grads, device_owners)]
+    else:
+        scattered = [reduce_scatter([flat([device_grads[i] for i in unit], world) for device_grads in grads],
+                                    allreduce_dtype) for unit in unit_list]
+        slices = [list(device_slices) for device_slices in zip(*scattered)]
+    finite = None
+    if scale is not None:
+        finite = unscale_gradients(slices, scale)
+        if dist.is_initialized():   # each process checked its own slices only
+            finite = dist.all_reduce(tf.reshape(tf.cast(tf.logical_not(finite), tf.int64), [1]))[0] == 0
+    norms = [None] * len(replicas)
+    if states is not None and states[0]["optimizer"].clip_norm is not None:   # apply's sum, over the slices
+        squares = []
+        for device_slices in slices:
+            with tf.device(device_slices[0].device):
+                squares.append(tf.add_n([tf.reduce_sum(tf.square(tf.cast(g / batch_size, tf.float64)))
+                                         for g in device_slices]))
+        norms = [tf.sqrt(total) for total in allreduce(squares)]
+    params = [[owned([replica[i] for i in unit], owner, world) for unit in unit_list]
+              for replica, owner in zip(replicas, device_owners)]
+
+    def update_slices():
+        updated = []
+        for d, (device_params, device_slices) in enumerate(zip(params, slices)):
+            held = [Slice(p, replicas[d][0].device) for p in device_params]
+            if states is None:
+                sgd(held, device_slices, lr, batch_size)
+            else:
+                optimizer.apply(held, device_slices, states[d], lr, batch_size, norm=norms[d])
+            updated.append([h.value for h in held])
+        return updated
+
+    updated = update_slices() if scale is None else tf.cond(finite, update_slices, lambda: params)
+    for u, unit in enumerate(unit_list):
+        for replica, buffer in zip(replicas, all_gather([device_params[u] for device_params in updated])):
+            variables = [replica[i] for i in unit]
+            for v, piece in zip(variables, unflat(buffer, variables)):
+                with tf.device(v.device):
+                    v.assign(piece)
+    return finite
+
+
 def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, batch_size, states=None,
-                   bucket_bytes=None, units=None, accumulate=1, scale=None, allreduce_dtype="fp32"):
+                   bucket_bytes=None, units=None, accumulate=1, scale=None, allreduce_dtype="fp32", shard="none"):
     """The step on shards already on their devices: each device's loss and gradients (units' loss_and_grads), the
     gradients summed across devices (allreduce_gradients: per parameter, or by buckets of bucket_bytes; in
     allreduce_dtype on the wire), the same update on every replica (update_replicas). With a loss `scale` (a tensor)
@@ -181,10 +369,14 @@ def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, 
     BatchNorm states and whether the gradients were finite (None without a scale). As one graph (the default level),
     it is traced per model, device list, optimizer, bucket size, units and dtype on the wire (Python values), and
     whether it scales; lr, batch_size and the scale are tensors, and reduce_retracing turns the shard shapes into
-    None after the first new shape."""
+    None after the first new shape. With `shard` other than 'none' (ZeRO, common/zero.py) the states are
+    shard_states' and sharded_update makes the rest of the step (traced per shard too)."""
     units = units or UNITS
     losses, grads, bn_states = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
                                            y_shards, devices, accumulate, scale)
+    if shard != "none":
+        return losses, bn_states, sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes, scale,
+                                                 allreduce_dtype)
     grads = allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
     if scale is None:
         update_replicas(replicas, grads, lr, batch_size, states)
@@ -202,15 +394,18 @@ def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, s
     (settings.units' or, without them, as written; settings.allreduce_dtype on the wire), the mean loss; bn_states
     get the new running statistics. With settings.scaler the step runs at its scale and the scaler takes the step's
     check (one host read): the step has already skipped its update where scaler.update(finite) says so, since that
-    returns `finite` itself."""
+    returns `finite` itself. Under settings.shard whole states are cut to their owned slices (shard_states, into
+    the caller's list) before the first step: eagerly, since a traced step cannot make their variables."""
     units = settings.units or UNITS
     scaler = settings.scaler
+    if settings.shard != "none" and states is not None and "shard" not in states[0]:
+        states[:] = shard_states(states, replicas, settings.bucket_bytes)
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, new_states, finite = units["step_on_shards"](
         model, replicas, list(bn_states), X_shards, y_shards, tuple(devices),
         tf.constant(lr, tf.float32), tf.constant(batch_size or len(X), tf.float32),   # tensors: no retrace per value
         states, settings.bucket_bytes, units, settings.accumulate,
-        None if scaler is None else tf.constant(scaler.scale, tf.float32), settings.allreduce_dtype)
+        None if scaler is None else tf.constant(scaler.scale, tf.float32), settings.allreduce_dtype, settings.shard)
     bn_states[:] = new_states
     if scaler is not None:
         scaler.update(bool(finite))

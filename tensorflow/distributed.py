@@ -63,12 +63,45 @@ def is_initialized():
     return STRATEGY is not None
 
 
+def task():
+    """(rank, processes): this worker's index among TF_CONFIG's workers and their number; (0, 1) alone."""
+    if STRATEGY is None:
+        return 0, 1
+    resolver = STRATEGY.cluster_resolver
+    return resolver.task_id, resolver.cluster_spec().num_tasks("worker")
+
+
 def all_reduce(t):
     """The element-wise sum of t over all processes: the strategy's collective all-reduce, run in its one
     replica here (on the CPU it has one per process; on GPUs one per visible GPU: t would count twice)."""
     if len(STRATEGY.extended.worker_devices) != 1:
         raise RosettaError("the scratch mode across processes needs one visible GPU per TensorFlow worker")
     return STRATEGY.run(lambda v: tf.distribute.get_replica_context().all_reduce("sum", v), args=(t,))
+
+
+def reduce_scatter(x):
+    """This process's chunk (its rank's, of `processes` equal ones) of the element-wise sum of every process's flat
+    x. What comes closest: the strategy's replica context has an all-reduce and an all-gather but no reduce-scatter
+    (TensorFlow's CollectiveReduceScatterV2 is a raw op the strategy never calls), so the strategy's all-reduce, then
+    the rank's chunk: the same sums, at an all-reduce's traffic."""
+    rank, processes = task()
+    size = x.shape[0] // processes
+    return all_reduce(x)[rank * size:(rank + 1) * size]
+
+
+def all_gather(x):
+    """Every process's chunk x, concatenated in rank order, on every process: the strategy's collective all-gather
+    along axis 0, in its one replica here (as all_reduce). Its launcher gathers only inside a graph ("all_gather is
+    not supported in eager mode"): called eagerly, it runs traced (EAGER_ALL_GATHER, a trace per shape), where its
+    input has no device until tf.identity places it in the replica (the collective's destination)."""
+    if len(STRATEGY.extended.worker_devices) != 1:
+        raise RosettaError("the scratch mode across processes needs one visible GPU per TensorFlow worker")
+    if tf.executing_eagerly():
+        return EAGER_ALL_GATHER(x)
+    return STRATEGY.run(lambda v: tf.distribute.get_replica_context().all_gather(tf.identity(v), axis=0), args=(x,))
+
+
+EAGER_ALL_GATHER = tf.function(all_gather, reduce_retracing=True)
 
 
 def sum_count(n):

@@ -54,10 +54,19 @@ def bias_correction(beta, t):
     return tf.cast(1 - beta ** tf.cast(t, tf.float64), tf.float32)
 
 
-def apply(params, grads, state, lr, batch_size):
+def state_bytes(state):
+    """The bytes of every slot's buffers, a whole state's or a sharded one's slices (what ZeRO's stage 1 saves); the
+    step count is not a buffer."""
+    return sum(b.shape.num_elements() * b.dtype.size for slot in state["optimizer"].slots for b in state[slot])
+
+
+def apply(params, grads, state, lr, batch_size, norm=None):
     """common/optim.py's update of one replica by its all-reduced gradient SUMS (the same on every replica), at this
     step's rate lr: the mean, clipped by its global norm, L2 weight decay (decoupled for adamw), the update; then
     the step count advances. Every tf.Variable is assigned on the replica's device.
+    Element-wise but for clipping, so it updates a sharded state's flat slices as they are: `norm` (a float64 tensor)
+    is then the mean gradient's global norm over every device's slices, which this device's own cannot give (None:
+    computed from `grads`).
     The momentum buffer is updated in two assigns: with decay and clipping, mu * v + (g * c + wd * w) is a chain of
     additions, which Grappler's arithmetic optimizer (AddOpsRewrite) turns into one AddN whose inputs it orders by
     their nodes' names, different on each device: the replicas summed in different orders and drifted apart by
@@ -66,7 +75,8 @@ def apply(params, grads, state, lr, batch_size):
     with tf.device(params[0].device):
         grads = [g / batch_size for g in grads]
         if o.clip_norm is not None:   # torch's factor; in float64, as the spec's, so that it is the same to the bit
-            norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float64))) for g in grads]))
+            if norm is None:
+                norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float64))) for g in grads]))
             grads = [g * tf.cast(tf.minimum(o.clip_norm / (norm + CLIP_EPS), 1.0), tf.float32) for g in grads]
         t = step + 1   # Adam's t-th step
         for i, (w, g) in enumerate(zip(params, grads)):
