@@ -11,13 +11,14 @@ from common.models import DEFAULT_WIDTH, RESNET_SGD_LR, check, check_bn, has_bat
 from common.optim import DEFAULT_LR, REFERENCE_BATCH, STEP_FACTOR, Optimizer, default_momentum, scaled_lr
 from common.loss_scaling import check as check_loss_scaling
 from common.precision import check as check_precision, check_wire
+from common.zero import STEP_SHARDS
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 # The schedules' own parameters (common.optim.Optimizer's, in epochs where it counts steps)
 SCHEDULE_FIELDS = ("lr_decay_at", "lr_decay_every", "lr_decay_factor", "lr_power", "lr_final")
 RMSPROP_FIELDS = ("rmsprop_alpha", "rmsprop_centered")   # rmsprop's own (Optimizer's alpha and centered)
 # The fields that make a row of the table what it is (the rest say where the data and files are).
-ROW_FIELDS = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "accumulate", "precision",
+ROW_FIELDS = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "shard", "accumulate", "precision",
               "allreduce_dtype", "loss_scale", "loss_scale_interval", "devices", "processes", "cores", "epochs",
               "batch_size", "lr", "seed", "init", "threads", "optimizer", "momentum", *RMSPROP_FIELDS, "weight_decay",
               "lr_schedule",
@@ -50,6 +51,7 @@ class RunSpec:
     exec: str = "default"            # the scratch step's exec level (each execution.py's LEVELS)
     layout: str = "default"          # the scratch step's memory layout (each execution.py's LAYOUTS)
     allreduce: str = "per-tensor"    # the scratch step's sum of the gradients: per-tensor | bucketed (common/buckets.py)
+    shard: str = "none"              # the scratch step's ZeRO stage: none | optimizer | gradients (common/zero.py)
     accumulate: int = 1              # the scratch step's micro-batches per device's shard, one all-reduce per update
     precision: str = "fp32"          # fp32 | bf16 | fp16: the compute, fp32 master weights (common/precision.py)
     allreduce_dtype: str = "fp32"    # fp32 | bf16: the gradients' precision on the wire (common/precision.py)
@@ -106,6 +108,8 @@ class RunSpec:
         check_bn(self.model, self.bn)
         check_precision(self.precision)
         check_wire(self.allreduce_dtype)
+        if self.shard not in STEP_SHARDS:
+            raise RosettaError(f"unknown shard setting {self.shard!r}; choose from {', '.join(STEP_SHARDS)}")
         check_loss_scaling(self.loss_scale, self.loss_scale_interval)
         if self.allreduce not in ALLREDUCES:
             raise RosettaError(f"unknown all-reduce {self.allreduce!r}; choose from {', '.join(ALLREDUCES)}")

@@ -155,6 +155,10 @@ def fw(request):
 # cost of seconds of compiling each, what it proves: a concept on more devices or shapes than the fast case, or the
 # third JAX program of a kind; the ResNet's conversions (the LeNet's are fast). The slow tier runs them, with the rest.
 SLOW_REPEATS = {
+    # sharding: each framework's stage 2 on 3 devices (padding, buckets, AdamW, clipping) is fast; stage 1 and the
+    # momentum case repeat it
+    *[f"test_zero.py::test_a_sharded_epoch_is_the_replicated_one[{name}-{case}]" for name in FRAMEWORKS
+      for case in ("optimizer-momentum-2-per-tensor", "optimizer-adamw-3-bucketed", "gradients-momentum-2-per-tensor")],
     # the same concept in the other frameworks, fast
     "test_execution.py::test_steps_configured_differently_run_one_after_the_other_with_no_reset[jax]",
     "test_expert.py::test_the_expert_step_is_the_recipe_s_step[jax]",
@@ -466,7 +470,8 @@ def gloo_group(tmp_path):
 @pytest.fixture(scope="session")
 def scratch_runners():
     """runner(spec): the harness's runner for `spec` (harness.training.loop.runner). A scratch runner is made once a
-    session per configuration (network, width, BatchNorm, exec level, layout, all-reduce and its dtype, accumulation,
+    session per configuration (network, width, BatchNorm, exec level, layout, all-reduce and its dtype, sharding,
+    accumulation,
     precision and loss scaling, devices) and handed to every test that trains that configuration: its compiled units (a
     tf.function, a jit) are built once, as one run builds them once, while each train() starts it afresh (runner.start: new replicas, running statistics and
     optimizer states), so tests share its compilation, never a result. The engines' runners build their model in
@@ -478,8 +483,9 @@ def scratch_runners():
         fw = framework_or_skip(spec.framework)
         if spec.mode != "scratch":
             return runner_for(spec, fw, fw.get_devices(spec.devices))
-        key = (spec.framework, spec.model, spec.width, spec.bn, spec.exec, spec.layout, spec.allreduce, spec.accumulate,
-               spec.precision, spec.allreduce_dtype, spec.loss_scale, spec.loss_scale_interval, spec.devices)
+        key = (spec.framework, spec.model, spec.width, spec.bn, spec.exec, spec.layout, spec.allreduce, spec.shard,
+               spec.accumulate, spec.precision, spec.allreduce_dtype, spec.loss_scale, spec.loss_scale_interval,
+               spec.devices)
         if key not in made:
             made[key] = runner_for(spec, fw, fw.get_devices(spec.devices))
         return made[key]

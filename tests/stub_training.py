@@ -76,6 +76,9 @@ class Lockstep:
     def spread(self):
         return None
 
+    def state_bytes(self):
+        return None   # no optimizer state
+
     def replica_bn_states(self):
         return []
 

@@ -71,6 +71,13 @@ def allreduce_cell(r):
     return r.get("allreduce") or "per-tensor" if r["mode"] == "scratch" else "-"
 
 
+def bytes_cell(n):
+    """A byte count to read at a glance: KiB below a MiB, else MiB ('-': not measured)."""
+    if n is None:
+        return "-"
+    return f"{n / 2**10:,.1f} KiB" if n < 2**20 else f"{n / 2**20:,.2f} MiB"
+
+
 def model_cells(r):
     """The network, and for BatchNorm its mode and how many different running states the replicas ended with."""
     if (r.get("model") or "lenet") == "lenet":
@@ -176,6 +183,11 @@ def table_cells(runs, timing=False):
         at = columns.index("layout") + 1
         columns = (*columns[:at], "precision", *columns[at:])
         rows = [[*row[:at], r.get("precision") or "fp32", *row[at:]] for row, r in zip(rows, runs)]
+    if any((r.get("shard") or "none") != "none" for r in runs):   # after the layout: ZeRO's stage and what it keeps
+        at = columns.index("layout") + 1
+        columns = (*columns[:at], "shard", "opt. state/device", *columns[at:])
+        rows = [[*row[:at], r.get("shard") or "none", bytes_cell(r.get("optimizer_state_bytes_per_device")),
+                 *row[at:]] for row, r in zip(rows, runs)]
     if any((r.get("accumulate") or 1) > 1 for r in runs):   # after the layout: the micro-batches per update
         at = columns.index("layout") + 1
         columns = (*columns[:at], "accumulate", *columns[at:])
@@ -213,7 +225,7 @@ def format_scaling(runs):
     return "\n".join(lines) if rows else ""
 
 
-PRECISION_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "accumulate",
+PRECISION_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "shard", "accumulate",
                  "allreduce_dtype", "devices", "processes", "cores")   # what a low-precision row and its fp32 row share
 
 

@@ -64,14 +64,15 @@ def run_specs(args):
     usable = len(os.sched_getaffinity(0))
     seen = {}
     for mode, levels, shapes, cores, layouts, *allreduces in args.plan:
-        for level, layout, allreduce, accumulate, precision, wire, bn, per_device, (devices, processes), name in \
-                itertools.product(levels, layouts, allreduces[0] if allreduces else ("per-tensor",), args.accumulate,
-                                  args.precision, args.allreduce_dtype, args.bn,
+        for level, layout, allreduce, shard, accumulate, precision, wire, bn, per_device, (devices, processes), name \
+                in itertools.product(levels, layouts, allreduces[0] if allreduces else ("per-tensor",), args.shard,
+                                     args.accumulate, args.precision, args.allreduce_dtype, args.bn,
                 args.per_device_batch or [None], shapes, args.frameworks):
             world = devices if process_per_device(name, mode, processes) else processes
             threads = share * devices // world if cores == "per-device" else args.threads // world
             spec = RunSpec(framework=name, model=args.model, width=args.width, bn=bn, mode=mode, exec=level,
-                           layout=layout, allreduce=allreduce, accumulate=accumulate, precision=precision,
+                           layout=layout, allreduce=allreduce, shard=shard, accumulate=accumulate,
+                           precision=precision,
                            allreduce_dtype=wire, loss_scale=args.loss_scale, loss_scale_interval=args.loss_scale_interval, devices=devices,
                            processes=world,
                            cores=cores, threads=max(1, threads), dataset=args.dataset, data_dir=args.data_dir,
@@ -99,6 +100,9 @@ def skip_reason(spec, share, usable, most_devices, threads, seen):
     if spec.allreduce != "per-tensor" and spec.mode != "scratch" and not (
             spec.mode == "builtin" and spec.framework in BUCKETING_ENGINES):
         return f"--allreduce is the scratch step's; {spec.mode} sums the gradients its framework's own way"
+    if spec.shard != "none" and spec.mode != "scratch":
+        return (f"--shard {spec.shard} is the scratch step's; {spec.mode}'s engine keeps its state its framework's "
+                "own way")
     if spec.allreduce_dtype != "fp32" and spec.devices == 1:
         return "--allreduce-dtype: one device has no all-reduce"
     if spec.allreduce_dtype != "fp32" and spec.mode == "builtin" and spec.framework not in WIRE_ENGINES:
@@ -118,6 +122,7 @@ def row_label(spec):
     model = "" if spec.model == "lenet" else f"{spec.model} w{spec.width} {spec.bn} BN, "
     layout = "" if spec.layout == "default" else f", {spec.layout}"
     layout += "" if spec.allreduce == "per-tensor" else f", {spec.allreduce}"
+    layout += "" if spec.shard == "none" else f", {spec.shard} sharded"
     layout += "" if spec.accumulate == 1 else f", accumulate {spec.accumulate}"
     layout += "" if spec.precision == "fp32" else f", {spec.precision}"
     layout += "" if spec.allreduce_dtype == "fp32" else f", {spec.allreduce_dtype} all-reduce"

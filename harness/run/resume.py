@@ -9,14 +9,15 @@ from common.interface import RosettaError
 from ..spec import RMSPROP_FIELDS, SCHEDULE_FIELDS, default
 
 # What decides a run's rows and numbers: --resume continues a file only if all of these are the same.
-SETTINGS = ("frameworks", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "accumulate", "precision", "allreduce_dtype", "loss_scale",
+SETTINGS = ("frameworks", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "shard", "accumulate", "precision",
+            "allreduce_dtype", "loss_scale",
             "loss_scale_interval", "devices", "processes", "cores", "dataset", "n_synthetic",
             "epochs", "batch_size", "lr", "seed", "init", "threads", "repeats", "benchmark", "optimizer", "momentum",
             *RMSPROP_FIELDS, "weight_decay", "lr_schedule", "warmup_epochs", *SCHEDULE_FIELDS, "clip_norm", "lr_scaling",
             "reference_batch", "per_device_batch", "target_accuracy")
 
 # Settings added since files were first written, and the value a file without one ran with.
-ADDED = {"accumulate": [1], "precision": ["fp32"], "allreduce_dtype": ["fp32"], "loss_scale": 2.0 ** 16,
+ADDED = {"accumulate": [1], "shard": ["none"], "precision": ["fp32"], "allreduce_dtype": ["fp32"], "loss_scale": 2.0 ** 16,
          "loss_scale_interval": 2000,
          **{name: json.loads(json.dumps(default(name))) for name in (*SCHEDULE_FIELDS, *RMSPROP_FIELDS)}}
 

@@ -29,6 +29,7 @@ from common.loss_scaling import ScalerState
 from common.layouts import to_channels_last, to_canonical
 from common.lenet import PARAM_NAMES, PARAM_SHAPES
 from common.optim import OPTIMIZERS, Optimizer, init_state, of_state
+from common.zero import stage
 from common.precision import needs_loss_scaling
 
 from ..files import replaced_atomically, replacing
@@ -41,12 +42,14 @@ EPOCH = re.compile(r"-epoch(\d+)\.")
 
 
 def run_name(spec):
-    """framework[-model]-mode[-exec][-layout][-bucketed][-accumulateK][-precision][-bf16wire]-<devices>d-<processes>p,
+    """framework[-model]-mode[-exec][-layout][-bucketed][-zeroS][-accumulateK][-precision][-bf16wire]-<devices>d-
+    <processes>p,
     e.g. mxnet-builtin-2d-1p (the LeNet) or jax-resnet18w8sync-scratch-bf16-2d-1p: a row's files are named so, and rows
     of one command differ in at least one part."""
     model = "" if spec.model == "lenet" else f"-{spec.model}w{spec.width}{spec.bn}"
     level = "".join(f"-{value}" for value in (spec.exec, spec.layout) if value != "default")
     level += "" if spec.allreduce == "per-tensor" else f"-{spec.allreduce}"
+    level += "" if spec.shard == "none" else f"-zero{stage(spec.shard)}"
     level += "" if spec.accumulate == 1 else f"-accumulate{spec.accumulate}"
     level += "" if spec.precision == "fp32" else f"-{spec.precision}"
     level += "" if spec.allreduce_dtype == "fp32" else f"-{spec.allreduce_dtype}wire"
@@ -334,16 +337,19 @@ def keeps_optimizer_state(optimizer):
 def saver(spec, rank, optimizer, steps_per_epoch):
     """The after-epoch hook of a run with a checkpoint_dir: rank 0 writes the weights (and first the optimizer's
     state, unless it is the recipe's stateless SGD, and fp16's loss scaler) every checkpoint_every epochs (if given)
-    and after the last."""
+    and after the last. A sharded state (--shard) is gathered from every rank, so every rank reads it."""
     folder, every = spec.checkpoint_dir, spec.checkpoint_every
-    if not folder or rank != 0:
+    if not folder or (rank != 0 and spec.shard == "none"):
         return None
 
     def save(epoch, runner):
         if epoch == spec.epochs or (every and epoch % every == 0):
             path = os.path.join(folder, checkpoint_name(spec, epoch))
-            if keeps_optimizer_state(optimizer):
-                write_state(spec.framework, runner.optimizer_state(), optimizer, path)
+            state = runner.optimizer_state() if keeps_optimizer_state(optimizer) else None
+            if rank != 0:
+                return
+            if state is not None:
+                write_state(spec.framework, state, optimizer, path)
             scaler = runner.scaler_state()
             if scaler is not None:
                 write_scaler(spec.framework, scaler, epoch * steps_per_epoch, path)

@@ -93,8 +93,21 @@ class Scratch:
         return None if state is None else state.scale
 
     def optimizer_state(self):
-        """The first replica's optimizer state, canonical (common.optim.init_state's form)."""
-        return self.fw.state_to_numpy(self.states[0], self.functional)
+        """The first replica's optimizer state, canonical (common.optim.init_state's form). Sharded (--shard), every
+        device's and process's slices gathered into it: a collective, which every process calls."""
+        states = self.states
+        if self.sharded():
+            states = self.fw.gather_states(states, self.replicas, self.settings.bucket_bytes)
+        return self.fw.state_to_numpy(states[0], self.functional)
+
+    def sharded(self):
+        """Whether the states are in their sharded form: --shard, after the first step has cut them."""
+        return self.settings.shard != "none" and bool(self.states) and "shard" in self.states[0]
+
+    def state_bytes(self):
+        """The bytes of optimizer state one device holds (the first; the recipe's SGD has none): its slices when
+        sharded."""
+        return self.fw.state_bytes(self.states[0]) if self.states else 0
 
     def evaluate(self, X, y):
         return self.fw.evaluate(self.functional, self.replicas[0], self.bn_states[0], X, y)
@@ -168,6 +181,9 @@ class Builtin(Scratch):
 
     def optimizer_state(self):
         return self.engine.optimizer_state(self.model)
+
+    def state_bytes(self):
+        return None   # the engine keeps its optimizer's state its own way: not measured here
 
     def evaluate(self, X, y):
         return self.engine.evaluate(self.model, X, y)
@@ -244,7 +260,7 @@ def runner(spec, fw, devices):
     model = functional(fw, network, spec.layout)
     units = load_module(fw.name, "execution").compile(spec.exec, model)
     return Scratch(fw, devices, network, model, StepSettings(bucket_bytes(spec.allreduce), units, spec.accumulate,
-                                                             allreduce_dtype=spec.allreduce_dtype))
+                                                             allreduce_dtype=spec.allreduce_dtype, shard=spec.shard))
 
 
 def steps_per_epoch(n, batch_size, min_size=1):
@@ -336,6 +352,7 @@ def train(runner, data, spec, optimizer, rank=0, world=1, start=Start(), hooks=H
                                else shared_accuracy(runner, data, rank, world))
     record["evaluated_by"] = world
     record["replica_spread"] = runner.spread()
+    record["optimizer_state_bytes_per_device"] = runner.state_bytes()
     record["digest"] = digest(runner.weights())
     record["bn_digests"] = [digest(s) for s in runner.replica_bn_states()]   # one per replica: equal, or not
     return record
@@ -404,6 +421,9 @@ def summarize(records):
         **time_to_accuracy(epoch_seconds, records[0].get("epoch_test_accuracies"),
                            (records[0].get("spec") or {}).get("target_accuracy")),
         "replica_spread": max(spreads) if spreads else None,
+        # the optimizer's state one device holds (the most any holds; under --shard its slices): None for an engine
+        "optimizer_state_bytes_per_device": max((r.get("optimizer_state_bytes_per_device") for r in records),
+                                                key=lambda b: -1 if b is None else b),
         # BatchNorm: how many different running states the run's replicas (every process's) ended with, of how many
         "bn_states": len(set(bn_digests)) if bn_digests else None,
         "bn_replicas": len(bn_digests) if bn_digests else None,

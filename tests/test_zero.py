@@ -1,0 +1,178 @@
+"""Sharded data parallelism (--shard, common/zero.py): ZeRO's stages as the spec writes them, then every framework's
+scratch step at stage 1 (the optimizer's state sharded) and stage 2 (the gradients too) against its own replicated
+step. The stages reorder nothing but the clipping norm's sum, so the steps agree to float32 round-off (TOL); a device
+updating another's slice, a slice cut in the wrong place or a norm summed from one device's slice alone moves a step
+by far more. And the state really is sharded: each device holds its own slices and no more."""
+import numpy as np
+import pytest
+
+from common import optim, zero
+from common.lenet import PARAM_NAMES, init_weights
+from conftest import framework_or_skip
+from harness.loader import load_module
+from harness.spec import RunSpec
+
+FRAMEWORKS = ["pytorch", "mxnet", "tensorflow", "jax"]
+BATCH, SEED, LR = 97, 5, 0.02   # digits: 14 batches of 97 and one of 79 (test_accumulation.py's)
+TOL = 1e-5
+CLIP = 3.5   # the LeNet's mean gradient on digits has a norm of ~2-7: some steps clip (test_optimizers.py)
+
+
+# ---- the spec (numpy) ----
+
+def random_problem(world, seed=3):
+    rng = np.random.default_rng(seed)
+    w = {"a": rng.normal(size=(3, 5)).astype(np.float32), "b": rng.normal(size=7).astype(np.float32),
+         "c": rng.normal(size=(2, 2, 3)).astype(np.float32)}
+    grads = [[{k: rng.normal(size=v.shape).astype(np.float32) for k, v in w.items()} for _ in range(world)]
+             for _ in range(4)]
+    return w, grads
+
+
+@pytest.mark.parametrize("shard", zero.SHARDS)
+@pytest.mark.parametrize("name", optim.OPTIMIZERS)
+def test_every_stage_is_the_replicated_step_bit_for_bit(name, shard):
+    """Reduce-scatter (or all-reduce), each device's update of its own slice, all-gather: over 4 steps with weight
+    decay and clipping, per parameter and in buckets, on 3 devices (padding in every unit), the replicated step's
+    weights and state exactly."""
+    w, steps = random_problem(3)
+    for bucket_bytes in (None, 64):
+        o = optim.Optimizer(name, 0.1, weight_decay=1e-2, clip_norm=2.0, total_steps=4, schedule="cosine")
+        want, want_state = w, optim.init_state(o, w)
+        got, got_state = w, optim.init_state(o, w)
+        for grads in steps:
+            want, want_state = optim.step(o, want, {k: sum(g[k] for g in grads) for k in w}, want_state)
+            got, got_state = zero.step(o, got, grads, got_state, shard, bucket_bytes)
+        assert all(np.array_equal(got[k], want[k]) for k in w), (bucket_bytes, shard)
+        assert sorted(got_state) == sorted(want_state)
+        assert all(np.array_equal(got_state[k], want_state[k]) for k in want_state if k != "step")
+
+
+def test_a_device_owns_one_equal_padded_slice_of_every_unit():
+    assert [zero.bounds(10, 4, g) for g in range(4)] == [(0, 3), (3, 6), (6, 9), (9, 12)]
+    assert zero.owner_index(rank=1, devices=2, device=1) == 3
+    assert zero.groups([15, 7, 12], None) == [[0], [1], [2]]
+    assert zero.groups([15, 7, 12], 100) == [[0, 1], [2]]   # 88 bytes, then 48
+    buffers = [zero.flat([np.full(5, d, np.float32)], 2) for d in (1.0, 2.0)]
+    assert [s.tolist() for s in zero.reduce_scatter(buffers)] == [[3, 3, 3], [3, 3, 0]]   # padded with a zero
+
+
+def test_what_a_device_holds_and_sends_by_stage():
+    """The LeNet's units (its 8 parameters: 129,068 elements) on 2 devices with Adam's 2 buffers a parameter: stage 1
+    halves the optimizer's state, stage 2 the gradients too, stage 3 the parameters too; the volume a device sends is
+    the all-reduce's at stage 2, 1.5 times it at stages 1 and 3."""
+    sizes = [init_weights(0)[n].size for n in PARAM_NAMES]
+    assert sum(sizes) == 129068
+    held = {shard: zero.memory(sizes, 2, 2, shard) for shard in zero.SHARDS}
+    whole, half = 129068 * 4, sum(-(-n // 2) for n in sizes) * 4
+    assert half == 129068 * 2   # every LeNet parameter has an even size: no padding on 2 devices
+    assert held["none"] == {"parameters": whole, "gradients": whole, "optimizer state": 2 * whole}
+    assert held["optimizer"] == {"parameters": whole, "gradients": whole, "optimizer state": 2 * half}
+    assert held["gradients"] == {"parameters": whole, "gradients": half, "optimizer state": 2 * half}
+    assert held["parameters"] == {"parameters": half, "gradients": half, "optimizer state": 2 * half}
+    sent = {shard: zero.volume(sizes, 2, shard) for shard in zero.SHARDS}
+    assert sent == {"none": whole, "optimizer": whole * 3 // 2, "gradients": whole, "parameters": whole * 3 // 2}
+    assert zero.volume(sizes, 1, "gradients") == 0
+
+
+# ---- every framework's scratch step ----
+
+def run_spec(framework, shard, name="momentum", devices=2, allreduce="per-tensor", **fields):
+    return RunSpec(framework=framework, devices=devices, shard=shard, allreduce=allreduce, dataset="digits", epochs=1,
+                   batch_size=BATCH, lr=LR, seed=SEED, threads=1, optimizer=name, **fields)
+
+
+def optimizer(name, steps=15):
+    return optim.Optimizer(name, LR, weight_decay=1e-2 if name == "adamw" else 5e-4, clip_norm=CLIP,
+                           schedule="cosine", total_steps=steps)
+
+
+def assert_same_run(got, want, what):
+    (got_weights, _, got_record), (want_weights, _, want_record) = got, want
+    losses = lambda r: [s / n for s, n in zip(r["step_loss_sums"], r["step_sizes"])]   # noqa: E731
+    assert losses(got_record) == pytest.approx(losses(want_record), rel=TOL), what
+    for key, value in want_weights.items():
+        assert abs(got_weights[key] - value).max() <= TOL, (what, key)
+
+
+CASES = [("momentum", 2, "per-tensor"), ("adamw", 3, "bucketed")]   # 3 devices: every unit padded
+
+
+@pytest.mark.parametrize("name,devices,allreduce", CASES)
+@pytest.mark.parametrize("shard", ["optimizer", "gradients"])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_sharded_epoch_is_the_replicated_one(framework, shard, name, devices, allreduce, recipe_runs):
+    """An epoch of the LeNet (15 steps under a cosine schedule, weight decay and clipping), sharded and replicated:
+    the same losses and weights; and one device's optimizer state is its slices alone, as common.zero.memory says."""
+    framework_or_skip(framework)
+    want = recipe_runs(run_spec(framework, "none", name, devices, allreduce), optimizer(name))
+    got = recipe_runs(run_spec(framework, shard, name, devices, allreduce), optimizer(name))
+    assert_same_run(got, want, f"{framework} {shard}")
+    sizes = [init_weights(0)[n].size for n in PARAM_NAMES]
+    units = [sum(sizes[i] for i in unit) for unit in zero.groups(sizes, 25 * 2**20 if allreduce == "bucketed" else None)]
+    slots = len(optimizer(name).slots)
+    assert got[2]["optimizer_state_bytes_per_device"] == zero.memory(units, slots, devices, shard)["optimizer state"]
+    assert want[2]["optimizer_state_bytes_per_device"] == zero.memory(units, slots, devices, "none")["optimizer state"]
+
+
+def numpy_of(t):
+    return np.asarray(t.asnumpy() if hasattr(t, "asnumpy") else t.detach().cpu().numpy() if hasattr(t, "detach")
+                      else t)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_each_device_keeps_its_own_slices_and_gathers_them_back(framework, digits):
+    """After sharded steps (stage 2, Adam's two buffers, 3 devices), device d's state is slice d of every unit of
+    the whole state gather_states rebuilds (each buffer flattened in the framework's own element order, padded), and
+    the whole state reads back (state_to_numpy) as the replicated run's."""
+    from conftest import replicas_of, scratch
+    fw = framework_or_skip(framework)
+    devices, o = fw.get_devices(3), optimizer("adam")
+    X, y = digits.X_train[:BATCH], digits.y_train[:BATCH]
+    model, settings = scratch(framework)
+    runs = {}
+    for shard in ("none", "gradients"):
+        replicas = replicas_of(fw, init_weights(SEED), devices)
+        states = [fw.init_state(r, o) for r in replicas]
+        for t in range(3):
+            fw.train_step(model, replicas, [None] * 3, X, y, devices, o.learning_rate(t), None, states,
+                          settings._replace(shard=shard))
+        runs[shard] = replicas, states
+    replicas, states = runs["gradients"]
+    whole = fw.gather_states(states, replicas)
+    for slot in o.slots:
+        for d, state in enumerate(states):
+            assert state["shard"] == (d, 3)
+            for u, unit in enumerate(zero.groups([numpy_of(p).size for p in replicas[0]])):
+                buffer = zero.flat([numpy_of(whole[d][slot][i]) for i in unit], 3)
+                assert np.array_equal(numpy_of(state[slot][u]), zero.cut(buffer, 3)[d]), (slot, d, u)
+    got, want = fw.state_to_numpy(whole[0], model), fw.state_to_numpy(runs["none"][1][0], model)
+    assert got["step"] == want["step"] == 3
+    for key in want:
+        if key != "step":
+            assert abs(got[key] - want[key]).max() <= TOL, key
+
+
+@pytest.mark.slow   # a worker process a device, 12 rows
+def test_compare_s_sharded_rows_across_processes_are_the_replicated_ones(tmp_path):
+    """The command a user runs: every framework's scratch step on 2 devices in 2 processes, replicated and at
+    stages 1 and 2. Each sharded row's per-step losses are its framework's replicated row's (no clipping: the same
+    sums, bit for bit in every framework as measured), and its optimizer state per device is half the replicated
+    one's (the LeNet's parameters are all of even size: no padding on 2 devices)."""
+    import json
+    from conftest import installed_frameworks, run_compare
+    out = tmp_path / "shard.json"
+    names = [fw.name for fw in installed_frameworks()]
+    proc = run_compare("--frameworks", ",".join(names), "--mode", "scratch", "--devices", "2", "--processes", "2",
+                       "--shard", "none,optimizer,gradients", "--optimizer", "momentum", "--epochs", "1",
+                       "--json", str(out), "--csv", str(tmp_path / "shard.csv"), "--plot", str(tmp_path / "shard.png"),
+                       timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["runs"]
+    assert len(rows) == 3 * len(names) and all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
+    for name in names:
+        mine = {r["shard"]: r for r in rows if r["framework"] == name}
+        for shard in ("optimizer", "gradients"):
+            assert mine[shard]["step_losses"] == pytest.approx(mine["none"]["step_losses"], rel=TOL), (name, shard)
+            assert 2 * mine[shard]["optimizer_state_bytes_per_device"] == \
+                mine["none"]["optimizer_state_bytes_per_device"] == 4 * 129068, (name, shard)
