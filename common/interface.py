@@ -53,6 +53,14 @@ CONTRACT = {
     "gather_states": "gather_states(states, replicas, bucket_bytes=None) -> states: the inverse of shard_states, every "
                      "device's and process's slices gathered (all_gather) into whole per-parameter buffers in the "
                      "replicas' shapes and layout, on every device: what state_to_numpy and a checkpoint read.",
+    "shard_params": "shard_params(replicas, bucket_bytes=None) -> replicas: each device's whole list of parameters cut "
+                    "to the slices it owns, what --shard parameters (ZeRO stage 3) keeps between steps: a dict "
+                    "{'shard': (owner, world), 'slices': [one flat slice a unit, as shard_states cuts a slot], 'like': "
+                    "what gather_params rebuilds the parameters from (their shapes, layout and device, no values)}.",
+    "gather_params": "gather_params(replicas, bucket_bytes=None) -> replicas: the inverse of shard_params, each device's "
+                     "whole list of parameters (as get_params makes them: shapes, layout, device, ready for "
+                     "loss_and_grads) from every device's and process's slices (all_gather a unit): a collective "
+                     "every process calls.",
     "train_step": "train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, "
                   "settings=StepSettings()) -> float: one synchronous step of the network `model` (a Functional of "
                   "lenet.py or resnet.py) on a numpy batch: split_and_load, each device's summed loss and gradients "
@@ -87,7 +95,9 @@ CONTRACT = {
 # widened back).
 # shard: ZeRO's stage (--shard, common/zero.py): "none", the recipe's replicated step; "optimizer" (stage 1), the
 # all-reduce, then each device updates the slices it owns with its slice of the optimizer state (the states are
-# shard_states' form), then all_gather; "gradients" (stage 2), reduce_scatter in place of the all-reduce.
+# shard_states' form), then all_gather; "gradients" (stage 2), reduce_scatter in place of the all-reduce;
+# "parameters" (stage 3), the replicas too held as shard_params' slices between steps: gather_params before the
+# forward, reduce_scatter, each device's update of its slices, nothing gathered after.
 StepSettings = collections.namedtuple("StepSettings", "bucket_bytes units accumulate scaler allreduce_dtype shard",
                                       defaults=(None, None, 1, None, "fp32", "none"))
 

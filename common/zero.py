@@ -13,7 +13,9 @@ slice needs (--shard):
                  the slice; all-gather of the parameters.
     parameters   stage 3 (FSDP's full sharding): each device keeps its slice of the parameters too, between steps;
                  an all-gather before the forward (FSDP gathers again for the backward, having freed them between),
-                 reduce-scatter, the update of the slice, nothing gathered after.
+                 reduce-scatter, the update of the slice, nothing gathered after. The scratch step gathers the whole
+                 network once for its forward and backward (autograd keeps the weights the backward needs) and drops
+                 it after the update; FSDP gathers a layer at a time, so that at most a layer is whole at once.
 The unit is the all-reduce's: one parameter (--allreduce per-tensor) or one flat bucket of parameters
 (common.buckets.plan, --allreduce bucketed), flattened, padded with zeros to a multiple of the world's device count N
 and cut into N equal contiguous slices. Device g (g = the process's rank * its devices + the device's index in it)
@@ -33,9 +35,11 @@ from .interface import RosettaError
 from .optim import step as replicated_step
 
 SHARDS = ("none", "optimizer", "gradients", "parameters")   # ZeRO's stages 0 to 3
-# What the frameworks' scratch step runs (--shard): stage 3, whose parameters are sliced between steps too, is this
-# spec's (step, memory, volume) and not yet the step's
-STEP_SHARDS = SHARDS[:3]
+# The built-in engines that shard, and their stages: PyTorch's ZeroRedundancyOptimizer under DDP (1) and FSDP2's
+# fully_shard (2: its reshard_after_forward=False, 3); JAX's jitted step with the state, or the parameters and the
+# state, placed by NamedSharding over the data axis (1, 3: XLA picks the collectives). TensorFlow and MXNet have
+# no engine that shards.
+SHARD_ENGINES = {"pytorch": SHARDS[1:], "jax": ("optimizer", "parameters")}
 ITEMSIZE = 4   # float32: parameters, gradients and optimizer state
 
 

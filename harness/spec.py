@@ -11,7 +11,7 @@ from common.models import DEFAULT_WIDTH, RESNET_SGD_LR, check, check_bn, has_bat
 from common.optim import DEFAULT_LR, REFERENCE_BATCH, STEP_FACTOR, Optimizer, default_momentum, scaled_lr
 from common.loss_scaling import check as check_loss_scaling
 from common.precision import check as check_precision, check_wire
-from common.zero import STEP_SHARDS
+from common.zero import SHARDS
 
 DEFAULT_EPOCHS = {"digits": 30}   # small data: few steps per epoch; the recipe's 10 elsewhere
 # The schedules' own parameters (common.optim.Optimizer's, in epochs where it counts steps)
@@ -108,8 +108,8 @@ class RunSpec:
         check_bn(self.model, self.bn)
         check_precision(self.precision)
         check_wire(self.allreduce_dtype)
-        if self.shard not in STEP_SHARDS:
-            raise RosettaError(f"unknown shard setting {self.shard!r}; choose from {', '.join(STEP_SHARDS)}")
+        if self.shard not in SHARDS:
+            raise RosettaError(f"unknown shard setting {self.shard!r}; choose from {', '.join(SHARDS)}")
         check_loss_scaling(self.loss_scale, self.loss_scale_interval)
         if self.allreduce not in ALLREDUCES:
             raise RosettaError(f"unknown all-reduce {self.allreduce!r}; choose from {', '.join(ALLREDUCES)}")

@@ -43,7 +43,21 @@ the BatchNorm statistics its forward made are kept); the trainer reads `finite` 
 scale on the host (common.loss_scaling.Scaler, the trainer's own state beside the Optax state: loss_scale). The LeNet
 then steps in shard_map's form: each device's backward rounds its own gradients to fp16, as the rule's step does, and
 the psum adds them in fp32 (get_model). The ResNet's --bn sync step stays jit's: a Flax layer's fp16 weight gradient is
-then all-reduced inside its batch sum and rounded once, so it overflows where the global batch's gradient does."""
+then all-reduced inside its batch sum and rounded once, so it overflows where the global batch's gradient does.
+--shard (common/zero.py's stages; get_model's shard) places arrays with NamedSharding over the mesh's one axis, each
+along its largest axis that the device count divides (whole on every device where none does): "optimizer" (stage 1)
+the Optax state, the parameters replicated; "parameters" (stage 3) the parameters too. The jitted step's
+out_shardings keep them so between steps, and its sharding constraints (Layout) say where each array goes, XLA
+picking the collectives: the parameters whole before the forward (stage 3: an all-gather), the gradients summed as
+the replicated step sums them (XLA's CPU compiler makes no reduce-scatter: an all-reduce, then each device's slice),
+each device's update of its slices with its state, and at stage 1 an all-gather of the updated parameters. The LeNet's
+compiled step: stage 1 8 all-reduces and 8 all-gathers, stage 3 8 all-gathers and 8 all-reduces (clipping adds 8
+scalar all-reduces: the norm summed from the slices, in another order). Under shard_map a device sees only its block
+of a sliced array, which Optax's clipping would take for the whole: that form computes and reduces each device's
+gradients under shard_map (at stage 3 lax.psum_scatter along each one's sliced axis, a reduce-scatter) and updates
+after it under jit, as above. No stage 2: the gradients live only inside the compiled step, so it would be stage 1.
+JAX's slices are an axis of each array, not common/zero.py's flat padded units: a device holds the same bytes
+wherever the device count divides an axis (every parameter of the LeNet and the ResNet on 2 devices)."""
 import functools
 
 import jax
@@ -66,7 +80,7 @@ from .data_parallel import flatten, unflatten
 from .execution import DEFAULT_LAYOUT, LAYOUTS, compiler_options
 from .idiomatic import evaluate as evaluate_flax
 from .lenet import evaluate as evaluate_params, forward, held, scaled, to_numpy as params_to_numpy
-from .optimizer import optax_canonical, optax_state, get_trainer
+from .optimizer import buffers, optax_canonical, optax_state, get_trainer
 
 
 def EXEC(model):
@@ -90,6 +104,69 @@ def mesh_of(devices):
     ids = multihost_utils.process_allgather(np.array([d.id for d in devices])).reshape(-1)
     by_id = {d.id: d for d in jax.devices()}
     return Mesh(np.array([by_id[int(i)] for i in ids]), ("devices",))
+
+
+def spec_of(shape, size):
+    """How --shard slices an array of `shape` over `size` devices: along its largest axis that `size` divides (the
+    first of equals); P(), a whole copy on every device, where none does (a bias of 6 on 4 devices, Optax's count)."""
+    axes = [i for i, n in enumerate(shape) if n % size == 0]
+    if not axes:
+        return P()
+    return P(*[None] * max(axes, key=lambda i: shape[i]), "devices")
+
+
+class Layout:
+    """Where --shard keeps the step's arrays between steps: `params` and `state`, the NamedShardings the compiled step
+    gives back its parameters and Optax state in (its out_shardings), so the next step takes them as they are. The
+    state is sliced over the data axis at both stages (spec_of), the parameters at stage 3 only, whole on every
+    device at stage 1. In the step, sharding constraints say where each array goes and XLA picks the collectives:
+    `gathered` the whole parameters before the forward (stage 3: an all-gather), `owned` each device's slice of the
+    gradients and parameters, which the update reads (each device updates its own slice with its own state)."""
+
+    def __init__(self, mesh, shard, params, tx=None):
+        if shard not in ("optimizer", "parameters"):
+            raise Unavailable(f"--shard {shard}: JAX's sharded engine runs stages 1 (optimizer) and 3 (parameters)")
+        self.mesh, self.shard = mesh, shard
+        self.params = self.sliced(params) if shard == "parameters" else NamedSharding(mesh, P())
+        self.state = None if tx is None else self.sliced(jax.eval_shape(tx.init, params))
+
+    def sliced(self, tree):
+        return jax.tree.map(lambda a: NamedSharding(self.mesh, spec_of(a.shape, self.mesh.size)), tree)
+
+    def gathered(self, params):
+        if self.shard != "parameters":
+            return params
+        return lax.with_sharding_constraint(params, NamedSharding(self.mesh, P()))
+
+    def owned(self, tree):
+        return lax.with_sharding_constraint(tree, self.sliced(tree))
+
+    def summed(self, grads):
+        """The jit step's gradients whole, as the replicated step's all-reduce leaves them, before owned cuts them:
+        else XLA's sharding propagation carries the slices back into the backward and repartitions it (the ResNet's
+        BatchNorm by channel, all-gathering the batch's mask and the moments: 85 more all-gathers on 2 devices)."""
+        return lax.with_sharding_constraint(grads, NamedSharding(self.mesh, P()))
+
+    def reduced_specs(self, params, bucket_bytes):
+        """The shard_map specs of the gradients as reduced (reduced): each one's slice at stage 3, else whole."""
+        if self.shard != "parameters" or bucket_bytes:
+            return P()
+        return jax.tree.map(lambda a: spec_of(a.shape, self.mesh.size), params)
+
+
+def gathered(layout, params):
+    """The parameters the forward takes: at stage 3 every device's slices gathered (layout.gathered)."""
+    return params if layout is None else layout.gathered(params)
+
+
+def owned(layout, tree):
+    """What the update reads of a tree like the parameters: each device's slice under --shard."""
+    return tree if layout is None else layout.owned(tree)
+
+
+def owned_sum(layout, grads):
+    """The jit step's gradients as the update reads them: each device's slice of their sum (Layout.summed)."""
+    return grads if layout is None else layout.owned(layout.summed(grads))
 
 
 def summed_loss(params, X, y, mask, precision="fp32", loss_scale=None):
@@ -165,10 +242,12 @@ def accumulated(loss_and_grads, X, y, mask, count, stats=None, cut=micro_batch):
     return jnp.concatenate(rows), grads, stats
 
 
-def jit_step(precision, params, X, y, mask, scale, loss_scale):
-    """Written for one device; the shardings of its inputs make it data-parallel."""
-    (_, rows), grads = loss_rows_and_grads(params, X, y, mask, precision, loss_scale)
-    params, _, finite = update_if_finite(None, params, None, grads, scale, loss_scale)
+def jit_step(precision, layout, params, X, y, mask, scale, loss_scale):
+    """Written for one device; the shardings of its inputs make it data-parallel (and `layout`'s constraints, under
+    --shard, sharded)."""
+    (_, rows), grads = loss_rows_and_grads(gathered(layout, params), X, y, mask, precision, loss_scale)
+    params, _, finite = update_if_finite(None, owned(layout, params), None, owned_sum(layout, grads), scale,
+                                         loss_scale)
     return params, rows, finite
 
 
@@ -214,10 +293,12 @@ def optax_update(tx, params, opt_state, grads, scale):
     return optax.apply_updates(params, updates), opt_state
 
 
-def jit_optax_step(tx, precision, params, opt_state, X, y, mask, scale, loss_scale):
-    """jit_step with Optax's update: its gradient is the global one (XLA all-reduces it before the clipping)."""
-    (_, rows), grads = loss_rows_and_grads(params, X, y, mask, precision, loss_scale)
-    params, opt_state, finite = update_if_finite(tx, params, opt_state, grads, scale, loss_scale)
+def jit_optax_step(tx, precision, layout, params, opt_state, X, y, mask, scale, loss_scale):
+    """jit_step with Optax's update: its gradient is the global one (XLA all-reduces it before the clipping; under
+    --shard the global norm of the slices, XLA summing it across devices)."""
+    (_, rows), grads = loss_rows_and_grads(gathered(layout, params), X, y, mask, precision, loss_scale)
+    params, opt_state, finite = update_if_finite(tx, owned(layout, params), opt_state, owned_sum(layout, grads),
+                                                 scale, loss_scale)
     return params, opt_state, rows, finite
 
 
@@ -231,27 +312,78 @@ def shard_map_optax_step(tx, bucket_bytes, wire, count, precision, params, opt_s
     return params, opt_state, rows, finite
 
 
+def reduced(layout, grads, bucket_bytes, wire):
+    """One device's gradients summed over the mesh under shard_map, as --shard keeps them: at stage 3 a reduce-scatter
+    (lax.psum_scatter) along each one's sliced axis, each device getting the sum of its own slice alone, and a psum
+    where none is sliced; at stage 1, or bucketed (a flat bucket is cut otherwise than its arrays' axes), the
+    all-reduce, of which the update reads its slice (owned)."""
+    if layout.shard != "parameters" or bucket_bytes:
+        return psum_gradients(grads, bucket_bytes, wire)
+    return jax.tree.map(lambda g: psum_scatter_on_the_wire(g, spec_of(g.shape, layout.mesh.size), wire), grads)
+
+
+def psum_scatter_on_the_wire(x, spec, dtype):
+    """lax.psum_scatter of x along its axis of `spec` (a psum if none), with `dtype` on the wire (psum_on_the_wire)."""
+    if not len(spec):
+        return psum_on_the_wire(x, dtype)
+    wired = x if dtype == "fp32" else x.astype(jnp.bfloat16)
+    return lax.psum_scatter(wired, "devices", scatter_dimension=len(spec) - 1, tiled=True).astype(x.dtype)
+
+
+def shard_map_sharded_step(tx, layout, bucket_bytes, wire, count, precision, params, opt_state, X, y, mask, scale,
+                           loss_scale):
+    """--shard's shard_map form: each device's gradients and their reduction under shard_map (shard_map_optax_step's,
+    then reduced), the update outside it, under jit, on the slices (jit_optax_step's): a device under shard_map sees
+    its block of a sliced array, which Optax's clipping would take for the whole."""
+    def per_device(params, X, y, mask, loss_scale):
+        rows, grads = device_grads(params, X, y, mask, count, precision, loss_scale)
+        return rows, reduced(layout, grads, bucket_bytes, wire)
+    rows, grads = jax.shard_map(per_device, mesh=layout.mesh,
+                                in_specs=(P(), P("devices"), P("devices"), P("devices"), P()),
+                                out_specs=(P("devices"), layout.reduced_specs(params, bucket_bytes)))(
+        gathered(layout, params), X, y, mask, loss_scale)
+    params, opt_state, finite = update_if_finite(tx, owned(layout, params), opt_state, owned(layout, grads), scale,
+                                                 loss_scale)
+    return params, opt_state, rows, finite
+
+
+def stateless(step, params, X, y, mask, scale, loss_scale):
+    """An Optax step's signature as the recipe's SGD has it (no state)."""
+    params, _, rows, finite = step(params, None, X, y, mask, scale, loss_scale)
+    return params, rows, finite
+
+
 # Every step is compiled for the network's precision (`network`: get_model's), at bf16 and fp16 without XLA's excess
 # precision (execution.compiler_options: each rounding the step writes stays, the weight gradients' too, and at fp16
 # an overflow with it). Its last argument is the loss scale (None: none), its last output whether the update ran.
-def compile_step(mesh, form, bucket_bytes=None, count=1, network=Network(), wire="fp32"):
+def compile_step(mesh, form, bucket_bytes=None, count=1, network=Network(), wire="fp32", layout=None):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     options = compiler_options(network, wire)
+    held = replicated if layout is None else layout.params   # where the parameters stay between steps
     if form == "jit":
-        return jax.jit(functools.partial(jit_step, network.precision), out_shardings=(replicated, rows, replicated),
+        return jax.jit(functools.partial(jit_step, network.precision, layout), out_shardings=(held, rows, replicated),
                        compiler_options=options)
+    if layout is not None:
+        return jax.jit(functools.partial(stateless, functools.partial(
+            shard_map_sharded_step, None, layout, bucket_bytes, wire, count, network.precision)),
+                       out_shardings=(held, rows, replicated), compiler_options=options)
     return jax.jit(jax.shard_map(functools.partial(shard_map_step, bucket_bytes, wire, count, network.precision),
                                  mesh=mesh,
                                  in_specs=(P(), P("devices"), P("devices"), P("devices"), P(), P()),
                                  out_specs=(P(), P("devices"), P())), compiler_options=options)
 
 
-def compile_optax_step(mesh, form, tx, bucket_bytes=None, count=1, network=Network(), wire="fp32"):
+def compile_optax_step(mesh, form, tx, bucket_bytes=None, count=1, network=Network(), wire="fp32", layout=None):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     options = compiler_options(network, wire)
+    held, state = (replicated, replicated) if layout is None else (layout.params, layout.state)
     if form == "jit":
-        return jax.jit(functools.partial(jit_optax_step, tx, network.precision),
-                       out_shardings=(replicated, replicated, rows, replicated), compiler_options=options)
+        return jax.jit(functools.partial(jit_optax_step, tx, network.precision, layout),
+                       out_shardings=(held, state, rows, replicated), compiler_options=options)
+    if layout is not None:
+        return jax.jit(functools.partial(shard_map_sharded_step, tx, layout, bucket_bytes, wire, count,
+                                         network.precision),
+                       out_shardings=(held, state, rows, replicated), compiler_options=options)
     return jax.jit(jax.shard_map(functools.partial(shard_map_optax_step, tx, bucket_bytes, wire, count,
                                                    network.precision),
                                  mesh=mesh, in_specs=(P(), P(), P("devices"), P("devices"), P("devices"), P(), P()),
@@ -300,14 +432,15 @@ def batchnorm_grads(graphdef, params, stats, X, y, mask, count, cut=micro_batch,
     return accumulated(loss_and_grads, X, y, mask, count, stats, cut)
 
 
-def jit_batchnorm_step(graphdef, tx, devices, count, params, stats, opt_state, X, y, mask, scale, loss_scale):
+def jit_batchnorm_step(graphdef, tx, devices, count, layout, params, stats, opt_state, X, y, mask, scale, loss_scale):
     """Written for one device: the global batch's statistics (each micro-batch's, every device's rows of it),
     whatever the shardings. Accumulating, each micro-batch's gradient is a global array that XLA all-reduces: the
     synchronised BatchNorm pays one all-reduce per micro-batch (its statistics need them anyway). The new statistics
     are kept whether the update runs or not."""
-    rows, grads, stats = batchnorm_grads(graphdef, params, stats, X, y, mask, count,
+    rows, grads, stats = batchnorm_grads(graphdef, gathered(layout, params), stats, X, y, mask, count,
                                          functools.partial(micro_batch_of_every_device, devices), loss_scale)
-    params, opt_state, finite = update_if_finite(tx, params, opt_state, grads, scale, loss_scale)
+    params, opt_state, finite = update_if_finite(tx, owned(layout, params), opt_state, owned_sum(layout, grads),
+                                                 scale, loss_scale)
     return params, opt_state, stats, rows, finite
 
 
@@ -324,12 +457,36 @@ def shard_map_batchnorm_step(graphdef, tx, bucket_bytes, wire, count, params, st
     return params, opt_state, jax.tree.map(lambda s: s[None], own), rows, finite
 
 
-def compile_batchnorm_step(mesh, graphdef, sync, tx=None, bucket_bytes=None, count=1, network=Network(), wire="fp32"):
+def shard_map_sharded_batchnorm_step(graphdef, tx, layout, bucket_bytes, wire, count, params, stats, opt_state, X, y,
+                                     mask, scale, loss_scale):
+    """shard_map_batchnorm_step under --shard: the gradients reduced as layout keeps them (reduced), the update
+    outside shard_map on the slices (shard_map_sharded_step's)."""
+    def per_device(params, stats, X, y, mask, loss_scale):
+        own = jax.tree.map(lambda s: s[0], stats)
+        rows, grads, own = batchnorm_grads(graphdef, lax.pvary(params, "devices"), own, X, y, mask, count,
+                                           loss_scale=loss_scale)
+        return rows, reduced(layout, grads, bucket_bytes, wire), jax.tree.map(lambda s: s[None], own)
+    rows, grads, stats = jax.shard_map(
+        per_device, mesh=layout.mesh, in_specs=(P(), P("devices"), P("devices"), P("devices"), P("devices"), P()),
+        out_specs=(P("devices"), layout.reduced_specs(params, bucket_bytes), P("devices")))(
+        gathered(layout, params), stats, X, y, mask, loss_scale)
+    params, opt_state, finite = update_if_finite(tx, owned(layout, params), opt_state, owned(layout, grads), scale,
+                                                 loss_scale)
+    return params, opt_state, stats, rows, finite
+
+
+def compile_batchnorm_step(mesh, graphdef, sync, tx=None, bucket_bytes=None, count=1, network=Network(), wire="fp32",
+                           layout=None):
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     options = compiler_options(network, wire)   # the module computes at the precision graphdef was built with
+    held, state = (replicated, replicated) if layout is None else (layout.params, layout.state or replicated)
     if sync:
-        return jax.jit(functools.partial(jit_batchnorm_step, graphdef, tx, mesh.size, count),
-                       out_shardings=(replicated, replicated, replicated, rows, replicated), compiler_options=options)
+        return jax.jit(functools.partial(jit_batchnorm_step, graphdef, tx, mesh.size, count, layout),
+                       out_shardings=(held, state, replicated, rows, replicated), compiler_options=options)
+    if layout is not None:
+        return jax.jit(functools.partial(shard_map_sharded_batchnorm_step, graphdef, tx, layout, bucket_bytes, wire,
+                                         count),
+                       out_shardings=(held, state, rows, rows, replicated), compiler_options=options)
     return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef, tx, bucket_bytes, wire, count),
                                  mesh=mesh, in_specs=(P(), P("devices"), P(), P("devices"), P("devices"),
                                                       P("devices"), P(), P()),
@@ -408,7 +565,7 @@ class OptaxTrainer(Compiled):
 
 
 def get_model(weights, devices, optimizer=None, state=None, form=None, network=Network(), bucket_bytes=None,
-              allreduce_dtype="fp32"):
+              allreduce_dtype="fp32", shard="none"):
     """The recipe's plain SGD (optimizer None or its is_recipe) is today's step; any other optimizer is Optax's
     transformation (optimizer.py), its state made by a compiled tx.init, or holding the canonical `state` of a
     checkpoint (buffers laid out as the parameters, every count at its step): global arrays replicated over the
@@ -421,7 +578,9 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
     trainer's loss scaler, common/loss_scaling.py's rule with the run's initial scale, interval and factors (JAX has
     none of its own). allreduce_dtype "bf16" (--allreduce-dtype): the psum's casts (psum_gradients), so shard_map's
     form; under jit XLA places the all-reduces inside the batch sums, where no cast can reach: a jit step refuses it
-    (the ResNet's --bn sync)."""
+    (the ResNet's --bn sync). `shard` (--shard "optimizer" or "parameters"): the Optax state, and at "parameters" the
+    parameters too, placed sliced over the mesh and kept so by the compiled step (Layout; the BatchNorm statistics
+    stay as they are, as FSDP keeps buffers)."""
     wire = allreduce_dtype
     mesh = mesh_of(devices)
     form = form or ("shard_map" if bucket_bytes or network.loss_scaling or wire != "fp32" else "jit")
@@ -432,16 +591,18 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
     bucket_bytes = bucket_bytes if form == "shard_map" else None
     replicated = NamedSharding(mesh, P())   # every device holds the whole parameter
     tx = None if optimizer is None or optimizer.is_recipe else get_trainer(optimizer)
+    layout = None
 
     def replicate(a):
-        a = np.asarray(a)
-        return jax.make_array_from_callback(a.shape, replicated, lambda index: a[index])
+        return place(a, replicated)
 
     def optax_start(params, host, laid_out, names):
-        """tx's state for the replicated `params`: zero (a compiled tx.init), or the checkpoint's `state`."""
+        """tx's state for the `params`: zero (a compiled tx.init), or the checkpoint's `state`; replicated, or sliced
+        as `layout` keeps it."""
+        shardings = replicated if layout is None else layout.state
         if state is None:
-            return jax.jit(tx.init, out_shardings=replicated)(params)
-        return jax.tree.map(replicate, optax_state(state, tx.init(host), laid_out, names))
+            return jax.jit(tx.init, out_shardings=shardings)(params)
+        return place(optax_state(state, tx.init(host), laid_out, names), shardings)
 
     if network.bn_state is not None:   # the ResNet: the form follows the BatchNorm (module docstring)
         graphdef, host, stats = nnx.split(resnet.build_model(weights, network.bn_state, precision=network.precision),
@@ -450,7 +611,9 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
             stats = jax.tree.map(lambda s: np.stack([np.asarray(s)] * mesh.size), stats)
         put = replicate if network.sync else lambda a: jax.make_array_from_callback(
             a.shape, NamedSharding(mesh, P("devices")), lambda index: a[index])
-        params, stats = jax.tree.map(lambda a: replicate(np.asarray(a)), host), jax.tree.map(put, stats)
+        if shard != "none":
+            layout = Layout(mesh, shard, host, tx)
+        params, stats = place(host, replicated if layout is None else layout.params), jax.tree.map(put, stats)
         if network.sync and bucket_bytes:
             raise RosettaError("JAX's synchronised BatchNorm step is jit's, whose all-reduces XLA places: "
                                "--allreduce bucketed needs --bn local")
@@ -458,21 +621,36 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
             resnet.build_model(arrays, network.bn_state), nnx.Param, nnx.BatchStat)[1]
         opt_state = None if tx is None else optax_start(params, host, laid_out, RESNET_PARAMS)
         make = lambda form, count: compile_batchnorm_step(   # noqa: E731
-            mesh, graphdef, network.sync, tx, None if network.sync else bucket_bytes, count, network, wire)
+            mesh, graphdef, network.sync, tx, None if network.sync else bucket_bytes, count, network, wire, layout)
         trainer = BatchNormTrainer(make, graphdef, network.sync, "jit" if network.sync else "shard_map", opt_state,
                                    scaler)
         return Model([params, stats], trainer, mesh, network.precision)
     host = [held(name, weights[name]) for name in PARAM_NAMES]
-    params = [replicate(w) for w in host]
+    if shard != "none":
+        layout = Layout(mesh, shard, host, tx)
+    params = place(host, replicated if layout is None else layout.params)
     if tx is None:
-        return Model(params, Step(lambda form, count: compile_step(mesh, form, bucket_bytes, count, network, wire),
+        return Model(params, Step(lambda form, count: compile_step(mesh, form, bucket_bytes, count, network, wire,
+                                                                   layout),
                                   form,
                                   scaler=scaler), mesh, network.precision)
     laid_out = lambda arrays: [held(name, arrays[name]) for name in PARAM_NAMES]   # noqa: E731
     opt_state = optax_start(params, host, laid_out, PARAM_NAMES)
     return Model(params, OptaxTrainer(lambda form, count: compile_optax_step(mesh, form, tx, bucket_bytes, count,
-                                                                             network, wire), opt_state, form, scaler),
+                                                                             network, wire, layout), opt_state, form,
+                                      scaler),
                  mesh, network.precision)
+
+
+def place(tree, shardings):
+    """Each array of `tree` a global array laid out as `shardings` says (one for all, or a tree like `tree`'s), from
+    this process's whole copy of it: each device takes its block."""
+    def put(a, sharding):
+        a = np.asarray(a)
+        return jax.make_array_from_callback(a.shape, sharding, lambda index: a[index])
+    if isinstance(shardings, NamedSharding):
+        return jax.tree.map(lambda a: put(a, shardings), tree)
+    return jax.tree.map(put, tree, shardings)
 
 
 def train_step(model, batch, lr, batch_size, accumulate=1):
@@ -498,15 +676,30 @@ def restore_scaler(model, state):
     model.trainer.scaler.restore(state)
 
 
+def local_copy(tree):
+    """This process's whole copy of every array of `tree`: a replicated array's own; a sliced one's (--shard) gathered
+    from every device, across processes by process_allgather, a collective: every process calls it, for the same
+    arrays (their shardings are the same in every process). The harness calls to_numpy, optimizer_state and evaluate
+    on every rank of a sharded run (evaluate on every rank with test rows: all of them, unless there are more
+    processes than test images)."""
+    def whole(a):
+        if a.is_fully_replicated:
+            return a.addressable_data(0)
+        if a.is_fully_addressable:
+            return jax.device_put(a, a.addressable_shards[0].device)
+        return jax.device_put(multihost_utils.process_allgather(a, tiled=True), a.addressable_shards[0].device)
+    return jax.tree.map(whole, tree)
+
+
 def local_params(model):
-    """This process's copy of the replicated parameters."""
-    return [p.addressable_data(0) for p in model.net]
+    """This process's copy of the parameters (gathered where sliced: local_copy)."""
+    return local_copy(list(model.net))
 
 
-def local_model(model, device=0):
-    """The ResNet as a Flax module holding this process's copy of the parameters and its device-th statistics."""
-    params, stats = model.net
-    params = jax.tree.map(lambda a: a.addressable_data(0), params)
+def local_model(model, device=0, params=None):
+    """The ResNet as a Flax module holding this process's copy of the parameters (`params` if given: local_copy's)
+    and its device-th statistics."""
+    params, stats = local_copy(model.net[0]) if params is None else params, model.net[1]
     if model.trainer.sync:
         stats = jax.tree.map(lambda a: a.addressable_data(device), stats)
     else:
@@ -530,22 +723,42 @@ def bn_state(model):
 
 def replica_bn_states(model):
     """Each of this process's devices' statistics: its own block (local), or its copy of the replicated ones."""
-    devices = len(model.placement.local_devices)
-    return [resnet.model_to_numpy(local_model(model, i))[1] for i in range(devices)]
+    devices, params = len(model.placement.local_devices), local_copy(model.net[0])
+    return [resnet.model_to_numpy(local_model(model, i, params))[1] for i in range(devices)]
 
 
 def optimizer_state(model):
     """The canonical state of the model's Optax state: this process's copy, converted as the weights are (the
     ResNet's buffers, a pytree like its parameters, through its Flax module: resnet.model_to_numpy)."""
-    local = jax.tree.map(lambda a: a.addressable_data(0), model.trainer.opt_state)
+    local = local_copy(model.trainer.opt_state)
     if not is_resnet(model):
         return optax_canonical(local, params_to_numpy)
+    params = local_copy(model.net[0])
 
     def to_canonical(buffers):
-        module = local_model(model)
+        module = local_model(model, params=params)
         nnx.update(module, buffers)
         return resnet.model_to_numpy(module)[0]
     return optax_canonical(local, to_canonical)
+
+
+def state_bytes(model):
+    """The bytes of the Optax state's buffers the first local device holds between steps (its slices under --shard;
+    the counts, one scalar each, are no buffers: common.zero.memory counts the slots alone)."""
+    opt_state = model.trainer.opt_state
+    return 0 if opt_state is None else first_device_bytes(model, [kept for _, kept in buffers(opt_state)])
+
+
+def parameter_bytes(model):
+    """The bytes of parameters the first local device holds between steps (its slices at --shard parameters; the
+    ResNet's BatchNorm statistics are no parameters)."""
+    return first_device_bytes(model, model.net[0] if is_resnet(model) else model.net)
+
+
+def first_device_bytes(model, tree):
+    device = model.placement.local_devices[0]
+    return sum(shard.data.nbytes for a in jax.tree.leaves(tree) for shard in a.addressable_shards
+               if shard.device == device)
 
 
 def evaluate(model, X, y):

@@ -6,6 +6,7 @@ functions are pure and its arrays immutable: every step makes new arrays, and th
 re-pointed at them.
 JAX has no loss scaler: at fp16 the step is common/loss_scaling.py's rule, written here (step_on_shards)."""
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,8 @@ import numpy as np
 from common.buckets import plan
 from common.interface import RosettaError, StepSettings
 from common.sharding import micro_batches, shard_bounds
-from common.zero import chunk, groups, owner_index, unflat
+from common import zero
+from common.zero import chunk, groups, owner_index
 
 from . import distributed as dist
 from . import optimizer
@@ -108,7 +110,7 @@ def shard_states(states, replicas, bucket_bytes=None):
     in JAX's element order (the parameters' own, so a slice of state lines up with its slice of weights), padded and
     cut on the device. New dicts: the whole buffers are left to the caller."""
     rank, world = world_of(replicas)
-    parts = units_of(replicas[0], bucket_bytes)
+    parts = units_of(shapes_of(replicas[0]), bucket_bytes)
     sharded = []
     for i, state in enumerate(states):
         owner = owner_index(rank, len(replicas), i)
@@ -120,13 +122,40 @@ def shard_states(states, replicas, bucket_bytes=None):
 def gather_states(states, replicas, bucket_bytes=None):
     """The sharded states whole again (shard_states' inverse): every slot's slices all_gather'ed, one unit at a time,
     and cut back into the replica's shapes (its layout), on every device: init_state's form."""
-    parts = units_of(replicas[0], bucket_bytes)
+    shapes = shapes_of(replicas[0])
+    parts = units_of(shapes, bucket_bytes)
     whole = [{"optimizer": state["optimizer"], "step": state["step"]} for state in states]
     for slot in states[0]["optimizer"].slots:
         gathered = zip(*[all_gather([state[slot][k] for state in states]) for k in range(len(parts))])
-        for state, replica, buffers in zip(whole, replicas, gathered):
-            state[slot] = unpadded(list(buffers), parts, tuple(p.shape for p in replica))
+        for state, buffers in zip(whole, gathered):
+            state[slot] = unflat(list(buffers), parts, shapes)
     return whole
+
+
+def shard_params(replicas, bucket_bytes=None):
+    """Each device's whole replica cut to the slices it owns, what stage 3 keeps between steps: every unit flattened
+    in JAX's element order, padded and cut on the device, as shard_states cuts a slot (owned), and "like", what
+    gather_params rebuilds the replica from: its shapes (the layout is in them: a channels-last kernel's is HWIO),
+    hashable for the compiled helpers, and its device (the slices' own, where gather_params' arrays land). New dicts:
+    the whole arrays are left to the caller to drop."""
+    rank, world = world_of(replicas)
+    shapes = shapes_of(replicas[0])
+    parts = units_of(shapes, bucket_bytes)
+    sharded = []
+    for i, replica in enumerate(replicas):
+        owner = owner_index(rank, len(replicas), i)
+        sharded.append({"shard": (owner, world), "slices": owned(replica, parts, world, owner),
+                        "like": {"shapes": shapes, "device": device_of(replica[0])}})
+    return sharded
+
+
+def gather_params(replicas, bucket_bytes=None):
+    """shard_params' inverse: every unit's slices all_gather'ed (a collective every process calls) and cut back into
+    the replica's shapes on each device, new arrays as get_params makes them, ready for loss_and_grads."""
+    shapes = replicas[0]["like"]["shapes"]
+    parts = units_of(shapes, bucket_bytes)
+    gathered = zip(*[all_gather([replica["slices"][k] for replica in replicas]) for k in range(len(parts))])
+    return [unflat(list(buffers), parts, shapes) for buffers in gathered]
 
 
 def world_of(replicas):
@@ -136,14 +165,19 @@ def world_of(replicas):
     return jax.process_index(), jax.process_count() * len(replicas)
 
 
-def units_of(replica, bucket_bytes):
-    """What is sharded, as common.zero.groups gives it (the parameters' indices, one unit each), hashable: the
-    compiled helpers below take it as static."""
-    return tuple(tuple(unit) for unit in groups([p.size for p in replica], bucket_bytes))
+def units_of(shapes, bucket_bytes):
+    """What is sharded, as common.zero.groups gives it (the parameters' indices, one unit each), from the parameters'
+    shapes, hashable: the compiled helpers below take it as static."""
+    return tuple(tuple(unit) for unit in groups([math.prod(shape) for shape in shapes], bucket_bytes))
+
+
+def shapes_of(arrays):
+    """Each array's shape, as a hashable tuple: the compiled helpers' static argument, and shard_params' "like"."""
+    return tuple(tuple(a.shape) for a in arrays)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
-def padded(arrays, parts, world):
+def flat(arrays, parts, world):
     """One device's arrays as flat buffers, one a unit of `parts`, each zero-padded to world * chunk elements:
     compiled once for all the units, on the device that holds them."""
     buffers = [jnp.concatenate([arrays[i].ravel() for i in unit]) for unit in parts]
@@ -153,11 +187,11 @@ def padded(arrays, parts, world):
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def owned(arrays, parts, world, owner):
     """Device `owner`'s slice of every unit's padded buffer (common.zero.bounds)."""
-    return [b[owner * (b.size // world):(owner + 1) * (b.size // world)] for b in padded(arrays, parts, world)]
+    return [b[owner * (b.size // world):(owner + 1) * (b.size // world)] for b in flat(arrays, parts, world)]
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
-def unpadded(buffers, parts, shapes):
+def unflat(buffers, parts, shapes):
     """Every unit's whole (padded) buffer cut back into its arrays, in `shapes` (the replica's): a list in parameter
     order."""
     arrays = [None] * len(shapes)
@@ -191,7 +225,7 @@ def flatten(arrays):
 
 
 # a flat buffer cut back into `shapes` (static): the spec's own cut, common.zero.unflat, compiled
-unflatten = jax.jit(unflat, static_argnums=1)
+unflatten = jax.jit(zero.unflat, static_argnums=1)
 
 
 def sgd(params, grads, lr, batch_size, unit=None):
@@ -241,18 +275,20 @@ def sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes=
     fp16 the slices unscaled and every device of every process skipping if any saw an overflow; each device's
     parameter slices updated with its sharded state (`states`: shard_states'; None: the recipe's sgd), clipping by
     the norm summed from every device's slices; the slices all_gather'ed and every replica's list re-pointed at its
-    new arrays."""
-    if shard not in ("optimizer", "gradients"):
-        raise RosettaError(f"the scratch step shards the optimizer or the gradients, not {shard!r}")
+    new arrays. Shard "parameters" (stage 3): `replicas` are shard_params' and each device's held slices are what it
+    updates (their list re-pointed), and nothing is gathered after: the next step's gather_params does it."""
+    if shard not in ("optimizer", "gradients", "parameters"):
+        raise RosettaError(f"the scratch step shards the optimizer, the gradients or the parameters, not {shard!r}")
     units = units or UNITS
     rank, world = world_of(replicas)
     owners = [owner_index(rank, len(replicas), i) for i in range(len(replicas))]
-    parts = units_of(replicas[0], bucket_bytes)
+    shapes = shapes_of(grads[0])   # the parameters' (a stage 3 replica holds slices)
+    parts = units_of(shapes, bucket_bytes)
     if shard == "optimizer":
         grads = allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
         grads = [owned(device_grads, parts, world, owner) for device_grads, owner in zip(grads, owners)]
     else:
-        buffers = [padded(device_grads, parts, world) for device_grads in grads]
+        buffers = [flat(device_grads, parts, world) for device_grads in grads]
         grads = [list(slices) for slices in zip(*[reduce_scatter([b[k] for b in buffers], allreduce_dtype)
                                                   for k in range(len(parts))])]
     if scaler is not None:
@@ -264,16 +300,21 @@ def sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes=
     norm = None
     if states is not None and states[0]["optimizer"].clip_norm is not None:
         norm = global_norm(grads, batch_size)
-    params = [owned(replica, parts, world, owner) for replica, owner in zip(replicas, owners)]
+    if shard == "parameters":
+        params = [replica["slices"] for replica in replicas]
+    else:
+        params = [owned(replica, parts, world, owner) for replica, owner in zip(replicas, owners)]
     for i, (device_params, device_grads) in enumerate(zip(params, grads)):
         if states is None:
             sgd(device_params, device_grads, lr, batch_size, units["update"])
         else:
             optimizer.apply(device_params, device_grads, states[i], lr, batch_size, units["optimizer.update"],
                             norm=None if norm is None else jax.device_put(norm, device_of(device_params[0])))
+    if shard == "parameters":
+        return
     gathered = zip(*[all_gather([device_params[k] for device_params in params]) for k in range(len(parts))])
     for replica, buffers in zip(replicas, gathered):
-        replica[:] = unpadded(list(buffers), parts, tuple(p.shape for p in replica))
+        replica[:] = unflat(list(buffers), parts, shapes)
 
 
 def global_norm(grads, batch_size):
@@ -306,15 +347,23 @@ def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, 
     optimizer state, and keeps the running statistics its forward made. `allreduce_dtype`: the wire's (allreduce; the
     all-reduce runs op by op at every exec level, so no compiled unit bakes it). `shard` (ZeRO's, common/zero.py):
     other than "none", whole states are cut by shard_states on the first call (the list's slots re-pointed) and
-    sharded_update runs the rest, its compiled units taking the slices as they take whole arrays. Returns each
-    device's summed loss."""
+    sharded_update runs the rest, its compiled units taking the slices as they take whole arrays. At "parameters"
+    (stage 3) the replicas too are cut, by shard_params on the first call, and the list holds only the slices between
+    steps: each step gathers the whole parameters (gather_params) for the forward and backward, of the same shapes
+    every step (no compiled unit traces again), and drops them when it returns; the BatchNorm running statistics stay
+    replicated, as FSDP keeps its buffers. Returns each device's summed loss."""
     units = units or UNITS
     scale = None if scaler is None else np.float32(scaler.scale)
-    losses, grads, bn_states[:] = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
+    whole = replicas
+    if shard == "parameters":
+        if not isinstance(replicas[0], dict):   # the first stage 3 step: whole replicas, cut
+            replicas[:] = shard_params(replicas, bucket_bytes)
+        whole = gather_params(replicas, bucket_bytes)
+    losses, grads, bn_states[:] = accumulated(units["loss_and_grads"], model, whole, bn_states, X_shards,
                                               y_shards, devices, accumulate, scale)
     if shard != "none":
         if states is not None and "shard" not in states[0]:   # the first sharded step: whole states, cut
-            states[:] = shard_states(states, replicas, bucket_bytes)
+            states[:] = shard_states(states, whole, bucket_bytes)
         sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes, scaler, allreduce_dtype, units)
         return losses
     grads = allreduce_gradients(grads, bucket_bytes, allreduce_dtype)

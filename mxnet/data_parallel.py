@@ -4,7 +4,8 @@ update of optimizer.py). One step for every network: `model` is lenet.py's or re
 scaler (--precision fp16) the backward is the scaled loss's, and the summed gradients are unscaled and checked before
 the update, which an overflow skips (common/loss_scaling.py). With --allreduce-dtype bf16 the gradients are summed in
 bf16 (on_the_wire). With --shard (ZeRO, common/zero.py) each context keeps and updates only the slices it owns
-(sharded_update)."""
+(sharded_update); at stage 3 ('parameters') it keeps only its slices of the parameters too, between steps
+(shard_params), and gathers the whole network for a step's forward and backward (gather_params)."""
 import numpy as np
 from mxnet import nd
 
@@ -134,13 +135,13 @@ def shard_states(states, replicas, bucket_bytes=None):
     """Each context's whole state cut to the slices its device owns (common/zero.py): per slot, a list of one flat
     padded slice a unit, each a copy that holds its own memory alone (state_bytes counts it); the step and the
     optimizer kept, and "shard": (owner, world devices)."""
-    rank, world = placement(len(replicas))
+    rank, world = world_of(len(replicas))
     units = groups([p.size for p in replicas[0]], bucket_bytes)
     sharded = []
     for d, state in enumerate(states):
         owner = owner_index(rank, len(replicas), d)
         sharded.append({"optimizer": state["optimizer"], "step": state["step"], "shard": (owner, world),
-                        **{slot: [own_slice([state[slot][i] for i in unit], world, owner) for unit in units]
+                        **{slot: [owned([state[slot][i] for i in unit], world, owner) for unit in units]
                            for slot in state["optimizer"].slots}})
     return sharded
 
@@ -159,7 +160,40 @@ def gather_states(states, replicas, bucket_bytes=None):
     return whole
 
 
-def placement(count):
+def shard_params(replicas, bucket_bytes=None):
+    """Each context's whole parameters cut to the slices its device owns, as shard_states cuts a slot (owned: a
+    copy, so the whole replica can be freed), what --shard parameters keeps between steps; "like": what
+    gather_params rebuilds them from, their shapes, dtype and context (get_params' NDArrays), no values."""
+    rank, world = world_of(len(replicas))
+    units = groups([p.size for p in replicas[0]], bucket_bytes)
+    sharded = []
+    for d, replica in enumerate(replicas):
+        owner = owner_index(rank, len(replicas), d)
+        sharded.append({"shard": (owner, world),
+                        "slices": [owned([replica[i] for i in unit], world, owner) for unit in units],
+                        "like": {"shapes": [p.shape for p in replica], "dtype": replica[0].dtype,
+                                 "context": replica[0].context}})
+    return sharded
+
+
+def gather_params(replicas, bucket_bytes=None):
+    """shard_params' inverse, a collective: each unit's slices all_gather'ed and cut back into new NDArrays of the
+    replicas' shapes on each one's context, attach_grad'ed as get_params makes them. The graph level's cached graphs
+    take the parameters as inputs (lenet.Traced, resnet.Segment), not as Parameters a CachedOp holds, so arrays new
+    every step run the same graphs, nothing traced again."""
+    like = [r["like"] for r in replicas]
+    units = groups([int(np.prod(shape)) for shape in like[0]["shapes"]], bucket_bytes)
+    whole = [[nd.zeros(shape, w["context"], dtype=w["dtype"]) for shape in w["shapes"]] for w in like]
+    for u, unit in enumerate(units):
+        for params, buffer in zip(whole, all_gather([r["slices"][u] for r in replicas], ("parameter unit", u))):
+            unflat(buffer, [params[i] for i in unit])
+    for params in whole:
+        for p in params:
+            p.attach_grad()                # grad_req "write", as get_params
+    return whole
+
+
+def world_of(count):
     """(rank, world): this process's rank (its kvstore's; 0 alone) and the devices of every process, each holding
     `count` (common.zero.owner_index)."""
     return (dist.rank(), dist.process_count() * count) if dist.is_initialized() else (0, count)
@@ -175,7 +209,7 @@ def flat(tensors, world):
     return nd.concat(*parts, dim=0)
 
 
-def own_slice(tensors, world, owner):
+def owned(tensors, world, owner):
     """Device `owner`'s slice of a unit's tensors (flat, common.zero.bounds): a copy, not a view of the whole."""
     start, stop = bounds(sum(t.size for t in tensors), world, owner)
     return flat(tensors, world)[start:stop].copy()
@@ -250,18 +284,21 @@ def sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes=
                    allreduce_dtype="fp32"):
     """--shard's half of the step once the gradients exist (common/zero.py), `states` shard_states' (None: the
     recipe's sgd). Each context's slices of the summed gradients: cut from allreduce_gradients' sums ('optimizer'), or
-    reduce_scatter'ed unit by unit ('gradients'). With a `scaler` they are unscaled, and an overflow on any context of
-    any process skips every update. Each context updates its own slices of its replica's parameters, clipping by the
-    norm summed from every context's slices, and all_gather writes the updated units back into every replica."""
-    if shard not in ("optimizer", "gradients"):
-        raise RosettaError(f"unknown --shard {shard!r} for the scratch step; choose from none, optimizer, gradients")
+    reduce_scatter'ed unit by unit ('gradients', 'parameters'). With a `scaler` they are unscaled, and an overflow on
+    any context of any process skips every update. Each context updates its own slices of its replica's parameters,
+    clipping by the norm summed from every context's slices, and all_gather writes the updated units back into every
+    replica; at 'parameters' the replicas are shard_params' and their slices are updated in place, nothing gathered:
+    the next step's gather_params reads them."""
+    if shard not in ("optimizer", "gradients", "parameters"):
+        raise RosettaError(f"unknown --shard {shard!r} for the scratch step; choose from none, optimizer, gradients, "
+                           f"parameters")
     count = len(replicas)
-    rank, world = placement(count)
+    rank, world = world_of(count)
     owners = [owner_index(rank, count, d) for d in range(count)]
-    units = groups([p.size for p in replicas[0]], bucket_bytes)
+    units = groups([g.size for g in grads[0]], bucket_bytes)   # the parameters' sizes, whole or sharded
     if shard == "optimizer":
         allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
-        slices = [[own_slice([g[i] for i in unit], world, owner) for unit in units]
+        slices = [[owned([g[i] for i in unit], world, owner) for unit in units]
                   for g, owner in zip(grads, owners)]
     else:
         scattered = [reduce_scatter([flat([g[i] for i in unit], world) for g in grads], allreduce_dtype,
@@ -283,13 +320,19 @@ def sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes=
         if dist.is_initialized():
             dist.all_reduce(norm, ("clip norm",))
         norm = norm.sqrt()
-    params = [[own_slice([r[i] for i in unit], world, owner) for unit in units] for r, owner in zip(replicas, owners)]
+    if shard == "parameters":
+        params = [r["slices"] for r in replicas]   # each context's own, held between steps
+    else:
+        params = [[owned([r[i] for i in unit], world, owner) for unit in units]
+                  for r, owner in zip(replicas, owners)]
     if states is None:
         for device_params, device_slices in zip(params, slices):
             sgd(device_params, device_slices, lr, batch_size)
     else:
         for device_params, device_slices, state in zip(params, slices, states):
             optimizer.apply(device_params, device_slices, state, lr, batch_size, norm=norm)
+    if shard == "parameters":
+        return
     for u, unit in enumerate(units):
         for replica, buffer in zip(replicas, all_gather([p[u] for p in params], ("parameter unit", u))):
             unflat(buffer, [replica[i] for i in unit])
@@ -303,15 +346,22 @@ def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, 
     step's units (None: UNITS). With a `scaler` (common.loss_scaling.Scaler) the gradients are the loss's times its
     scale, unscaled after the sum; where one is not finite no replica updates (nor its optimizer state), and the
     scaler takes the verdict. With `shard` other than 'none' whole states are cut to their owned slices on the first
-    call (shard_states, into the caller's list) and sharded_update makes the rest of the step. Returns each context's
+    call (shard_states, into the caller's list) and sharded_update makes the rest of the step. At 'parameters' the
+    replicas too are cut on the first call (shard_params, into the caller's list, so the whole ones can be freed) and
+    gathered whole for this step's forward and backward alone (gather_params), as FSDP does. Returns each context's
     summed loss and each replica's new BatchNorm state (kept when the update is skipped)."""
     units = units or UNITS
     scale = None if scaler is None else scaler.scale
-    losses, grads, bn_states = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
+    whole = replicas
+    if shard == "parameters":
+        if not isinstance(replicas[0], dict):
+            replicas[:] = shard_params(replicas, bucket_bytes)   # in place: the caller keeps the slices
+        whole = gather_params(replicas, bucket_bytes)           # dropped when the step returns
+    losses, grads, bn_states = accumulated(units["loss_and_grads"], model, whole, bn_states, X_shards,
                                            y_shards, devices, accumulate, scale)
     if shard != "none":
         if states is not None and "shard" not in states[0]:
-            states[:] = shard_states(states, replicas, bucket_bytes)   # in place: the caller keeps the slices
+            states[:] = shard_states(states, whole, bucket_bytes)   # in place: the caller keeps the slices
         sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes, scaler, allreduce_dtype)
         return losses, bn_states
     allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
@@ -332,7 +382,8 @@ UNITS = {"update": update, "loss_and_grads": loss_and_grads, "step_on_shards": s
 def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, settings=StepSettings()):
     """One synchronous step of `model` (common.interface.CONTRACT): split_and_load, then step_on_shards with the run's
     settings (its all-reduce's buckets, its compiled units, its loss scaler, its dtype on the wire, its shard). The
-    replicas' new running statistics go into bn_states."""
+    replicas' new running statistics go into bn_states; under --shard parameters the list holds shard_params'
+    slices from the first step on."""
     units = settings.units or UNITS
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, bn_states[:] = units["step_on_shards"](model, replicas, bn_states, X_shards, y_shards, devices, lr,

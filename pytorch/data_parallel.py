@@ -91,18 +91,14 @@ def shard_states(states, replicas, bucket_bytes=None):
     """Each device's whole state cut to the slices it owns (common/zero.py): every slot's buffers of a unit
     flattened in PyTorch's element order (reshape's: the shape's, whatever the strides), zero-padded and cut into
     the world's slices; the owned one copied, so that the whole buffers can go."""
-    rank, processes = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    world, sizes = processes * len(replicas), [p.numel() for p in replicas[0]]
+    rank, world = world_of(replicas)
+    units = groups([p.numel() for p in replicas[0]], bucket_bytes)
     sharded = []
     for device, state in enumerate(states):
         owner = owner_index(rank, len(replicas), device)
         sliced = {"optimizer": state["optimizer"], "step": state["step"], "shard": (owner, world)}
         for slot in state["optimizer"].slots:
-            sliced[slot] = []
-            for unit in groups(sizes, bucket_bytes):
-                buffer = torch.cat([state[slot][i].reshape(-1) for i in unit])
-                buffer = F.pad(buffer, (0, chunk(buffer.numel(), world) * world - buffer.numel()))
-                sliced[slot].append(buffer.tensor_split(world)[owner].clone())
+            sliced[slot] = [owned(state[slot], unit, world, owner).clone() for unit in units]
         sharded.append(sliced)
     return sharded
 
@@ -116,11 +112,68 @@ def gather_states(states, replicas, bucket_bytes=None):
     with torch.no_grad():
         for slot in states[0]["optimizer"].slots:
             for u, unit in enumerate(groups(sizes, bucket_bytes)):
-                size = sum(sizes[i] for i in unit)
                 for state, replica, buffer in zip(whole, replicas, all_gather([s[slot][u] for s in states])):
-                    for i, piece in zip(unit, buffer[:size].split([sizes[i] for i in unit])):
+                    for i, piece in zip(unit, unflat(buffer, unit, sizes)):
                         state[slot][i].copy_(piece.view(replica[i].shape))
     return whole
+
+
+def shard_params(replicas, bucket_bytes=None):
+    """ZeRO stage 3: each device's whole parameters cut to the slices it owns, as shard_states cuts a slot, the owned
+    slice copied (a plain tensor, no gradient: the update's) so that nothing keeps the whole ones alive, as FSDP
+    frees a parameter's storage between steps. "like" keeps what gather_params makes them again from, no values:
+    each one's torch.empty_strided arguments (shape, strides: a channels-last kernel's, dtype, device,
+    requires_grad)."""
+    rank, world = world_of(replicas)
+    units = groups([p.numel() for p in replicas[0]], bucket_bytes)
+    sharded = []
+    with torch.no_grad():
+        for device, replica in enumerate(replicas):
+            owner = owner_index(rank, len(replicas), device)
+            sharded.append({"shard": (owner, world),
+                            "slices": [owned(replica, unit, world, owner).clone() for unit in units],
+                            "like": [{"size": p.shape, "stride": p.stride(), "dtype": p.dtype, "device": p.device,
+                                      "requires_grad": p.requires_grad} for p in replica]})
+    return sharded
+
+
+def gather_params(replicas, bucket_bytes=None):
+    """shard_params' inverse, the all-gather before stage 3's forward: every unit's slices all_gather'ed (every
+    device's and process's) and copied into new leaf tensors of each parameter's shape and strides on its device,
+    requiring gradients as get_params makes them: fresh inputs for loss_and_grads (a compiled forward takes the
+    parameters as arguments: nothing recompiles), dropped by the caller when its step is done."""
+    sizes = [like["size"].numel() for like in replicas[0]["like"]]
+    whole = [[None] * len(sizes) for _ in replicas]
+    with torch.no_grad():
+        for u, unit in enumerate(groups(sizes, bucket_bytes)):
+            for params, replica, buffer in zip(whole, replicas, all_gather([r["slices"][u] for r in replicas])):
+                for i, piece in zip(unit, unflat(buffer, unit, sizes)):
+                    like = replica["like"][i]
+                    params[i] = torch.empty_strided(**like).copy_(piece.view(like["size"]))
+    return whole
+
+
+def world_of(replicas):
+    """(this process's rank, the world's devices: every process's count of local `replicas`)."""
+    rank, processes = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    return rank, processes * len(replicas)
+
+
+def flat(tensors, unit, world):
+    """A unit's tensors in one new buffer, in PyTorch's element order (reshape's: the shape's, whatever the strides),
+    zero-padded to `world` equal slices (common.zero.flat)."""
+    buffer = torch.cat([tensors[i].reshape(-1) for i in unit])
+    return F.pad(buffer, (0, chunk(buffer.numel(), world) * world - buffer.numel()))
+
+
+def owned(tensors, unit, world, owner):
+    """Device `owner`'s slice of flat's buffer (common.zero.bounds): a view of it."""
+    return flat(tensors, unit, world).tensor_split(world)[owner]
+
+
+def unflat(buffer, unit, sizes):
+    """A unit's whole flat (padded) buffer cut back into its tensors' flat pieces (views), the padding dropped."""
+    return buffer[:sum(sizes[i] for i in unit)].split([sizes[i] for i in unit])
 
 
 def unscale_gradients(grads, scale):
@@ -186,30 +239,25 @@ def sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes=
                    allreduce_dtype="fp32", units=None):
     """ZeRO's half of the step once every device has its gradients (common/zero.py), `shard` its stage: each
     device's slices of the summed gradients, a cut of allreduce_gradients' sums ('optimizer': the replicated step's
-    all-reduce) or reduce_scatter's ('gradients': no device holds a whole sum); fp16's unscaling of the slices, an
-    overflow on any device of any process skipping every device's update; the clipping norm summed from every
-    device's slices (an all-reduce of one number a device); each device's update of the parameter slices it owns
-    (optimizer.apply with its sharded state, or the recipe's sgd); the updated slices all_gather'ed back into every
-    replica, in place."""
-    if shard not in ("optimizer", "gradients"):
-        raise RosettaError(f"the scratch step shards 'optimizer' or 'gradients', not {shard!r}")
-    rank, processes = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    world, sizes = processes * len(replicas), [p.numel() for p in replicas[0]]
+    all-reduce) or reduce_scatter's ('gradients', 'parameters': no device holds a whole sum); fp16's unscaling of the
+    slices, an overflow on any device of any process skipping every device's update; the clipping norm summed from
+    every device's slices (an all-reduce of one number a device); each device's update of the parameter slices it
+    owns (optimizer.apply with its sharded state, or the recipe's sgd); the updated slices all_gather'ed back into
+    every replica, in place. At 'parameters' the replicas are shard_params' and their own slices are what is
+    updated, in place: nothing is gathered after, the next step's gather_params does it."""
+    if shard not in ("optimizer", "gradients", "parameters"):
+        raise RosettaError(f"the scratch step shards 'optimizer', 'gradients' or 'parameters', not {shard!r}")
+    rank, world = world_of(replicas)
+    sizes = [g.numel() for g in grads[0]]   # the parameters': a sharded replica holds none whole
     owners = [owner_index(rank, len(replicas), device) for device in range(len(replicas))]
     unit_list = groups(sizes, bucket_bytes)
-
-    def flat(tensors, unit):
-        """A unit's tensors in one buffer, in PyTorch's element order (reshape's, whatever the strides), padded."""
-        buffer = torch.cat([tensors[i].reshape(-1) for i in unit])
-        return F.pad(buffer, (0, chunk(buffer.numel(), world) * world - buffer.numel()))
-
     with torch.no_grad():
         if shard == "optimizer":
             allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
-            slices = [[flat(device_grads, unit).tensor_split(world)[owner] for unit in unit_list]
+            slices = [[owned(device_grads, unit, world, owner) for unit in unit_list]
                       for device_grads, owner in zip(grads, owners)]
         else:
-            scattered = [reduce_scatter([flat(device_grads, unit) for device_grads in grads], allreduce_dtype)
+            scattered = [reduce_scatter([flat(device_grads, unit, world) for device_grads in grads], allreduce_dtype)
                          for unit in unit_list]
             slices = [list(device_slices) for device_slices in zip(*scattered)]
         if scaler is not None:
@@ -222,17 +270,21 @@ def sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes=
         if states is not None and states[0]["optimizer"].clip_norm is not None:
             means = [[g / batch_size for g in device_slices] for device_slices in slices]
             norms = [total.sqrt() for total in allreduce([sum((g * g).sum() for g in mean) for mean in means])]
-        params = [[flat(replica, unit).tensor_split(world)[owner] for unit in unit_list]
-                  for replica, owner in zip(replicas, owners)]
+        if shard == "parameters":
+            params = [replica["slices"] for replica in replicas]   # each device's own, kept between steps
+        else:
+            params = [[owned(replica, unit, world, owner) for unit in unit_list]
+                      for replica, owner in zip(replicas, owners)]
         for device, (device_params, device_slices) in enumerate(zip(params, slices)):
             if states is None:
                 sgd(device_params, device_slices, lr, batch_size, units)
             else:
                 optimizer.apply(device_params, device_slices, states[device], lr, batch_size, norm=norms[device])
+        if shard == "parameters":
+            return
         for u, unit in enumerate(unit_list):
-            size = sum(sizes[i] for i in unit)
             for replica, buffer in zip(replicas, all_gather([device_params[u] for device_params in params])):
-                for i, piece in zip(unit, buffer[:size].split([sizes[i] for i in unit])):
+                for i, piece in zip(unit, unflat(buffer, unit, sizes)):
                     replica[i].copy_(piece.view(replica[i].shape))   # into its strides (channels-last too)
 
 
@@ -245,15 +297,24 @@ def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, 
     unscaled after the all-reduce, and the update is skipped where one is not finite (every replica sees the same
     sums, so every one skips). With `shard` other than 'none' (ZeRO, common/zero.py) whole states are cut to their
     owned slices on the first call (shard_states, into the caller's list) and sharded_update makes the rest of the
-    step. Returns each device's summed loss and each replica's new BatchNorm state (kept when the update is
-    skipped)."""
+    step. At 'parameters' (stage 3) the replicas are cut too on the first call (shard_params, into the caller's list,
+    so the whole ones are freed) and every step gathers them (gather_params) for its forward and backward, dropped
+    once the step returns: between steps a device holds its slices alone. Returns each device's summed loss and each
+    replica's new BatchNorm state (kept when the update is skipped; replicated at every stage, as FSDP keeps
+    buffers)."""
     units = units or UNITS
     scale = 1.0 if scaler is None else scaler.scale
-    losses, grads, new_bn_states = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
+    whole = replicas
+    if shard == "parameters":
+        if not isinstance(replicas[0], dict):
+            replicas[:] = shard_params(replicas, bucket_bytes)
+        whole = gather_params(replicas, bucket_bytes)
+    losses, grads, new_bn_states = accumulated(units["loss_and_grads"], model, whole, bn_states, X_shards,
                                                y_shards, devices, accumulate, scale)
     if shard != "none":
         if states is not None and "shard" not in states[0]:
-            states[:] = shard_states(states, replicas, bucket_bytes)
+            states[:] = shard_states(states, whole, bucket_bytes)
+        del whole   # stage 3: the gathered parameters go before the update; the gradients are all it needs
         sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes, scaler, allreduce_dtype, units)
         return losses, new_bn_states
     allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
@@ -273,8 +334,9 @@ UNITS = {"update": update, "loss_and_grads": loss_and_grads, "step_on_shards": s
 
 def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, states=None, settings=StepSettings()):
     """One step of the network `model` on a numpy batch (common.interface.CONTRACT): the replicas and states in place
-    (under settings.shard the list holds shard_states' states from the first step on), the new running statistics
-    into bn_states' slots, settings.scaler's scale moved on. Returns the mean loss (unscaled)."""
+    (under settings.shard the list holds shard_states' states from the first step on, and at 'parameters' the
+    replicas' list shard_params' slices), the new running statistics into bn_states' slots, settings.scaler's scale
+    moved on. Returns the mean loss (unscaled)."""
     units = settings.units or UNITS
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, bn_states[:] = units["step_on_shards"](model, replicas, bn_states, X_shards, y_shards, devices, lr,

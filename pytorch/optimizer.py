@@ -5,6 +5,8 @@ import typing
 import warnings
 
 import torch
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim import lr_scheduler
 
 from common import lenet, resnet
@@ -154,7 +156,9 @@ class Trainer(typing.NamedTuple):
         if self.names is None:
             raise ValueError(f"a state for {len(params)} parameters with no names (get_trainer's names)")
         slots = sorted({key.split(".", 1)[0] for key in state if key != "step"})
-        saved = optimizer.state_dict()
+        # torch.optim.Optimizer's own packing (the groups, their parameters by number): a ZeroRedundancyOptimizer's
+        # state_dict() needs a consolidation first, a collective, and packs the same groups
+        saved = torch.optim.Optimizer.state_dict(optimizer)
         saved["state"] = {}
         for i, (p, name) in enumerate(zip(params, self.names)):
             buffers = {slot: buffer_like(p, state[f"{slot}.{name}"]) for slot in slots}
@@ -170,9 +174,15 @@ class Trainer(typing.NamedTuple):
 
 def buffer_like(p, array):
     """The canonical array as a buffer of parameter p: on its device, with its strides (empty_like keeps a dense
-    tensor's); an array of another shape as it is."""
+    tensor's); an array of another shape as it is. FSDP2's parameter is a DTensor (its shape the whole one's): the
+    buffer is then this rank's shard of the array, placed as the parameter is (every rank holds the whole array, so
+    distribute_tensor takes its own chunk, with no collective: src_data_rank None)."""
     t = torch.tensor(array, device=p.device)
-    return torch.empty_like(p, requires_grad=False).copy_(t) if t.shape == p.shape else t
+    if t.shape != p.shape:
+        return t
+    if isinstance(p, DTensor):
+        return distribute_tensor(t, p.device_mesh, p.placements, src_data_rank=None)
+    return torch.empty_like(p, requires_grad=False).copy_(t)
 
 
 def get_schedule(torch_optimizer, optimizer):
@@ -197,26 +207,29 @@ def get_schedule(torch_optimizer, optimizer):
     return lr_scheduler.SequentialLR(torch_optimizer, [linear, after], milestones=[warmup])
 
 
-def get_trainer(parameters, optimizer, state=None, names=None):
+def get_trainer(parameters, optimizer, state=None, names=None, zero=False):
     """torch.optim's own classes with the spec's hyperparameters and its defaults for the rest (dampening 0, no
     amsgrad, no lr_decay): plain sgd is SGD without momentum; weight_decay is L2 in the gradient, except in AdamW, on
     every parameter (one group: BatchNorm's weight and bias and every bias too, torch.optim's default). `names`: the
     parameters' canonical names in their order (the network's PARAM_NAMES), which the canonical state needs (None:
     the LeNet's or the ResNet's, by their number). With a canonical `state` (a checkpoint's), the trainer goes on from
-    it (Trainer.load)."""
+    it (Trainer.load). `zero` (--shard optimizer): torch.distributed.optim.ZeroRedundancyOptimizer, which takes the
+    class and its hyperparameters, wraps it and keeps each rank's share of the state alone."""
     o, parameters = optimizer, list(parameters)
     if o.name in ("sgd", "momentum", "nesterov"):
-        torch_optimizer = torch.optim.SGD(parameters, lr=o.lr, momentum=0.0 if o.name == "sgd" else o.momentum,
-                                          nesterov=o.name == "nesterov", weight_decay=o.weight_decay)
+        torch_class, hyper = torch.optim.SGD, dict(lr=o.lr, momentum=0.0 if o.name == "sgd" else o.momentum,
+                                                   nesterov=o.name == "nesterov", weight_decay=o.weight_decay)
     elif o.name == "rmsprop":
-        torch_optimizer = torch.optim.RMSprop(parameters, lr=o.lr, alpha=o.alpha, eps=o.eps,
-                                              weight_decay=o.weight_decay, momentum=o.momentum, centered=o.centered)
+        torch_class, hyper = torch.optim.RMSprop, dict(lr=o.lr, alpha=o.alpha, eps=o.eps, weight_decay=o.weight_decay,
+                                                       momentum=o.momentum, centered=o.centered)
     elif o.name == "adagrad":   # Adagrad's own eps is 1e-10; its sum starts at 0 and its rate does not decay
-        torch_optimizer = torch.optim.Adagrad(parameters, lr=o.lr, eps=o.eps, weight_decay=o.weight_decay,
-                                              initial_accumulator_value=0.0)
+        torch_class, hyper = torch.optim.Adagrad, dict(lr=o.lr, eps=o.eps, weight_decay=o.weight_decay,
+                                                       initial_accumulator_value=0.0)
     else:
-        adam = torch.optim.AdamW if o.decoupled else torch.optim.Adam
-        torch_optimizer = adam(parameters, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        torch_class = torch.optim.AdamW if o.decoupled else torch.optim.Adam
+        hyper = dict(lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+    torch_optimizer = (ZeroRedundancyOptimizer(parameters, torch_class, **hyper) if zero
+                       else torch_class(parameters, **hyper))
     names = NAMES_BY_COUNT.get(len(parameters)) if names is None else tuple(names)
     trainer = Trainer(torch_optimizer, get_schedule(torch_optimizer, o), o.clip_norm, names)
     if state is not None:

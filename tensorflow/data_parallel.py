@@ -124,45 +124,13 @@ def all_gather(slices):
     return buffers
 
 
-def owners(count):
-    """The slices this process's `count` devices own (common.zero.owner_index; the strategy's task is the process's
-    rank) and the world's device count."""
-    rank, processes = dist.task()
-    return [owner_index(rank, count, d) for d in range(count)], processes * count
-
-
-def flat(tensors, world):
-    """A unit's tensors in one buffer on the first one's device, in TensorFlow's element order (tf.reshape's: a
-    kernel's HWIO), zero-padded to world * common.zero.chunk elements."""
-    with tf.device(tensors[0].device):
-        buffer = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
-        size = buffer.shape.num_elements()
-        return tf.pad(buffer, [[0, chunk(size, world) * world - size]])
-
-
-def owned(tensors, owner, world):
-    """Device `owner`'s slice of a unit's flat padded buffer (common.zero.bounds)."""
-    buffer = flat(tensors, world)
-    start, stop = bounds(buffer.shape.num_elements(), world, owner)
-    with tf.device(tensors[0].device):
-        return buffer[start:stop]
-
-
-def unflat(buffer, tensors):
-    """A unit's flat (padded) buffer cut back into its `tensors`' shapes, on the buffer's device."""
-    sizes = [t.shape.num_elements() for t in tensors]
-    with tf.device(buffer.device):
-        pieces = tf.split(buffer[:sum(sizes)], sizes)
-        return [tf.reshape(piece, t.shape) for piece, t in zip(pieces, tensors)]
-
-
 def shard_states(states, replicas, bucket_bytes=None):
     """Each device's whole state cut to the slices it owns (common/zero.py): every slot's buffers of a unit
     flattened in TensorFlow's element order, zero-padded and cut into the world's slices; the owned one a new
     tf.Variable on the device (the step's assigns need one), so that the whole buffers can go. The step count is the
     same tf.Variable."""
     unit_list = groups([p.shape.num_elements() for p in replicas[0]], bucket_bytes)
-    device_owners, world = owners(len(replicas))
+    device_owners, world = owners(replicas)
     sharded = []
     for state, owner in zip(states, device_owners):
         sliced = {"optimizer": state["optimizer"], "step": state["step"], "shard": (owner, world)}
@@ -189,9 +157,78 @@ def gather_states(states, replicas, bucket_bytes=None):
         for u, unit in enumerate(unit_list):
             for state, buffer in zip(whole, all_gather([s[slot][u] for s in states])):
                 buffers = [state[slot][i] for i in unit]
-                for b, piece in zip(buffers, unflat(buffer, buffers)):
+                for b, piece in zip(buffers, unflat(buffer, [b.shape for b in buffers])):
                     b.assign(piece)
     return whole
+
+
+def shard_params(replicas, bucket_bytes=None):
+    """Each device's whole replica cut to the slices it owns, as shard_states cuts a slot: a unit's variables
+    flattened in TensorFlow's element order, padded and cut; the owned slice a new tf.Variable on the device (the
+    step's update assigns it in place, as it assigns a weight), so that the whole variables can go. "like" holds
+    their shapes (tuples: a traced step keys on it) and their device. Made eagerly (train_step): a traced step cannot
+    make variables."""
+    unit_list = groups([p.shape.num_elements() for p in replicas[0]], bucket_bytes)
+    device_owners, world = owners(replicas)
+    sharded = []
+    for replica, owner in zip(replicas, device_owners):
+        with tf.device(replica[0].device):
+            slices = [tf.Variable(owned([replica[i] for i in unit], owner, world), name=f"unit{u}")
+                      for u, unit in enumerate(unit_list)]
+        like = {"shapes": tuple(tuple(p.shape.as_list()) for p in replica), "device": replica[0].device}
+        sharded.append({"shard": (owner, world), "slices": slices, "like": like})
+    return sharded
+
+
+def gather_params(replicas, bucket_bytes=None):
+    """shard_params' inverse: every unit's slices all_gather'ed and cut back into the parameters' shapes on each
+    device. Tensors, not tf.Variables: the traced step gathers them at every step and can make no variable there
+    (nor should any hold the whole parameters between steps); the networks' tapes watch them (lenet.py, resnet.py),
+    and to_numpy and evaluate read them as a replica's variables. A collective across processes."""
+    shapes = [tf.TensorShape(shape) for shape in replicas[0]["like"]["shapes"]]
+    whole = [[None] * len(shapes) for _ in replicas]
+    for u, unit in enumerate(groups([shape.num_elements() for shape in shapes], bucket_bytes)):
+        for params, buffer in zip(whole, all_gather([replica["slices"][u] for replica in replicas])):
+            for i, piece in zip(unit, unflat(buffer, [shapes[i] for i in unit])):
+                params[i] = piece
+    return whole
+
+
+def world_of(replicas):
+    """(this process's rank, the strategy's task; the world's devices: every process's count of local `replicas`)."""
+    rank, processes = dist.task()
+    return rank, processes * len(replicas)
+
+
+def owners(replicas):
+    """The slices this process's devices own (common.zero.owner_index) and the world's device count."""
+    rank, world = world_of(replicas)
+    return [owner_index(rank, len(replicas), d) for d in range(len(replicas))], world
+
+
+def flat(tensors, world):
+    """A unit's tensors in one buffer on the first one's device, in TensorFlow's element order (tf.reshape's: a
+    kernel's HWIO), zero-padded to world * common.zero.chunk elements."""
+    with tf.device(tensors[0].device):
+        buffer = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
+        size = buffer.shape.num_elements()
+        return tf.pad(buffer, [[0, chunk(size, world) * world - size]])
+
+
+def owned(tensors, owner, world):
+    """Device `owner`'s slice of a unit's flat padded buffer (common.zero.bounds)."""
+    buffer = flat(tensors, world)
+    start, stop = bounds(buffer.shape.num_elements(), world, owner)
+    with tf.device(tensors[0].device):
+        return buffer[start:stop]
+
+
+def unflat(buffer, shapes):
+    """A unit's flat (padded) buffer cut back into its tensors' `shapes` (tf.TensorShapes), on the buffer's device."""
+    sizes = [shape.num_elements() for shape in shapes]
+    with tf.device(buffer.device):
+        pieces = tf.split(buffer[:sum(sizes)], sizes)
+        return [tf.reshape(piece, shape) for piece, shape in zip(pieces, shapes)]
 
 
 def unscale_gradients(grads, scale):
@@ -282,7 +319,7 @@ class Slice:
     """A device's slice of a unit's parameters as optimizer.apply and update write it: a tensor that assign and
     assign_sub replace (and that apply's products read). The slice of a replica's variables is a new tensor, not a
     variable, and a traced step cannot make one to hold it; the updated slices reach the replicas' variables through
-    the all-gather."""
+    the all-gather (stages 1 and 2: at stage 3 the slices a device holds are variables, shard_params')."""
 
     def __init__(self, value, device):
         self.value, self.device = value, device
@@ -303,16 +340,17 @@ def sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes=
                    allreduce_dtype="fp32"):
     """ZeRO's half of the step once every device has its gradients (common/zero.py), `shard` its stage: each
     device's slices of the summed gradients, a cut of allreduce_gradients' sums ('optimizer': the replicated step's
-    all-reduce) or reduce_scatter's ('gradients': no device holds a whole sum); under a loss `scale` the slices
-    unscaled, an overflow on any device of any process skipping every device's update (a tf.cond, as the replicated
-    step's); the clipping norm summed from every device's slices (an all-reduce of one number a device); each
-    device's update of the parameter slices it owns (optimizer.apply with its sharded state, or the recipe's sgd);
-    the updated slices all_gather'ed back into every replica's variables. Returns whether the gradients were finite
-    (None without a scale)."""
-    if shard not in ("optimizer", "gradients"):
-        raise RosettaError(f"the scratch step shards 'optimizer' or 'gradients', not {shard!r}")
-    device_owners, world = owners(len(replicas))
-    unit_list = groups([p.shape.num_elements() for p in replicas[0]], bucket_bytes)
+    all-reduce) or reduce_scatter's ('gradients', 'parameters': no device holds a whole sum); under a loss `scale` the
+    slices unscaled, an overflow on any device of any process skipping every device's update (a tf.cond, as the
+    replicated step's); the clipping norm summed from every device's slices (an all-reduce of one number a device);
+    each device's update of the parameter slices it owns (optimizer.apply with its sharded state, or the recipe's
+    sgd); the updated slices all_gather'ed back into every replica's variables, or at 'parameters' (the replicas
+    shard_params') the slices a device holds updated in place and nothing gathered: the next step gathers them
+    before its forward. Returns whether the gradients were finite (None without a scale)."""
+    if shard not in ("optimizer", "gradients", "parameters"):
+        raise RosettaError(f"the scratch step shards 'optimizer', 'gradients' or 'parameters', not {shard!r}")
+    device_owners, world = owners(replicas)
+    unit_list = groups([g.shape.num_elements() for g in grads[0]], bucket_bytes)   # the parameters' own sizes
     if shard == "optimizer":
         grads = allreduce_gradients(grads, bucket_bytes, allreduce_dtype)
         slices = [[owned([device_grads[i] for i in unit], owner, world) for unit in unit_list]
@@ -334,25 +372,36 @@ def sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes=
                 squares.append(tf.add_n([tf.reduce_sum(tf.square(tf.cast(g / batch_size, tf.float64)))
                                          for g in device_slices]))
         norms = [tf.sqrt(total) for total in allreduce(squares)]
+
+    def apply_to(held):
+        """Each device's update of the parameter slices it holds (held[d]), in place."""
+        for d, (device_held, device_slices) in enumerate(zip(held, slices)):
+            if states is None:
+                sgd(device_held, device_slices, lr, batch_size)
+            else:
+                optimizer.apply(device_held, device_slices, states[d], lr, batch_size, norm=norms[d])
+
+    if shard == "parameters":   # the slices are the device's own variables: assigned, and that is all
+        held = [replica["slices"] for replica in replicas]
+        if scale is None:
+            apply_to(held)
+        else:
+            tf.cond(finite, lambda: apply_to(held), lambda: None)
+        return finite
     params = [[owned([replica[i] for i in unit], owner, world) for unit in unit_list]
               for replica, owner in zip(replicas, device_owners)]
 
     def update_slices():
-        updated = []
-        for d, (device_params, device_slices) in enumerate(zip(params, slices)):
-            held = [Slice(p, replicas[d][0].device) for p in device_params]
-            if states is None:
-                sgd(held, device_slices, lr, batch_size)
-            else:
-                optimizer.apply(held, device_slices, states[d], lr, batch_size, norm=norms[d])
-            updated.append([h.value for h in held])
-        return updated
+        held = [[Slice(p, replica[0].device) for p in device_params]
+                for replica, device_params in zip(replicas, params)]
+        apply_to(held)
+        return [[h.value for h in device_held] for device_held in held]
 
     updated = update_slices() if scale is None else tf.cond(finite, update_slices, lambda: params)
     for u, unit in enumerate(unit_list):
         for replica, buffer in zip(replicas, all_gather([device_params[u] for device_params in updated])):
             variables = [replica[i] for i in unit]
-            for v, piece in zip(variables, unflat(buffer, variables)):
+            for v, piece in zip(variables, unflat(buffer, [v.shape for v in variables])):
                 with tf.device(v.device):
                     v.assign(piece)
     return finite
@@ -370,9 +419,13 @@ def step_on_shards(model, replicas, bn_states, X_shards, y_shards, devices, lr, 
     it is traced per model, device list, optimizer, bucket size, units and dtype on the wire (Python values), and
     whether it scales; lr, batch_size and the scale are tensors, and reduce_retracing turns the shard shapes into
     None after the first new shape. With `shard` other than 'none' (ZeRO, common/zero.py) the states are
-    shard_states' and sharded_update makes the rest of the step (traced per shard too)."""
+    shard_states' and sharded_update makes the rest of the step (traced per shard too); at 'parameters' the
+    replicas are shard_params', gathered (gather_params) into whole parameters for the forward and backward alone:
+    in a graph they are its intermediate tensors, gone when the step returns, and the held slices it takes are the
+    same variables every step (one trace)."""
     units = units or UNITS
-    losses, grads, bn_states = accumulated(units["loss_and_grads"], model, replicas, bn_states, X_shards,
+    whole = gather_params(replicas, bucket_bytes) if shard == "parameters" else replicas
+    losses, grads, bn_states = accumulated(units["loss_and_grads"], model, whole, bn_states, X_shards,
                                            y_shards, devices, accumulate, scale)
     if shard != "none":
         return losses, bn_states, sharded_update(replicas, grads, states, lr, batch_size, shard, bucket_bytes, scale,
@@ -395,11 +448,16 @@ def train_step(model, replicas, bn_states, X, y, devices, lr, batch_size=None, s
     get the new running statistics. With settings.scaler the step runs at its scale and the scaler takes the step's
     check (one host read): the step has already skipped its update where scaler.update(finite) says so, since that
     returns `finite` itself. Under settings.shard whole states are cut to their owned slices (shard_states, into
-    the caller's list) before the first step: eagerly, since a traced step cannot make their variables."""
+    the caller's list) before the first step, and at 'parameters' the whole replicas too (shard_params: the list
+    then holds the slices alone, the whole variables free to go): eagerly, since a traced step cannot make their
+    variables."""
     units = settings.units or UNITS
     scaler = settings.scaler
     if settings.shard != "none" and states is not None and "shard" not in states[0]:
-        states[:] = shard_states(states, replicas, settings.bucket_bytes)
+        whole = gather_params(replicas, settings.bucket_bytes) if isinstance(replicas[0], dict) else replicas
+        states[:] = shard_states(states, whole, settings.bucket_bytes)
+    if settings.shard == "parameters" and not isinstance(replicas[0], dict):
+        replicas[:] = shard_params(replicas, settings.bucket_bytes)
     X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
     losses, new_states, finite = units["step_on_shards"](
         model, replicas, list(bn_states), X_shards, y_shards, tuple(devices),

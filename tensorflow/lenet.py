@@ -90,8 +90,10 @@ def scaled(loss, scale=None):
 
 def device_loss_and_grads(params, X, y, layout=DEFAULT_LAYOUT, precision="fp32", scale=None):
     """One device's part of the step: its shard's summed loss and the gradients (of the loss times `scale`, if
-    given: the loss returned is unscaled), the forward at `precision`."""
+    given: the loss returned is unscaled), the forward at `precision`. The parameters watched: tf.Variables, or
+    the tensors ZeRO's stage 3 gathers (data_parallel.gather_params)."""
     with tf.GradientTape() as tape:
+        tape.watch(params)
         loss = loss_sum(forward(params, X, layout, precision), y)
         target = scaled(loss, scale)
     return loss, tape.gradient(target, params)

@@ -16,14 +16,16 @@ keras = tf.keras
 
 def init_state(replica, optimizer):
     """The step count and a zero buffer per slot and parameter, each a tf.Variable on its parameter's device: the
-    compiled step assigns them, as it assigns the weights."""
+    compiled step assigns them, as it assigns the weights. Named after the parameter's variable; a gathered
+    parameter (data_parallel.gather_params) is a tensor, which eagerly has no name: the slot's alone then."""
     with tf.device(replica[0].device):
         state = {"optimizer": optimizer, "step": tf.Variable(0, dtype=tf.int64, name="step")}
     for slot in optimizer.slots:
         state[slot] = []
         for p in replica:
             with tf.device(p.device):
-                state[slot].append(tf.Variable(tf.zeros_like(p), name=f"{slot}.{p.name.split(':')[0]}"))
+                name = f"{slot}.{p.name.split(':')[0]}" if isinstance(p, tf.Variable) else slot
+                state[slot].append(tf.Variable(tf.zeros_like(p), name=name))
     return state
 
 

@@ -174,13 +174,16 @@ def loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync=False,
     """The devices' summed losses and each replica's gradients, on its device, from one tape over the whole lock-step
     forward at `precision`: with sync, a replica's gradient includes what reaches it through the other shards'
     statistics; with `scale` (a tensor), the gradients of every loss times it (the losses returned are unscaled).
-    Also the replicas' new BatchNorm states."""
+    Also the replicas' new BatchNorm states. The parameters watched: tf.Variables, or the tensors ZeRO's stage 3
+    gathers (data_parallel.gather_params)."""
+    params = [p for device_params in replicas for p in device_params]
     with tf.GradientTape() as tape:
+        tape.watch(params)
         logits, new_states = forward_shards(replicas, bn_states, X_shards, devices, True, CANONICAL_BN, sync, layout,
                                             precision)
         losses = on_devices(devices, loss_sum, logits, y_shards)
         targets = on_devices(devices, lambda loss: scaled(loss, scale), losses)
-    grads = tape.gradient(targets, [p for params in replicas for p in params])   # of the losses' sum
+    grads = tape.gradient(targets, params)   # of the losses' sum
     n = len(PARAM_NAMES)
     # on their devices: the tape builds them outside every tf.device scope, and a cross-process all-reduce needs it
     return losses, [on_devices([d] * n, tf.identity, grads[i * n:(i + 1) * n]) for i, d in enumerate(devices)], \

@@ -155,10 +155,11 @@ def fw(request):
 # cost of seconds of compiling each, what it proves: a concept on more devices or shapes than the fast case, or the
 # third JAX program of a kind; the ResNet's conversions (the LeNet's are fast). The slow tier runs them, with the rest.
 SLOW_REPEATS = {
-    # sharding: each framework's stage 2 on 3 devices (padding, buckets, AdamW, clipping) is fast; stage 1 and the
-    # momentum case repeat it
+    # sharding: each framework's stages 2 and 3 on 3 devices (padding, buckets, AdamW, clipping) are fast; stage 1 and
+    # the momentum cases repeat them
     *[f"test_zero.py::test_a_sharded_epoch_is_the_replicated_one[{name}-{case}]" for name in FRAMEWORKS
-      for case in ("optimizer-momentum-2-per-tensor", "optimizer-adamw-3-bucketed", "gradients-momentum-2-per-tensor")],
+      for case in ("optimizer-momentum-2-per-tensor", "optimizer-adamw-3-bucketed", "gradients-momentum-2-per-tensor",
+                   "parameters-momentum-2-per-tensor")],
     # the same concept in the other frameworks, fast
     "test_execution.py::test_steps_configured_differently_run_one_after_the_other_with_no_reset[jax]",
     "test_expert.py::test_the_expert_step_is_the_recipe_s_step[jax]",

@@ -79,6 +79,9 @@ class Lockstep:
     def state_bytes(self):
         return None   # no optimizer state
 
+    def parameter_bytes(self):
+        return None
+
     def replica_bn_states(self):
         return []
 

@@ -142,7 +142,11 @@ def test_the_framework_folders_hold_the_same_files():
 # grad_scaler: the GradScaler both engines hold, where Keras wraps the optimizer and MXNet sets the Trainer's scaler;
 # a PyTorch program's own checkpoint, one torch.save of the model's, torch.optim's and GradScaler's state_dicts, which
 # the converter reads: its parts, and the state, optimizer and scaler inside it)
-PYTORCH_ONLY = {"builtin.py": {"primitives_step", "bf16_hook", "bf16_on_gloo"},
+# (FSDP2 and ZeroRedundancyOptimizer, the engines for --shard: fully_sharded and its blocks, their modules' and
+# optimizers' unwrapping (module_of, optimizer_of, local), the bytes a device holds (state_bytes, parameter_bytes: JAX's
+# engine shards too, TensorFlow's and MXNet's do not), EXEC by the engine a model runs)
+PYTORCH_ONLY = {"builtin.py": {"primitives_step", "bf16_hook", "bf16_on_gloo", "fully_sharded", "blocks", "module_of",
+                               "optimizer_of", "local", "state_bytes", "parameter_bytes", "EXEC"},
                 "checkpoint.py": {"width_of_state", "model_state", "parts", "general_parts", "holds_state", "steps_of",
                                   "read_optimizer", "read_scaler"},
                 "execution.py": {"compiled_forward"}, "idiomatic.py": {"param_names", "grad_scaler"},

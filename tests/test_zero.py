@@ -1,8 +1,9 @@
 """Sharded data parallelism (--shard, common/zero.py): ZeRO's stages as the spec writes them, then every framework's
-scratch step at stage 1 (the optimizer's state sharded) and stage 2 (the gradients too) against its own replicated
-step. The stages reorder nothing but the clipping norm's sum, so the steps agree to float32 round-off (TOL); a device
+scratch step at stage 1 (the optimizer's state sharded), stage 2 (the gradients too) and stage 3 (the parameters too,
+between steps) against its own replicated step. The stages reorder nothing but the clipping norm's sum, so the steps agree to float32 round-off (TOL); a device
 updating another's slice, a slice cut in the wrong place or a norm summed from one device's slice alone moves a step
-by far more. And the state really is sharded: each device holds its own slices and no more."""
+by far more. And the state really is sharded: each device holds its own slices and no more, of the optimizer's
+state and at stage 3 of the parameters."""
 import numpy as np
 import pytest
 
@@ -99,11 +100,12 @@ CASES = [("momentum", 2, "per-tensor"), ("adamw", 3, "bucketed")]   # 3 devices:
 
 
 @pytest.mark.parametrize("name,devices,allreduce", CASES)
-@pytest.mark.parametrize("shard", ["optimizer", "gradients"])
+@pytest.mark.parametrize("shard", ["optimizer", "gradients", "parameters"])
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_sharded_epoch_is_the_replicated_one(framework, shard, name, devices, allreduce, recipe_runs):
     """An epoch of the LeNet (15 steps under a cosine schedule, weight decay and clipping), sharded and replicated:
-    the same losses and weights; and one device's optimizer state is its slices alone, as common.zero.memory says."""
+    the same losses and weights (gathered, at stage 3, for the evaluation and the digest); and one device holds its
+    slices alone of the optimizer's state, and at stage 3 of the parameters, as common.zero.memory says."""
     framework_or_skip(framework)
     want = recipe_runs(run_spec(framework, "none", name, devices, allreduce), optimizer(name))
     got = recipe_runs(run_spec(framework, shard, name, devices, allreduce), optimizer(name))
@@ -111,8 +113,11 @@ def test_a_sharded_epoch_is_the_replicated_one(framework, shard, name, devices, 
     sizes = [init_weights(0)[n].size for n in PARAM_NAMES]
     units = [sum(sizes[i] for i in unit) for unit in zero.groups(sizes, 25 * 2**20 if allreduce == "bucketed" else None)]
     slots = len(optimizer(name).slots)
-    assert got[2]["optimizer_state_bytes_per_device"] == zero.memory(units, slots, devices, shard)["optimizer state"]
-    assert want[2]["optimizer_state_bytes_per_device"] == zero.memory(units, slots, devices, "none")["optimizer state"]
+    for key, what in (("optimizer_state_bytes_per_device", "optimizer state"), ("parameter_bytes_per_device",
+                                                                               "parameters")):
+        assert got[2][key] == zero.memory(units, slots, devices, shard)[what], key
+        assert want[2][key] == zero.memory(units, slots, devices, "none")[what], key
+    assert got[2]["replica_spread"] == 0.0, "every device gathers the same weights"
 
 
 def numpy_of(t):
@@ -122,30 +127,41 @@ def numpy_of(t):
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_each_device_keeps_its_own_slices_and_gathers_them_back(framework, digits):
-    """After sharded steps (stage 2, Adam's two buffers, 3 devices), device d's state is slice d of every unit of
-    the whole state gather_states rebuilds (each buffer flattened in the framework's own element order, padded), and
-    the whole state reads back (state_to_numpy) as the replicated run's."""
+    """After sharded steps (stage 3, Adam's two buffers, 3 devices), device d holds slice d of every unit, and no
+    more, of the whole parameters gather_params rebuilds and of the whole state gather_states rebuilds (each array
+    flattened in the framework's own element order, padded); both read back (to_numpy, state_to_numpy) as the
+    replicated run's, and every device gathers the same parameters."""
     from conftest import replicas_of, scratch
     fw = framework_or_skip(framework)
     devices, o = fw.get_devices(3), optimizer("adam")
     X, y = digits.X_train[:BATCH], digits.y_train[:BATCH]
     model, settings = scratch(framework)
     runs = {}
-    for shard in ("none", "gradients"):
+    for shard in ("none", "parameters"):
         replicas = replicas_of(fw, init_weights(SEED), devices)
         states = [fw.init_state(r, o) for r in replicas]
         for t in range(3):
             fw.train_step(model, replicas, [None] * 3, X, y, devices, o.learning_rate(t), None, states,
                           settings._replace(shard=shard))
         runs[shard] = replicas, states
-    replicas, states = runs["gradients"]
-    whole = fw.gather_states(states, replicas)
-    for slot in o.slots:
-        for d, state in enumerate(states):
-            assert state["shard"] == (d, 3)
-            for u, unit in enumerate(zero.groups([numpy_of(p).size for p in replicas[0]])):
+    replicas, states = runs["parameters"]
+    params = fw.gather_params(replicas)
+    whole = fw.gather_states(states, params)
+    units = zero.groups([numpy_of(p).size for p in params[0]])
+    for d, replica in enumerate(replicas):
+        assert replica["shard"] == states[d]["shard"] == (d, 3)
+        assert len(replica["slices"]) == len(units)
+        for u, unit in enumerate(units):
+            buffer = zero.flat([numpy_of(params[d][i]) for i in unit], 3)
+            assert np.array_equal(numpy_of(replica["slices"][u]), zero.cut(buffer, 3)[d]), ("weights", d, u)
+            for slot in o.slots:
                 buffer = zero.flat([numpy_of(whole[d][slot][i]) for i in unit], 3)
-                assert np.array_equal(numpy_of(state[slot][u]), zero.cut(buffer, 3)[d]), (slot, d, u)
+                assert np.array_equal(numpy_of(states[d][slot][u]), zero.cut(buffer, 3)[d]), (slot, d, u)
+    weights = [model.to_numpy(p) for p in params]
+    want = model.to_numpy(runs["none"][0][0])
+    for key in want:
+        assert all(np.array_equal(w[key], weights[0][key]) for w in weights[1:]), key
+        assert abs(weights[0][key] - want[key]).max() <= TOL, key
     got, want = fw.state_to_numpy(whole[0], model), fw.state_to_numpy(runs["none"][1][0], model)
     assert got["step"] == want["step"] == 3
     for key in want:
@@ -153,26 +169,138 @@ def test_each_device_keeps_its_own_slices_and_gathers_them_back(framework, digit
             assert abs(got[key] - want[key]).max() <= TOL, key
 
 
-@pytest.mark.slow   # a worker process a device, 12 rows
+@pytest.mark.slow   # three runs of 2 processes
+@pytest.mark.parametrize("framework", ["pytorch"])   # the gather and the cut are every framework's, tested above
+def test_a_sharded_checkpoint_resumes_on_two_processes_bit_for_bit_and_on_one(framework, tmp_path):
+    """A stage-3 run of 2 processes saves each epoch the whole weights and Adam's state, gathered from both ranks'
+    slices; resumed after epoch 1 on 2 processes it ends with the uninterrupted run's weights bit for bit, and on one
+    process of 2 devices, whose step cuts the same slices, too (two summands add up alike in either order)."""
+    from harness.processes.launch import run_workers
+    from harness.training.checkpoints import checkpoint_name
+    framework_or_skip(framework)
+
+    def run(folder, processes, **extra):
+        folder.mkdir()
+        spec = RunSpec(framework=framework, devices=2, processes=processes, shard="parameters", dataset="digits",
+                       epochs=2, batch_size=256, seed=2, threads=1, optimizer="adam", lr=1e-3, weight_decay=5e-4,
+                       weights_out=str(folder / "final.npz"), **extra)
+        records = run_workers(spec, timeout=300)
+        assert all(r["status"] == "ok" for r in records), records[0].get("error")
+        return spec, dict(np.load(folder / "final.npz")), records[0]
+    whole = tmp_path / "whole"
+    spec, weights, record = run(whole, 2, checkpoint_dir=str(whole), checkpoint_every=1)
+    assert record["parameter_bytes_per_device"] * 2 == 4 * 129068
+    for processes in (2, 1):
+        _, again, resumed = run(tmp_path / f"on{processes}", processes,
+                                resume_from=str(whole / checkpoint_name(spec, 1)))
+        assert resumed["first_epoch"] == 1
+        for name, value in weights.items():
+            np.testing.assert_array_equal(again[name], value, err_msg=f"{processes} processes: {name}")
+
+
+@pytest.mark.slow   # a worker process a device, 16 rows
 def test_compare_s_sharded_rows_across_processes_are_the_replicated_ones(tmp_path):
     """The command a user runs: every framework's scratch step on 2 devices in 2 processes, replicated and at
-    stages 1 and 2. Each sharded row's per-step losses are its framework's replicated row's (no clipping: the same
-    sums, bit for bit in every framework as measured), and its optimizer state per device is half the replicated
-    one's (the LeNet's parameters are all of even size: no padding on 2 devices)."""
+    stages 1, 2 and 3. Each sharded row's per-step losses and final weights (its digest) are its framework's
+    replicated row's bit for bit (no clipping: the same sums), its optimizer state per device is half the replicated
+    one's (the LeNet's parameters are all of even size: no padding on 2 devices), and at stage 3 its parameters
+    too."""
     import json
     from conftest import installed_frameworks, run_compare
     out = tmp_path / "shard.json"
     names = [fw.name for fw in installed_frameworks()]
     proc = run_compare("--frameworks", ",".join(names), "--mode", "scratch", "--devices", "2", "--processes", "2",
-                       "--shard", "none,optimizer,gradients", "--optimizer", "momentum", "--epochs", "1",
+                       "--shard", "none,optimizer,gradients,parameters", "--optimizer", "momentum", "--epochs", "1",
                        "--json", str(out), "--csv", str(tmp_path / "shard.csv"), "--plot", str(tmp_path / "shard.png"),
                        timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())["runs"]
-    assert len(rows) == 3 * len(names) and all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
+    assert len(rows) == 4 * len(names) and all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
     for name in names:
         mine = {r["shard"]: r for r in rows if r["framework"] == name}
-        for shard in ("optimizer", "gradients"):
-            assert mine[shard]["step_losses"] == pytest.approx(mine["none"]["step_losses"], rel=TOL), (name, shard)
+        for shard in ("optimizer", "gradients", "parameters"):
+            assert mine[shard]["step_losses"] == mine["none"]["step_losses"], (name, shard)
+            assert mine[shard]["digest"] == mine["none"]["digest"], (name, shard)
             assert 2 * mine[shard]["optimizer_state_bytes_per_device"] == \
                 mine["none"]["optimizer_state_bytes_per_device"] == 4 * 129068, (name, shard)
+            assert mine[shard]["parameter_bytes_per_device"] * (2 if shard == "parameters" else 1) == \
+                mine["none"]["parameter_bytes_per_device"] == 4 * 129068, (name, shard)
+
+
+@pytest.mark.slow   # three worker processes, 2 devices each: about a minute
+def test_jax_s_engine_shards_its_state_as_the_scratch_step_does(tmp_path):
+    """JAX's built-in engine at --shard optimizer and parameters (stages 1 and 3: the Optax state, and the parameters
+    too, placed with NamedSharding and kept so by the jitted step), as a user runs it, on 2 devices in one process
+    (how JAX's engine runs fastest): AdamW with weight decay and clipping (whose global norm XLA sums from the
+    slices). Each sharded row's per-step losses are the replicated row's within 1e-5, and its first device holds the
+    bytes common.zero.memory says: half the Adam state (every LeNet parameter has an axis of even size), and at stage
+    3 half the parameters."""
+    import json
+    from conftest import run_compare
+    framework_or_skip("jax")
+    out = tmp_path / "jax.json"
+    proc = run_compare("--frameworks", "jax", "--mode", "builtin", "--devices", "2", "--processes", "1",
+                       "--shard", "none,optimizer,parameters", "--optimizer", "adamw", "--weight-decay", "0.01",
+                       "--clip-norm", "1.0", "--epochs", "1", "--json", str(out), "--csv", str(tmp_path / "jax.csv"),
+                       "--plot", str(tmp_path / "jax.png"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["shard"]: r for r in json.loads(out.read_text())["runs"]}
+    assert sorted(rows) == ["none", "optimizer", "parameters"]
+    assert all(r["status"] == "ok" for r in rows.values()), {s: r["error"] for s, r in rows.items()}
+    want = np.array(rows["none"]["step_losses"])
+    sizes = [init_weights(0)[n].size for n in PARAM_NAMES]
+    for shard in ("optimizer", "parameters"):
+        got = np.array(rows[shard]["step_losses"])
+        assert got.shape == want.shape and np.all(np.abs(got - want) <= 1e-5 * np.abs(want)), shard
+        held = zero.memory(sizes, 2, 2, shard)
+        assert rows[shard]["optimizer_state_bytes_per_device"] == held["optimizer state"] \
+            < zero.memory(sizes, 2, 2, "none")["optimizer state"], shard
+        assert rows[shard]["parameter_bytes_per_device"] == held["parameters"], shard
+    assert rows["parameters"]["parameter_bytes_per_device"] < rows["optimizer"]["parameter_bytes_per_device"]
+
+
+def most_owned(sizes, world):
+    """The most elements any rank owns under ZeroRedundancyOptimizer's partition: whole parameters, the largest
+    first, each to the rank that owns the fewest elements so far (the lowest such rank)."""
+    owned = [0] * world
+    for size in sorted(sizes, reverse=True):
+        owned[owned.index(min(owned))] += size
+    return max(owned)
+
+
+@pytest.mark.slow   # a worker process a device, 4 rows
+def test_pytorch_s_engines_shard_as_the_scratch_step_does(tmp_path):
+    """compare.py's PyTorch built-in rows on 2 devices in 2 processes, an epoch of the LeNet under AdamW with weight
+    decay, clipping and a cosine schedule: replicated (DDP), and sharded by PyTorch's own engines, DDP with
+    ZeroRedundancyOptimizer (stage 1) and FSDP2's fully_shard (2, 3). Each sharded row's per-step losses are the
+    replicated row's within 1e-5 (ZeroRedundancyOptimizer's weights bit for bit: DDP's all-reduce and the same
+    clipping); FSDP2 keeps common.zero.memory's slices of the optimizer state and of the parameters (it frees the
+    whole parameters after the backward at stage 2 too); ZeroRedundancyOptimizer keeps whole parameters' state, the
+    most on the rank that owns the LeNet's largest, fewer bytes than replicated but more than a half."""
+    import json
+    from conftest import run_compare
+    framework_or_skip("pytorch")
+    out = tmp_path / "engines.json"
+    proc = run_compare("--frameworks", "pytorch", "--mode", "builtin", "--devices", "2", "--processes", "2",
+                       "--shard", "none,optimizer,gradients,parameters", "--optimizer", "adamw", "--weight-decay",
+                       "0.01", "--clip-norm", "1.0", "--lr-schedule", "cosine", "--dataset", "digits", "--epochs", "1",
+                       "--json", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["shard"]: r for r in json.loads(out.read_text())["runs"]}
+    assert sorted(rows) == sorted(zero.SHARDS) and all(r["status"] == "ok" for r in rows.values()), \
+        {s: (r["status"], r["error"]) for s, r in rows.items()}
+    assert [rows[s]["exec"] for s in zero.SHARDS] == ["eager+DDP", "eager+DDP+ZeroRedundancyOptimizer",
+                                                      "eager+FSDP2", "eager+FSDP2"]
+    want = rows["none"]["step_losses"]
+    for shard in zero.SHARDS[1:]:
+        assert rows[shard]["step_losses"] == pytest.approx(want, rel=TOL), shard
+    assert rows["optimizer"]["digest"] == rows["none"]["digest"]
+    sizes = [init_weights(0)[n].size for n in PARAM_NAMES]
+    memory = {shard: zero.memory(sizes, 2, 2, shard) for shard in zero.SHARDS}   # AdamW: 2 slots; per parameter
+    for shard in ("gradients", "parameters"):
+        assert rows[shard]["optimizer_state_bytes_per_device"] == memory[shard]["optimizer state"], shard
+        assert rows[shard]["parameter_bytes_per_device"] == memory["parameters"]["parameters"], shard
+    state = rows["optimizer"]["optimizer_state_bytes_per_device"]
+    assert state == 2 * zero.ITEMSIZE * most_owned(sizes, 2)
+    assert memory["optimizer"]["optimizer state"] < state < memory["none"]["optimizer state"]
+    assert rows["optimizer"]["parameter_bytes_per_device"] == memory["none"]["parameters"]

@@ -185,9 +185,9 @@ def table_cells(runs, timing=False):
         rows = [[*row[:at], r.get("precision") or "fp32", *row[at:]] for row, r in zip(rows, runs)]
     if any((r.get("shard") or "none") != "none" for r in runs):   # after the layout: ZeRO's stage and what it keeps
         at = columns.index("layout") + 1
-        columns = (*columns[:at], "shard", "opt. state/device", *columns[at:])
-        rows = [[*row[:at], r.get("shard") or "none", bytes_cell(r.get("optimizer_state_bytes_per_device")),
-                 *row[at:]] for row, r in zip(rows, runs)]
+        columns = (*columns[:at], "shard", "params/device", "opt. state/device", *columns[at:])
+        rows = [[*row[:at], r.get("shard") or "none", bytes_cell(r.get("parameter_bytes_per_device")),
+                 bytes_cell(r.get("optimizer_state_bytes_per_device")), *row[at:]] for row, r in zip(rows, runs)]
     if any((r.get("accumulate") or 1) > 1 for r in runs):   # after the layout: the micro-batches per update
         at = columns.index("layout") + 1
         columns = (*columns[:at], "accumulate", *columns[at:])

@@ -11,7 +11,7 @@ from common.lenet import INITS
 from common.models import BN_MODES, DEFAULT_WIDTH, MODELS, RESNET_SGD_LR, check
 from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, SCHEDULES, default_momentum
 from common.precision import PRECISIONS, WIRE_DTYPES
-from common.zero import STEP_SHARDS
+from common.zero import SHARDS
 
 from ..cli import HelpFormatter, Parser, float_list, host_list, int_list, name_list
 from ..processes.cluster import DEFAULT_PORT, ONE_HOST, Cluster
@@ -93,11 +93,13 @@ def parse_args(argv, description=None):
                         "recipe: one all-reduce per parameter) or bucketed (DDP's way: flattened into buckets of "
                         f"{BUCKET_MB} MiB, one all-reduce each; common/buckets.py); also JAX's built-in step, whose "
                         "psum is written by hand (the others sum their own way); comma-separated")
-    g.add_argument("--shard", type=name_list(STEP_SHARDS, "shard setting"), default=default("shard"),
+    g.add_argument("--shard", type=name_list(SHARDS, "shard setting"), default=default("shard"),
                    help="ZeRO's sharded data parallelism in the scratch step (common/zero.py): none (the recipe: "
                         "everything replicated), optimizer (stage 1: each device keeps and updates its slice of the "
                         "optimizer state, then all-gathers the parameters), gradients (stage 2: a reduce-scatter in "
-                        "place of the all-reduce); comma-separated, a row each")
+                        "place of the all-reduce), parameters (stage 3: each device keeps its slice of the parameters "
+                        "too, all-gathered for the forward and backward and dropped after); comma-separated, a row "
+                        "each")
     g.add_argument("--accumulate", type=int_list, default="1", metavar="K",
                    help="gradient accumulation: each device's shard of a --batch-size batch cut into K micro-batches, "
                         "their gradients added up on the device and all-reduced once per update (the scratch step and "

@@ -5,6 +5,7 @@ import os
 
 from common.buckets import BUCKETING_ENGINES
 from common.precision import WIRE_ENGINES
+from common.zero import SHARD_ENGINES
 from common.interface import RosettaError
 
 from ..processes.cores import per_device_threads
@@ -100,9 +101,11 @@ def skip_reason(spec, share, usable, most_devices, threads, seen):
     if spec.allreduce != "per-tensor" and spec.mode != "scratch" and not (
             spec.mode == "builtin" and spec.framework in BUCKETING_ENGINES):
         return f"--allreduce is the scratch step's; {spec.mode} sums the gradients its framework's own way"
-    if spec.shard != "none" and spec.mode != "scratch":
-        return (f"--shard {spec.shard} is the scratch step's; {spec.mode}'s engine keeps its state its framework's "
-                "own way")
+    if spec.shard != "none" and spec.mode == "idiomatic":
+        return "--shard: the idiomatic reference loop is single-device"
+    if spec.shard != "none" and spec.mode == "builtin" and spec.shard not in SHARD_ENGINES.get(spec.framework, ()):
+        return (f"--shard {spec.shard}: {spec.framework} has no built-in engine for it (common.zero.SHARD_ENGINES); "
+                "its scratch step shards")
     if spec.allreduce_dtype != "fp32" and spec.devices == 1:
         return "--allreduce-dtype: one device has no all-reduce"
     if spec.allreduce_dtype != "fp32" and spec.mode == "builtin" and spec.framework not in WIRE_ENGINES:

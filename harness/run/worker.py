@@ -130,7 +130,9 @@ def run(spec, started):
         if bn_state is not None:   # a resumed ResNet starts from the checkpoint's running statistics too
             runner.network = runner.network._replace(bn_state=bn_state)
         startup_seconds = time.perf_counter() - started   # imports, data, devices: before the first step
-        trace = [] if spec.weights_trace and rank == 0 else None   # the weights before every step (tests)
+        # the weights before every step (tests): rank 0's, read by every rank where they may be sharded (a collective)
+        gathers = spec.shard != "none"
+        trace = [] if spec.weights_trace and (rank == 0 or gathers) else None
         profiled = {}
         profile_step, finish_profile = profiler(spec, rank, profiled)   # --profile: a few steps' trace
 
@@ -150,10 +152,11 @@ def run(spec, started):
         # What the framework holds while it trains: the peak since the reset, less the harness's own copy of the data
         data_bytes = sum(a.nbytes for a in (data.X_train, data.y_train, data.X_test, data.y_test))
         record["train_memory_bytes"] = peak_rss() - data_bytes if fresh_peak else None
+        final = runner.weights() if (spec.weights_out or trace is not None) and (rank == 0 or gathers) else None
         if spec.weights_out and rank == 0:   # final weights, canonical layout, for parity checks
-            np.savez(spec.weights_out, **runner.weights())
-        if trace is not None:
-            trace.append(runner.weights())
+            np.savez(spec.weights_out, **final)
+        if trace is not None and rank == 0:
+            trace.append(final)
             np.savez(spec.weights_trace, **{f"{k}/{name}": w for k, weights in enumerate(trace)
                                             for name, w in weights.items()})
     record.update(spec=spec.to_dict(), rank=rank, world=world, fingerprint=data.fingerprint(), exec=exec_name, compiles=compiles,

@@ -337,7 +337,8 @@ def keeps_optimizer_state(optimizer):
 def saver(spec, rank, optimizer, steps_per_epoch):
     """The after-epoch hook of a run with a checkpoint_dir: rank 0 writes the weights (and first the optimizer's
     state, unless it is the recipe's stateless SGD, and fp16's loss scaler) every checkpoint_every epochs (if given)
-    and after the last. A sharded state (--shard) is gathered from every rank, so every rank reads it."""
+    and after the last. A sharded state (--shard) is gathered from every rank, so every rank reads it, and the weights
+    too at --shard parameters."""
     folder, every = spec.checkpoint_dir, spec.checkpoint_every
     if not folder or (rank != 0 and spec.shard == "none"):
         return None
@@ -346,6 +347,7 @@ def saver(spec, rank, optimizer, steps_per_epoch):
         if epoch == spec.epochs or (every and epoch % every == 0):
             path = os.path.join(folder, checkpoint_name(spec, epoch))
             state = runner.optimizer_state() if keeps_optimizer_state(optimizer) else None
+            weights = runner.weights()   # gathered from every rank's slices at --shard parameters
             if rank != 0:
                 return
             if state is not None:
@@ -353,7 +355,7 @@ def saver(spec, rank, optimizer, steps_per_epoch):
             scaler = runner.scaler_state()
             if scaler is not None:
                 write_scaler(spec.framework, scaler, epoch * steps_per_epoch, path)
-            write_weights(spec.framework, runner.weights(), path, runner.bn_state())
+            write_weights(spec.framework, weights, path, runner.bn_state())
     return save
 
 

@@ -21,6 +21,7 @@ from common.models import has_batchnorm, init_bn_state, init_weights
 from common.optim import Optimizer
 from common.precision import needs_loss_scaling
 from common.sharding import evaluation_rows, micro_batch_count
+from common.zero import ITEMSIZE, SHARD_ENGINES
 
 from ..loader import load_module
 from .timing import Timer
@@ -75,8 +76,15 @@ class Scratch:
         """This batch's micro-batches per device under --accumulate: the same on every device of every process."""
         return micro_batch_count(batch_size, len(self.devices) * self.world, accumulate)
 
+    def whole(self):
+        """The replicas, whole: under --shard parameters (after the first step) gathered from every device's and
+        process's slices, a collective which every process calls."""
+        if self.settings.shard == "parameters" and isinstance(self.replicas[0], dict):
+            return self.fw.gather_params(self.replicas, self.settings.bucket_bytes)
+        return self.replicas
+
     def weights(self):
-        return self.functional.to_numpy(self.replicas[0])
+        return self.functional.to_numpy(self.whole()[0])
 
     def scaler_state(self):
         """fp16's loss scaler between steps (common.loss_scaling.ScalerState), what a checkpoint keeps; None: no loss
@@ -97,7 +105,7 @@ class Scratch:
         device's and process's slices gathered into it: a collective, which every process calls."""
         states = self.states
         if self.sharded():
-            states = self.fw.gather_states(states, self.replicas, self.settings.bucket_bytes)
+            states = self.fw.gather_states(states, self.whole(), self.settings.bucket_bytes)
         return self.fw.state_to_numpy(states[0], self.functional)
 
     def sharded(self):
@@ -109,8 +117,14 @@ class Scratch:
         sharded."""
         return self.fw.state_bytes(self.states[0]) if self.states else 0
 
+    def parameter_bytes(self):
+        """The bytes of parameters one device holds between steps (the first; float32 master weights): its slices
+        under --shard parameters, else its whole replica."""
+        held = self.replicas[0]["slices"] if isinstance(self.replicas[0], dict) else self.replicas[0]
+        return sum(int(np.prod(tuple(p.shape))) for p in held) * ITEMSIZE
+
     def evaluate(self, X, y):
-        return self.fw.evaluate(self.functional, self.replicas[0], self.bn_states[0], X, y)
+        return self.fw.evaluate(self.functional, self.whole()[0], self.bn_states[0], X, y)
 
     def total(self, count):
         """`count` summed over the run's processes by the run's own collective (its distributed.py's sum_count)."""
@@ -118,9 +132,10 @@ class Scratch:
 
     def spread(self):
         """Largest |difference| between any replica's weights and the first one's: 0 when in sync."""
-        first = self.weights()
+        replicas = self.whole()
+        first = self.functional.to_numpy(replicas[0])
         return max((float(np.max(np.abs(self.functional.to_numpy(r)[k] - first[k])))
-                    for r in self.replicas[1:] for k in first), default=0.0)
+                    for r in replicas[1:] for k in first), default=0.0)
 
     def sync(self):
         self.fw.sync(self.devices)
@@ -142,9 +157,10 @@ class Builtin(Scratch):
     train_step(model, batch, lr, batch_size) -> mean loss, to_numpy(model), optimizer_state(model) (canonical)
     and evaluate(model, X, y); with a stateful optimizer its own schedule sets the rate, and lr is the spec's."""
 
-    def __init__(self, fw, devices, network=Network(), bucket_bytes=None, accumulate=1, allreduce_dtype="fp32"):
+    def __init__(self, fw, devices, network=Network(), bucket_bytes=None, accumulate=1, allreduce_dtype="fp32",
+                 shard="none"):
         self.fw, self.devices, self.network, self.bucket_bytes = fw, devices, network, bucket_bytes
-        self.accumulate, self.allreduce_dtype = accumulate, allreduce_dtype
+        self.accumulate, self.allreduce_dtype, self.shard = accumulate, allreduce_dtype, shard
         self.engine = load_module(fw.name, "builtin")
         self.pipeline = load_module(fw.name, "pipeline")
 
@@ -155,6 +171,8 @@ class Builtin(Scratch):
         extra = {} if self.bucket_bytes is None else {"bucket_bytes": self.bucket_bytes}   # engines that bucket (JAX)
         if self.allreduce_dtype != "fp32":   # engines that can put bf16 on the wire (common.precision.WIRE_ENGINES)
             extra["allreduce_dtype"] = self.allreduce_dtype
+        if self.shard != "none":   # engines that shard (common.zero.SHARD_ENGINES)
+            extra["shard"] = self.shard
         self.model = self.engine.get_model(weights, self.devices, optimizer, state=state, network=self.network, **extra)
         if scaler is not None and self.network.loss_scaling is not None:
             self.engine.restore_scaler(self.model, scaler)
@@ -183,7 +201,12 @@ class Builtin(Scratch):
         return self.engine.optimizer_state(self.model)
 
     def state_bytes(self):
-        return None   # the engine keeps its optimizer's state its own way: not measured here
+        """What an engine that shards (common.zero.SHARD_ENGINES) measures of its optimizer's state on one device,
+        sharded or not; None for the others."""
+        return self.engine.state_bytes(self.model) if self.fw.name in SHARD_ENGINES else None
+
+    def parameter_bytes(self):
+        return self.engine.parameter_bytes(self.model) if self.fw.name in SHARD_ENGINES else None
 
     def evaluate(self, X, y):
         return self.engine.evaluate(self.model, X, y)
@@ -210,12 +233,19 @@ class Idiomatic(Builtin):
     """The framework's minimal single-device loop (its folder's idiomatic.py: net, trainer, loss):
     the reference that shows what the from-scratch harness costs. Fed numpy batches, as the recipe is."""
 
-    def __init__(self, fw, devices, network=Network(), bucket_bytes=None, accumulate=1, allreduce_dtype="fp32"):
+    def __init__(self, fw, devices, network=Network(), bucket_bytes=None, accumulate=1, allreduce_dtype="fp32",
+                 shard="none"):
         self.fw, self.devices, self.network, self.bucket_bytes = fw, devices, network, None   # one device: no sum
-        self.accumulate, self.allreduce_dtype = accumulate, "fp32"
+        self.accumulate, self.allreduce_dtype, self.shard = accumulate, "fp32", "none"
         self.engine = load_module(fw.name, "idiomatic")
 
     feed, batches = Scratch.feed, Scratch.batches
+
+    def state_bytes(self):
+        return None   # the reference loop is one device's: nothing to shard
+
+    def parameter_bytes(self):
+        return None
 
     def step(self, batch, lr, batch_size):
         X, y = batch
@@ -256,7 +286,7 @@ def runner(spec, fw, devices):
     network = network_of(spec)
     if spec.mode != "scratch":
         return MODES[spec.mode](fw, devices, network, bucket_bytes(spec.allreduce), spec.accumulate,
-                                spec.allreduce_dtype)
+                                spec.allreduce_dtype, spec.shard)
     model = functional(fw, network, spec.layout)
     units = load_module(fw.name, "execution").compile(spec.exec, model)
     return Scratch(fw, devices, network, model, StepSettings(bucket_bytes(spec.allreduce), units, spec.accumulate,
@@ -353,6 +383,7 @@ def train(runner, data, spec, optimizer, rank=0, world=1, start=Start(), hooks=H
     record["evaluated_by"] = world
     record["replica_spread"] = runner.spread()
     record["optimizer_state_bytes_per_device"] = runner.state_bytes()
+    record["parameter_bytes_per_device"] = runner.parameter_bytes()
     record["digest"] = digest(runner.weights())
     record["bn_digests"] = [digest(s) for s in runner.replica_bn_states()]   # one per replica: equal, or not
     return record
@@ -393,6 +424,11 @@ def time_to_accuracy(epoch_seconds, accuracies, target):
             "epochs_to_target": None if reached is None else reached + 1}
 
 
+def most(records, key):
+    """The most any process's record holds of `key` (bytes one device keeps), None where no record measured it."""
+    return max((r.get(key) for r in records), key=lambda b: -1 if b is None else b)
+
+
 def summarize(records):
     """Merge the records of all processes (one for an in-process run) into the run's measurements."""
     add = lambda key: np.sum([r[key] for r in records], axis=0)   # noqa: E731
@@ -422,8 +458,8 @@ def summarize(records):
                            (records[0].get("spec") or {}).get("target_accuracy")),
         "replica_spread": max(spreads) if spreads else None,
         # the optimizer's state one device holds (the most any holds; under --shard its slices): None for an engine
-        "optimizer_state_bytes_per_device": max((r.get("optimizer_state_bytes_per_device") for r in records),
-                                                key=lambda b: -1 if b is None else b),
+        "optimizer_state_bytes_per_device": most(records, "optimizer_state_bytes_per_device"),
+        "parameter_bytes_per_device": most(records, "parameter_bytes_per_device"),   # its slices at --shard parameters
         # BatchNorm: how many different running states the run's replicas (every process's) ended with, of how many
         "bn_states": len(set(bn_digests)) if bn_digests else None,
         "bn_replicas": len(bn_digests) if bn_digests else None,
