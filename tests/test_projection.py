@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from common import zero
 from harness.studies import projection as scaling
 from conftest import framework_or_skip
 
@@ -48,6 +49,23 @@ def test_efficiency_falls_with_gpus_and_is_perfect_with_free_communication():
     effs = [scaling.efficiency(0.01, 50e6, p, 1e-4, 12e9) for p in scaling.GPUS]
     assert all(a > b for a, b in zip(effs, effs[1:])) and 0 < effs[-1] < effs[0] < 1
     assert scaling.efficiency(0.01, 50e6, 64, 0.0, float("inf")) == 1.0
+
+
+def test_zero_s_stages_cost_the_all_reduce_or_half_as_much_again_and_hold_less_each():
+    """Stage 0's communication is the ring all-reduce's (common/zero.py's volume and the latencies of its two
+    halves); stages 1 and 3 add an all-gather, half an all-reduce; a parameter holds 16 bytes replicated with AdamW,
+    8 + 8/p, 4 + 12/p and 16/p at stages 1 to 3 (ZeRO's paper's table, in float32)."""
+    sizes, alpha, bandwidth, p = [4096, 1000, 10], 1e-4, 1e9, 8
+    padded = 4 * sum(zero.chunk(s, p) * p for s in sizes)
+    ring = scaling.allreduce_seconds(padded, p, alpha, bandwidth, k=3)
+    assert scaling.stage_seconds(sizes, p, alpha, bandwidth, "none", k=3) == pytest.approx(ring)
+    assert scaling.stage_seconds(sizes, p, alpha, bandwidth, "gradients", k=3) == pytest.approx(ring)
+    for shard in ("optimizer", "parameters"):
+        assert scaling.stage_seconds(sizes, p, alpha, bandwidth, shard, k=3) == pytest.approx(1.5 * ring)
+    got = [scaling.bytes_per_parameter(p, shard) for shard in zero.SHARDS]
+    assert got == pytest.approx([16, 8 + 8 / p, 4 + 12 / p, 16 / p])
+    page = "\n".join(scaling.stages_markdown({"pytorch": {"alpha": alpha}}))
+    assert "| 3 (parameters) | 2 / 1 | 40.0 B parameters | 80.0 B parameters |" in page
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from common import resnet
+from common import resnet, zero
 from common.buckets import BUCKET_MB, plan
 from common.lenet import PARAM_SHAPES
 from common.models import flops_per_image
@@ -68,6 +68,27 @@ MEASURED = {"lenet": ("lenet", None), "resnet18 w8": ("resnet18", 8)}
 ALLREDUCE_MODES = ("per-tensor", "bucketed")
 RING = {"pytorch": "gloo ring all-reduce", "tensorflow": "collective ring all-reduce (RING)",
         "jax": "XLA all-reduce over gloo", "mxnet": "ps-lite parameter server (1 server)"}
+
+
+# ZeRO's stages (common/zero.py) past one machine: two layouts a sharded run is planned for, the memory a GPU has
+STAGE_LAYOUTS = {"8 GPUs, NVLink-class": (8, 200e9), "2 x 8 GPUs over a 100 Gb/s network": (16, 12e9)}
+GPU_BYTES = 80e9   # an 80 GB GPU
+ADAMW_SLOTS = 2    # AdamW's two buffers: the state worth sharding
+
+
+def stage_seconds(sizes, p, alpha, bandwidth, shard, k=1):
+    """The model's communication time of one step at ZeRO's stage `shard` over a ring of p GPUs: the bytes a GPU
+    sends (common.zero.volume: an all-reduce is a reduce-scatter and an all-gather, each (p-1)/p of the buffer) over
+    the bandwidth, and (p-1) latencies for each of the stage's halves (2 at stages 0 and 2, 3 at 1 and 3), k
+    collectives each. Stage 0 is allreduce_seconds' ring."""
+    halves = 2 * zero.volume(sizes, 2, shard) // zero.volume(sizes, 2, "none")   # 2 or 3 collectives of half
+    return halves * k * (p - 1) * alpha + zero.volume(sizes, p, shard) / bandwidth
+
+
+def bytes_per_parameter(p, shard, slots=ADAMW_SLOTS):
+    """What one GPU holds a parameter at a stage, float32 weights, gradients and optimizer state (activations apart):
+    16 bytes replicated with AdamW, 16 / p fully sharded."""
+    return sum(zero.memory([p * 10**6], slots, p, shard).values()) / (p * 10**6)
 
 
 def timed(fn, sync, repeats, warmup):
@@ -245,6 +266,7 @@ def markdown(results, env_line, command):
                                + " | ".join(" / ".join(f"{efficiency(t, n, p, r['alpha'], bandwidth, name, k):.2f}"
                                                       for k in ks) for p in GPUS) + " |")
             out.append("")
+    out += stages_markdown(results)
     out += ["## How to read it", "",
             "- At this LeNet's size (half a megabyte) every engine is latency-bound: the bandwidth term is "
             "microseconds on any modern link, and the alphas decide. An engine whose alpha is a millisecond "
@@ -259,6 +281,47 @@ def markdown(results, env_line, command):
             "- alpha here is a CPU engine's (gloo, gRPC ring, ps-lite) on loopback; NCCL on GPUs has a far smaller "
             "fixed cost, so these rows are pessimistic for GPU engines at small sizes.", ""]
     return "\n".join(out)
+
+
+def stages_markdown(results):
+    """The ZeRO stages' section: what a GPU holds and sends a step at each, d2l's ResNet-18 with AdamW projected to
+    8 GPUs and to 2 x 8 over a network with PyTorch's measured alpha (FSDP's engine, gloo here: NCCL's is smaller),
+    and where stage 3 starts to pay."""
+    name = "pytorch" if "pytorch" in results else next(iter(results))
+    alpha = results[name]["alpha"]
+    sizes = gradient_sizes("resnet18", 64)
+    n, k, t = 4 * sum(sizes), collectives(sizes, "bucketed"), gpu_step_times("resnet18", 64)[0]
+    out = ["## ZeRO's stages past one machine (`--shard`)", "",
+           f"d2l's ResNet-18 ({n / MB:.1f} MB of float32 weights) with AdamW ({ADAMW_SLOTS} buffers a weight), "
+           f"bucketed ({k} buckets), {1e3 * t:.0f} ms of compute a step; {name}'s alpha measured here "
+           f"({1e6 * alpha:.0f} us), the link's bandwidth. Held: what one GPU keeps between steps (weights, "
+           "gradients after their reduction, optimizer state; activations apart); sent: the bytes one GPU sends a "
+           "step in a ring (common/zero.py's volume); efficiency t / (t + T), no overlap.", "",
+           "| stage | " + " | ".join(f"{layout}: held / sent / efficiency" for layout in STAGE_LAYOUTS) + " |",
+           "|---|" + "---|" * len(STAGE_LAYOUTS)]
+    for shard in zero.SHARDS:
+        cells = []
+        for p, bandwidth in STAGE_LAYOUTS.values():
+            held = sum(zero.memory(sizes, ADAMW_SLOTS, p, shard).values())
+            comm = stage_seconds(sizes, p, alpha, bandwidth, shard, k)
+            cells.append(f"{held / MB:.1f} MB / {zero.volume(sizes, p, shard) / MB:.1f} MB / {t / (t + comm):.2f}")
+        out.append(f"| {zero.stage(shard)} ({shard}) | " + " | ".join(cells) + " |")
+    out += ["", f"Where stage 3 starts to pay. It sends half as much again as the all-reduce (two all-gathers of "
+            "the weights and a reduce-scatter of the gradients), so it never pays in time; it pays when the model "
+            f"does not fit otherwise. The largest model whose float32 weights, gradients and AdamW state fit in an "
+            f"{GPU_BYTES / 1e9:.0f} GB GPU, activations apart:", "",
+            "| stage | bytes a parameter holds | " + " | ".join(f"{layout}: largest model" for layout in STAGE_LAYOUTS)
+            + " |", "|---|---|" + "---|" * len(STAGE_LAYOUTS)]
+    for shard in zero.SHARDS:
+        per = [bytes_per_parameter(p, shard) for p, _ in STAGE_LAYOUTS.values()]
+        out.append(f"| {zero.stage(shard)} ({shard}) | " + " / ".join(f"{b:.3g}" for b in per) + " | "
+                   + " | ".join(f"{GPU_BYTES / b / 1e9:.1f} B parameters" for b in per) + " |")
+    out += ["", "A model above stage 2's limit trains only at stage 3 (or with mixed precision, offloading or "
+            "model parallelism): that is where stage 3 starts to pay. Below it, stage 2 fits at the all-reduce's "
+            "volume, and stage 3's further saving, the weights, buys only room for activations or a larger batch, "
+            "at half as much traffic again. d2l's ResNet-18 is hundreds of times below every limit: on GPUs it "
+            "trains replicated, sharded only to learn how.", ""]
+    return out
 
 
 def main(argv=None):
