@@ -60,7 +60,12 @@ COMPILES = "nothing"
 # Its gradients' reduction (harness/studies/split.py): DDP's buckets, 25 MiB (the first 1 MiB), one gloo all-reduce each
 # as it fills: each model here fits one.
 ALLREDUCE = "bucketed"
-LAYOUT = LAYOUTS[DEFAULT_LAYOUT]   # build_model's kernels, pipeline.py's batches
+
+
+def LAYOUT(model):
+    """The layout the engine ran: build_model's kernels and pipeline.py's batches, the default; FSDP2 takes
+    contiguous parameters only, so its kernels are NCHW (fully_sharded)."""
+    return LAYOUTS["nchw"] if isinstance(model.net, FSDPModule) else LAYOUTS[DEFAULT_LAYOUT]
 
 
 def get_model(weights, devices, optimizer=None, state=None, network=Network(), allreduce_dtype="fp32", shard="none"):

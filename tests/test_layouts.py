@@ -114,9 +114,10 @@ def test_pytorch_builtin_and_idiomatic_run_the_default_layout(digits):
     fw = framework_or_skip("pytorch")
     execution, pipeline = load_module("pytorch", "execution"), load_module("pytorch", "pipeline")
     images, conv1, conv2 = STRIDES[execution.DEFAULT_LAYOUT]
-    for engine in (load_module("pytorch", "builtin"), load_module("pytorch", "idiomatic")):
-        assert engine.LAYOUT == execution.LAYOUTS[execution.DEFAULT_LAYOUT]
-    net = load_module("pytorch", "idiomatic").get_model(init_weights(0), fw.get_devices(1)).net
+    model = load_module("pytorch", "idiomatic").get_model(init_weights(0), fw.get_devices(1))
+    assert load_module("pytorch", "idiomatic").LAYOUT == execution.LAYOUTS[execution.DEFAULT_LAYOUT]
+    assert load_module("pytorch", "builtin").LAYOUT(model) == execution.LAYOUTS[execution.DEFAULT_LAYOUT]   # DDP's
+    net = model.net
     assert (net.conv1.weight.stride(), net.conv2.weight.stride()) == (conv1, conv2)
     loader = pipeline.make_loader(digits, Order(len(digits.y_train), 256, 0), 0, 1, None, fw.get_devices(1))
     X, _ = next(iter(pipeline.batches(loader, 0)))

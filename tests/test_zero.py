@@ -291,6 +291,7 @@ def test_pytorch_s_engines_shard_as_the_scratch_step_does(tmp_path):
         {s: (r["status"], r["error"]) for s, r in rows.items()}
     assert [rows[s]["exec"] for s in zero.SHARDS] == ["eager+DDP", "eager+DDP+ZeroRedundancyOptimizer",
                                                       "eager+FSDP2", "eager+FSDP2"]
+    assert [rows[s]["layout"].split(" ")[0] for s in zero.SHARDS] == ["NHWC", "NHWC", "NCHW", "NCHW"]   # FSDP2's
     want = rows["none"]["step_losses"]
     for shard in zero.SHARDS[1:]:
         assert rows[shard]["step_losses"] == pytest.approx(want, rel=TOL), shard

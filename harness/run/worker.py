@@ -123,7 +123,7 @@ def run(spec, started):
             layout_name, exec_name = execution.LAYOUTS[runner.functional.layout], execution.NAMES[execution.level(spec.exec)]
             compiles = execution.COMPILES[exec_name]
         else:
-            layout_name, exec_name, compiles = runner.engine.LAYOUT, None, runner.engine.COMPILES   # exec: once built
+            layout_name, exec_name, compiles = None, None, runner.engine.COMPILES   # exec, layout: once built
         per_epoch = steps_per_epoch(len(data.y_train), spec.batch_size, spec.devices)
         optimizer = spec.canonical_optimizer(per_epoch)
         weights, bn_state, state, scaler, first_epoch = resume_point(spec, optimizer, per_epoch)   # fresh: 0, Nones
@@ -149,6 +149,7 @@ def run(spec, started):
             finish_profile(runner)
         record.update(profiled)
         exec_name = exec_name or runner.exec_name()
+        layout_name = layout_name or runner.layout_name()
         # What the framework holds while it trains: the peak since the reset, less the harness's own copy of the data
         data_bytes = sum(a.nbytes for a in (data.X_train, data.y_train, data.X_test, data.y_test))
         record["train_memory_bytes"] = peak_rss() - data_bytes if fresh_peak else None

@@ -229,6 +229,12 @@ class Builtin(Scratch):
         return names[type(self.model.net)] if isinstance(names, dict) else names
 
 
+    def layout_name(self):
+        """The engine's LAYOUT; an engine whose layout depends on its model (PyTorch's FSDP2) gives a function of it."""
+        names = self.engine.LAYOUT
+        return names(self.model) if callable(names) else names
+
+
 class Idiomatic(Builtin):
     """The framework's minimal single-device loop (its folder's idiomatic.py: net, trainer, loss):
     the reference that shows what the from-scratch harness costs. Fed numpy batches, as the recipe is."""
