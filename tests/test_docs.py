@@ -144,9 +144,9 @@ def test_the_framework_folders_hold_the_same_files():
 # the converter reads: its parts, and the state, optimizer and scaler inside it)
 # (FSDP2 and ZeroRedundancyOptimizer, the engines for --shard: fully_sharded and its blocks, their modules' and
 # optimizers' unwrapping (module_of, optimizer_of, local), the bytes a device holds (state_bytes, parameter_bytes: JAX's
-# engine shards too, TensorFlow's and MXNet's do not), EXEC by the engine a model runs)
+# engine shards too, TensorFlow's and MXNet's do not), EXEC and LAYOUT by the engine a model runs)
 PYTORCH_ONLY = {"builtin.py": {"primitives_step", "bf16_hook", "bf16_on_gloo", "fully_sharded", "blocks", "module_of",
-                               "optimizer_of", "local", "state_bytes", "parameter_bytes", "EXEC"},
+                               "optimizer_of", "local", "state_bytes", "parameter_bytes", "EXEC", "LAYOUT"},
                 "checkpoint.py": {"width_of_state", "model_state", "parts", "general_parts", "holds_state", "steps_of",
                                   "read_optimizer", "read_scaler"},
                 "execution.py": {"compiled_forward"}, "idiomatic.py": {"param_names", "grad_scaler"},

@@ -4,7 +4,8 @@ of the page. So a run measured again cannot stand beside the one it replaces, no
 
 A row is the same row in two tables when it trains the same network (the table's `model` column, or the `--model` of
 the command its section's run records), accumulates as many micro-batches (1 where a table has no `accumulate` column),
-computes in the same precision (fp32 where a table has no `precision` column) and agrees on every one of KEYS that both tables give (a split's `run` cell
+computes in the same precision (fp32 where a table has no `precision` column), shards alike (none where a table has no
+`shard` column) and agrees on every one of KEYS that both tables give (a split's `run` cell
 gives the mode, exec, devices and processes). Its speed figures (images/s, scaling, shares of the step...) must then be
 one figure wherever they appear; its accuracy and losses too, between tables of one command (other data or other
 options train other weights)."""
@@ -59,13 +60,14 @@ def rows(text):
                 keys = {k: named[k] for k in KEYS if k in named}
                 keys["accumulate"] = named.get("accumulate", "1")   # compare.py shows the column only beside K > 1
                 keys["precision"] = named.get("precision", "fp32")  # and this one only beside a bf16 row
+                keys["shard"] = named.get("shard", "none")           # and this one only beside a sharded row
                 run_cell = RUN.match(named.get("run", ""))
                 if run_cell:   # the scratch step's pattern is its all-reduce column's
                     keys.update({k: v for k, v in run_cell.groupdict().items() if v is not None})
                     keys.update({"all-reduce": keys["pattern"]} if keys["mode"] == "scratch" and "pattern" in keys else {})
                 keys["model"] = named["model"].split()[0] if "model" in named else model.group(1) if model else "lenet"
                 figures = {h.split(" (")[0]: c for h, c in named.items()
-                           if h not in KEYS + ("model", "run", "status", "accumulate", "precision")}
+                           if h not in KEYS + ("model", "run", "status", "accumulate", "precision", "shard")}
                 out.append((heading, run, keys, figures))
     return out
 
