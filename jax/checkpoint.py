@@ -84,7 +84,15 @@ def any_weights(width=None):
 def read(path):
     """The file's arrays by key (module/parameter, e.g. conv1/kernel), as stored."""
     with checkpointer() as restorer:
-        return dict(flatten(restorer.restore(os.path.abspath(path))))
+        return dict(flatten(restored(restorer, os.path.abspath(path))))
+
+
+def restored(restorer, path):
+    """The tree saved at `path`, each array whole on this process as numpy: restored into a target of the file's own
+    shapes (Orbax's metadata). A checkpoint that the processes of a multi-process run wrote together, each its shards
+    of sharded jax.Arrays, reads so too: without a target Orbax would place them on the saving run's devices."""
+    saved = restorer.metadata(path).item_metadata
+    return restorer.restore(path, jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), saved))
 
 
 def flatten(tree, prefix=""):
@@ -142,8 +150,8 @@ def read_state(path):
     not depend on the width)."""
     path = os.path.abspath(path)
     with checkpointer() as restorer:
-        tree = restorer.restore(path)
-        kept = restorer.restore(os.path.join(path, CANONICAL)) if os.path.isdir(os.path.join(path, CANONICAL)) \
+        tree = restored(restorer, path)
+        kept = restored(restorer, os.path.join(path, CANONICAL)) if os.path.isdir(os.path.join(path, CANONICAL)) \
             else None
     opt_state = tree.get("opt_state", {}) if isinstance(tree, dict) else {}
     first = next((b for _, b in buffers(opt_state)), {})

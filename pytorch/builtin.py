@@ -37,6 +37,7 @@ from common.sharding import micro_batches
 from common.zero import check as check_shard
 
 from . import lenet, resnet
+from .checkpoint import save_sharded as save_checkpoint
 from .data_parallel import sgd
 from .execution import DEFAULT_LAYOUT, LAYOUTS
 from .idiomatic import build, evaluate as evaluate_idiomatic, grad_scaler, is_resnet, param_names, restore_scaler, \
@@ -296,6 +297,11 @@ def optimizer_state(model):
             i: {slot: t.full_tensor() if isinstance(t, DTensor) else t for slot, t in buffers.items()}
             for i, buffers in sorted(saved["optimizer"]["state"].items())}
     return canonical_state(saved, trainer.names)
+
+
+def save_sharded(model, replacing):
+    """FSDP2's checkpoint, each rank writing its own shard (checkpoint.save_sharded: Distributed Checkpoint)."""
+    save_checkpoint(model.net, model.trainer, replacing)
 
 
 def local(t):

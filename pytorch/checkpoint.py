@@ -8,8 +8,22 @@ The optimizer's state is a second file: the optimizer's and the scheduler's stat
 A PyTorch program's own checkpoint is read too: one torch.save of a dict of state_dicts, as PyTorch's "saving and
 loading a general checkpoint" tutorial writes it ({"epoch", "model_state_dict", "optimizer_state_dict", "loss"}) and
 its AMP recipe ({"model", "optimizer", "scaler"}). Its parts are told by what they hold, whatever their keys (parts):
-the model's weights, torch.optim's state (its optimizer told by its param_groups, read_optimizer) and GradScaler's."""
+the model's weights, torch.optim's state (its optimizer told by its param_groups, read_optimizer) and GradScaler's.
+A Distributed Checkpoint (DCP) is read the same way: a directory of each rank's shards (.distcp) and their .metadata,
+as FSDP2 programs save with dcp.save (PyTorch's "Getting Started with Distributed Checkpoint" recipe: a Stateful
+app's {"model", "optim"} from get_state_dict, whose optimizer state is keyed by the parameters' names), read whole on
+one process by torch's own dcp_to_torch_save; the FSDP2 engine writes its checkpoints so (save_sharded)."""
+import contextlib
+import io
+import os
+
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+from torch.distributed.tensor import DTensor
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from common.interface import RosettaError
@@ -27,6 +41,7 @@ KEYS = {name: name for name in PARAM_NAMES}   # canonical name -> key in the fil
 CHANNELS_LAST = False                          # PyTorch's layout is the canonical one
 STATE_SUFFIX = ".optimizer.pt"                 # lenet-epoch3.pt's state: lenet-epoch3.optimizer.pt
 WRAPPED = "module."                            # the prefix of a DataParallel or DDP model's keys
+SHARDED_SUFFIX = ".dcp"                        # the FSDP2 engine's checkpoints: a DCP directory (save_sharded)
 
 
 def idiomatic(weights, bn_state=None):
@@ -67,24 +82,71 @@ def read(path):
 def model_state(path):
     """The model's state_dict in the file (the file itself, or a general checkpoint's model part), without a wrapped
     model's prefix."""
-    state = parts(torch.load(path, map_location="cpu", weights_only=True))["model"]
+    state = parts(loaded(path))["model"]
     consume_prefix_in_state_dict_if_present(state, WRAPPED)
     return state
 
 
+def is_distributed(path):
+    """Whether `path` is a Distributed Checkpoint: a directory with DCP's .metadata (written last, so a directory
+    without it was cut short)."""
+    return os.path.isfile(os.path.join(path, ".metadata"))
+
+
+def loaded(path):
+    """What torch.save saved in the file, or what dcp.save saved in the directory, gathered whole on this process
+    (dcp_to_torch_save's own reading, DTensor shards put together into plain tensors)."""
+    if not is_distributed(path):
+        return torch.load(path, map_location="cpu", weights_only=True)
+    whole = io.BytesIO()
+    try:
+        dcp_to_torch_save(path, whole)
+    except CheckpointException as err:   # a BaseException, holding each rank's (exception, traceback)
+        failure = next(iter(err.failures.values()))
+        failure = failure[0] if isinstance(failure, tuple) else failure
+        raise ValueError(f"{type(failure).__name__}: {failure}") from None
+    whole.seek(0)
+    return torch.load(whole, weights_only=True)
+
+
+def save_sharded(net, trainer, replacing):
+    """The FSDP2 engine's checkpoint, as PyTorch's Distributed Checkpoint recipe writes one: every rank calls dcp.save
+    with get_state_dict's state_dicts, whose DTensors are its own shards (each rank writes what it holds: its slice of
+    every parameter and optimizer buffer), and the scheduler's state (the steps done). FSDP2 leaves each rank its own
+    BatchNorm statistics: rank 0's are saved, as DDP keeps rank 0's. `replacing()`: the temporary directory that
+    replaces the checkpoint once written (harness/files.replacing), entered on rank 0, its name sent to the others."""
+    holds_state = hasattr(trainer, "scheduler")   # the recipe's plain SGD keeps none
+    model_state, optimizer_state = get_state_dict(net, trainer.optimizer) if holds_state else \
+        (get_model_state_dict(net), None)
+    for name, value in model_state.items():
+        if not isinstance(value, DTensor):   # a buffer, the same on every rank once rank 0's is sent
+            model_state[name] = value.detach().clone()
+            dist.broadcast(model_state[name], src=0)
+    saved = {"model": model_state}
+    if holds_state:
+        saved.update(optimizer=optimizer_state, scheduler=trainer.scheduler.state_dict())
+    with replacing() if dist.get_rank() == 0 else contextlib.nullcontext() as temporary:
+        name = [temporary]
+        dist.broadcast_object_list(name, src=0)
+        dcp.save(saved, checkpoint_id=name[0])
+        dist.barrier()   # every rank's shard written before rank 0 renames the directory
+    dist.barrier()
+
+
 def parts(saved):
-    """{"model", "optimizer", "scheduler", "scaler"} of what torch.save saved: a state_dict alone is the model's (the
-    others None); a dict of state_dicts is a general checkpoint, whose parts are told by their contents: the model's
-    holds tensors only, torch.optim's "state" and "param_groups", GradScaler's "scale" and "_growth_tracker", a
-    scheduler's "last_epoch". Anything else in it (an epoch, a loss) is the program's own."""
+    """{"model", "optimizer", "scheduler", "scaler"} of what torch.save or dcp.save saved: a state_dict alone is the
+    model's (the others None); a dict of state_dicts is a general checkpoint, whose parts are told by their contents:
+    the model's holds tensors only, torch.optim's "state" and "param_groups", GradScaler's "scale" and
+    "_growth_tracker", a scheduler's "last_epoch". A dict that is none of these but holds them is a Stateful app's
+    state_dict (DCP's recipe saves {"app": AppState}), looked into. Anything else (an epoch, a loss) is the program's
+    own. An optimizer's state keyed by its parameters' names (get_state_dict's) comes back numbered, as
+    optimizer.state_dict() numbers it, with the names in its "names"."""
     if not isinstance(saved, dict) or not saved:
         raise ValueError(f"holds a {type(saved).__name__}, not a state_dict")
     if all(isinstance(value, torch.Tensor) for value in saved.values()):
         return {"model": saved, "optimizer": None, "scheduler": None, "scaler": None}
     found = {"model": [], "optimizer": [], "scheduler": [], "scaler": []}
-    for key, value in saved.items():
-        if not isinstance(value, dict) or not value:
-            continue
+    for key, value in entries(saved):
         if all(isinstance(v, torch.Tensor) for v in value.values()):
             found["model"].append(key)
         elif {"state", "param_groups"} <= set(value):
@@ -98,13 +160,48 @@ def parts(saved):
             raise ValueError(f"a general checkpoint with {len(keys)} {part} state_dicts ({', '.join(map(repr, keys))})")
     if not found["model"]:
         raise ValueError(f"no model state_dict in it (its entries: {', '.join(map(repr, saved))})")
-    return {part: saved[keys[0]] if keys else None for part, keys in found.items()}
+    whole = {part: entry(saved, keys[0]) if keys else None for part, keys in found.items()}
+    if whole["optimizer"] is not None:
+        whole["optimizer"] = numbered(whole["optimizer"])
+    return whole
+
+
+def entries(saved, prefix=""):
+    """(dotted key, dict) of a general checkpoint's dict entries, and of those of a dict that is no part itself."""
+    for key, value in saved.items():
+        if not isinstance(value, dict) or not value:
+            continue
+        is_part = all(isinstance(v, torch.Tensor) for v in value.values()) or {"state", "param_groups"} <= set(value) \
+            or {"scale", "_growth_tracker"} <= set(value) or "last_epoch" in value
+        if is_part:
+            yield prefix + str(key), value
+        else:
+            yield from entries(value, f"{prefix}{key}.")
+
+
+def entry(saved, key):
+    for part in key.split("."):
+        saved = saved[part]
+    return saved
+
+
+def numbered(optimizer_state):
+    """torch.optim's state_dict from one keyed by parameter names (get_state_dict's, as FSDP2 programs save it): the
+    buffers numbered in the param_groups' order, the names kept in "names" without a wrapped model's prefix."""
+    groups = optimizer_state["param_groups"]
+    names = [name for group in groups for name in group["params"]]
+    if not all(isinstance(name, str) for name in names):
+        return optimizer_state
+    number = {name: i for i, name in enumerate(names)}
+    return {"state": {number[name]: buffers for name, buffers in optimizer_state["state"].items()},
+            "param_groups": [{**group, "params": [number[name] for name in group["params"]]} for group in groups],
+            "names": [name[len(WRAPPED):] if name.startswith(WRAPPED) else name for name in names]}
 
 
 def general_parts(path):
     """A general checkpoint's parts (parts), None for a file that is a state_dict alone or none at all."""
     try:
-        found = parts(torch.load(path, map_location="cpu", weights_only=True))
+        found = parts(loaded(path))
     except Exception:   # not this reader's to explain: read_model says what is wrong with it
         return None
     return found if any(found[part] is not None for part in ("optimizer", "scheduler", "scaler")) else None
@@ -140,13 +237,18 @@ def read_state(path):
     constant rate needs none."""
     found = general_parts(path)
     if found is None:
-        return canonical_state(torch.load(path, map_location="cpu", weights_only=True))
-    return canonical_state({"optimizer": found["optimizer"], "scheduler": {"last_epoch": steps_of(found)}})
+        return canonical_state(loaded(path))
+    optimizer = {key: found["optimizer"][key] for key in ("state", "param_groups")}
+    names = found["optimizer"].get("names")   # the buffers' own names where they are the network's canonical ones
+    canonical = names if names and set(names) in ({*PARAM_NAMES}, {*resnet.PARAM_NAMES}) else None
+    return canonical_state({"optimizer": optimizer, "scheduler": {"last_epoch": steps_of(found)}}, canonical)
 
 
 def steps_of(found):
-    """The updates a general checkpoint's optimizer has made, where it counts them (the per-parameter step of Adam,
-    AdamW, RMSprop and Adagrad)."""
+    """The updates a general checkpoint's optimizer has made, where it counts them (its scheduler's last_epoch, the
+    per-parameter step of Adam, AdamW, RMSprop and Adagrad)."""
+    if found["scheduler"] is not None:
+        return int(found["scheduler"]["last_epoch"])
     counts = {float(buffers["step"]) for buffers in found["optimizer"]["state"].values() if "step" in buffers}
     return int(counts.pop()) if len(counts) == 1 else 0
 
@@ -159,7 +261,7 @@ def read_optimizer(path, accept_gap=False):
     found = general_parts(path)
     if found is None or found["optimizer"] is None:
         return None, None
-    if found["scheduler"] is not None:
+    if found["scheduler"] is not None and not keeps_rate(found["scheduler"]):
         raise ValueError("its learning-rate scheduler's state is not carried (a general checkpoint converts at a "
                          "constant rate); save it without the scheduler and set the schedule again in the target")
     groups = found["optimizer"]["param_groups"]
@@ -192,8 +294,15 @@ def read_optimizer(path, accept_gap=False):
         raise ValueError("a torch.optim optimizer other than SGD, Adam, AdamW, RMSprop or Adagrad (param_groups with "
                          f"{', '.join(sorted(group))})")
     name = "sgd" if not group["momentum"] else "nesterov" if group["nesterov"] else "momentum"
-    return Optimizer(name, group["lr"], group["momentum"] or 0.9, group["weight_decay"]), \
+    counted = found["scheduler"] is not None   # its scheduler's last_epoch counts them
+    return Optimizer(name, group["lr"], group["momentum"] or 0.9, group["weight_decay"]), None if counted else \
         "torch.optim's SGD counts no steps: the target's count starts at 0 (a constant rate needs none)"
+
+
+def keeps_rate(scheduler):
+    """Whether a scheduler's state_dict is of one that leaves the rate as it is (ConstantLR with factor 1, the FSDP2
+    engine's at a constant rate): its position is the step count, and nothing else to carry."""
+    return scheduler.get("factor") == 1.0 and "start_factor" not in scheduler and "_schedulers" not in scheduler
 
 
 def read_scaler(path):

@@ -143,7 +143,7 @@ def test_a_restart_starts_from_the_newest_checkpoint_that_reads_back(tmp_path):
     assert latest_checkpoint(spec, warnings.append) == str(tmp_path / checkpoint_name(spec, 2))
     (warning,) = warnings
     assert warning.startswith(f"warning: not resuming from {checkpoint_name(spec, 3)}: {tmp_path / checkpoint_name(spec, 3)}: "
-                              "not a readable PyTorch state_dict (torch.save) file, or truncated (")
+                              "not a readable PyTorch state_dict (torch.save, or Distributed Checkpoint) file, or truncated (")
     assert warning.endswith("); trying the one before it")
 
 

@@ -146,9 +146,11 @@ def test_the_framework_folders_hold_the_same_files():
 # optimizers' unwrapping (module_of, optimizer_of, local), the bytes a device holds (state_bytes, parameter_bytes: JAX's
 # engine shards too, TensorFlow's and MXNet's do not), EXEC and LAYOUT by the engine a model runs)
 PYTORCH_ONLY = {"builtin.py": {"primitives_step", "bf16_hook", "bf16_on_gloo", "fully_sharded", "blocks", "module_of",
-                               "optimizer_of", "local", "state_bytes", "parameter_bytes", "EXEC", "LAYOUT"},
+                               "optimizer_of", "save_sharded", "local", "state_bytes", "parameter_bytes", "EXEC",
+                               "LAYOUT"},
                 "checkpoint.py": {"width_of_state", "model_state", "parts", "general_parts", "holds_state", "steps_of",
-                                  "read_optimizer", "read_scaler"},
+                                  "read_optimizer", "read_scaler", "is_distributed", "loaded",
+                                  "save_sharded", "entries", "entry", "numbered", "keeps_rate"},
                 "execution.py": {"compiled_forward"}, "idiomatic.py": {"param_names", "grad_scaler"},
                 "optimizer.py": {"buffer_like"},
                 "lenet.py": {"accuracy", "loss_and_grads", "widened", "autocast"}, "resnet.py": {"to_layout", "accuracy", "loss_and_grads",

@@ -4,6 +4,8 @@ between steps) against its own replicated step. The stages reorder nothing but t
 updating another's slice, a slice cut in the wrong place or a norm summed from one device's slice alone moves a step
 by far more. And the state really is sharded: each device holds its own slices and no more, of the optimizer's
 state and at stage 3 of the parameters."""
+import os
+
 import numpy as np
 import pytest
 
@@ -170,32 +172,61 @@ def test_each_device_keeps_its_own_slices_and_gathers_them_back(framework, digit
 
 
 @pytest.mark.slow   # three runs of 2 processes
-@pytest.mark.parametrize("framework", ["pytorch"])   # the gather and the cut are every framework's, tested above
-def test_a_sharded_checkpoint_resumes_on_two_processes_bit_for_bit_and_on_one(framework, tmp_path):
-    """A stage-3 run of 2 processes saves each epoch the whole weights and Adam's state, gathered from both ranks'
-    slices; resumed after epoch 1 on 2 processes it ends with the uninterrupted run's weights bit for bit, and on one
-    process of 2 devices, whose step cuts the same slices, too (two summands add up alike in either order)."""
+@pytest.mark.parametrize("mode", ["scratch", "builtin"])   # the gather and the cut are every framework's, tested above
+def test_a_sharded_checkpoint_resumes_on_two_processes_bit_for_bit_and_on_one(mode, tmp_path, capsys):
+    """A stage-3 run of 2 processes saves each epoch its weights and Adam's state. PyTorch's scratch step gathers
+    both ranks' slices and rank 0 writes them whole; its FSDP2 engine writes a Distributed Checkpoint, in which each
+    rank wrote its own shard (two .distcp files of about half each). Resumed after epoch 1 on 2 processes the run ends
+    with the uninterrupted run's weights bit for bit; on one process of 2 devices (the scratch step, whose cut is the
+    same) the scratch run's too (two summands add up alike in either order), the engine's within float32 round-off
+    (another program's sums). The engine's checkpoint converts to JAX's files, which compute its logits."""
     from harness.processes.launch import run_workers
+    from harness.training import convert
     from harness.training.checkpoints import checkpoint_name
-    framework_or_skip(framework)
+    framework_or_skip("pytorch")
 
-    def run(folder, processes, **extra):
+    def run(folder, processes, mode, **extra):
         folder.mkdir()
-        spec = RunSpec(framework=framework, devices=2, processes=processes, shard="parameters", dataset="digits",
-                       epochs=2, batch_size=256, seed=2, threads=1, optimizer="adam", lr=1e-3, weight_decay=5e-4,
-                       weights_out=str(folder / "final.npz"), **extra)
+        spec = RunSpec(framework="pytorch", mode=mode, devices=2, processes=processes, shard="parameters",
+                       dataset="digits", epochs=2, batch_size=256, seed=2, threads=1, optimizer="adam", lr=1e-3,
+                       weight_decay=5e-4, weights_out=str(folder / "final.npz"), **extra)
         records = run_workers(spec, timeout=300)
         assert all(r["status"] == "ok" for r in records), records[0].get("error")
         return spec, dict(np.load(folder / "final.npz")), records[0]
     whole = tmp_path / "whole"
-    spec, weights, record = run(whole, 2, checkpoint_dir=str(whole), checkpoint_every=1)
+    spec, weights, record = run(whole, 2, mode, checkpoint_dir=str(whole), checkpoint_every=1)
     assert record["parameter_bytes_per_device"] * 2 == 4 * 129068
-    for processes in (2, 1):
-        _, again, resumed = run(tmp_path / f"on{processes}", processes,
-                                resume_from=str(whole / checkpoint_name(spec, 1)))
+    saved = whole / checkpoint_name(spec, 1)
+    if mode == "builtin":
+        shards = [os.path.getsize(saved / f) for f in sorted(os.listdir(saved)) if f.endswith(".distcp")]
+        assert saved.suffix == ".dcp" and len(shards) == 2 and max(shards) < 0.6 * sum(shards), shards
+        assert sum(shards) > 3 * 4 * 129068   # the weights and Adam's two moments
+        assert shard_counts(saved) == {2}   # every parameter and buffer in two pieces, one each rank's (DTensor shards)
+    for processes, resumed_mode in ((2, mode), (1, "scratch")):
+        _, again, resumed = run(tmp_path / f"on{processes}", processes, resumed_mode, resume_from=str(saved))
         assert resumed["first_epoch"] == 1
         for name, value in weights.items():
-            np.testing.assert_array_equal(again[name], value, err_msg=f"{processes} processes: {name}")
+            if resumed_mode == mode:
+                np.testing.assert_array_equal(again[name], value, err_msg=f"{processes} processes: {name}")
+            else:
+                np.testing.assert_allclose(again[name], value, rtol=0, atol=1e-6, err_msg=f"the scratch step: {name}")
+    if mode == "builtin":
+        last = whole / checkpoint_name(spec, 2)
+        assert convert.main([str(last), str(tmp_path / "lenet-epoch2.orbax"), "--verify", "--dataset", "digits"]) == 0
+        out = capsys.readouterr().out
+        from common.data import load_dataset
+        from harness.training.loop import steps_per_epoch
+        steps = 2 * steps_per_epoch(len(load_dataset("digits").y_train), 256)
+        assert f"with adam's state after {steps} steps" in out, out
+
+
+def shard_counts(path):
+    """How many pieces DCP's metadata has of each tensor in the checkpoint: 2 where each of 2 ranks wrote its
+    own shard, 1 where a tensor whole on every rank was written by one of them."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    entries = FileSystemReader(str(path)).read_metadata().state_dict_metadata.values()
+    return {len(entry.chunks) for entry in entries if isinstance(entry, TensorStorageMetadata) and entry.size.numel() > 1}
 
 
 @pytest.mark.slow   # a worker process a device, 16 rows

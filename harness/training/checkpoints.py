@@ -29,14 +29,14 @@ from common.loss_scaling import ScalerState
 from common.layouts import to_channels_last, to_canonical
 from common.lenet import PARAM_NAMES, PARAM_SHAPES
 from common.optim import OPTIMIZERS, Optimizer, init_state, of_state
-from common.zero import stage
+from common.zero import SHARDED_CHECKPOINTS, stage
 from common.precision import needs_loss_scaling
 
 from ..files import replaced_atomically, replacing
 from ..loader import load_module
 
 SUFFIXES = {"pytorch": ".pt", "mxnet": ".params", "tensorflow": ".weights.h5", "jax": ".orbax"}
-FORMATS = {"pytorch": "PyTorch state_dict (torch.save)", "mxnet": "Gluon save_parameters",
+FORMATS = {"pytorch": "PyTorch state_dict (torch.save, or Distributed Checkpoint)", "mxnet": "Gluon save_parameters",
            "tensorflow": "Keras save_weights", "jax": "Orbax (Flax nnx.state)"}
 EPOCH = re.compile(r"-epoch(\d+)\.")
 
@@ -57,14 +57,27 @@ def run_name(spec):
 
 
 def checkpoint_name(spec, epoch):
-    """run_name-epoch<k><suffix>, e.g. mxnet-builtin-2d-1p-epoch30.params."""
-    return f"{run_name(spec)}-epoch{epoch}{SUFFIXES[spec.framework]}"
+    """run_name-epoch<k><suffix>, e.g. mxnet-builtin-2d-1p-epoch30.params; a sharded checkpoint's suffix is its own
+    (pytorch-builtin-zero3-2d-2p-epoch2.dcp)."""
+    suffix = load_module(spec.framework, "checkpoint").SHARDED_SUFFIX if writes_shards(spec) else \
+        SUFFIXES[spec.framework]
+    return f"{run_name(spec)}-epoch{epoch}{suffix}"
+
+
+def writes_shards(spec):
+    """Whether each rank of the run writes its own shard of a checkpoint, the framework's way (SHARDED_CHECKPOINTS)."""
+    return spec.mode == "builtin" and spec.shard in SHARDED_CHECKPOINTS.get(spec.framework, ())
 
 
 def framework_of(path, hint=""):
-    """The framework whose native checkpoint `path` is, from its suffix."""
+    """The framework whose native checkpoint `path` is, from its suffix; a directory holding DCP's .metadata is
+    PyTorch's Distributed Checkpoint, whatever its name."""
     for name, suffix in SUFFIXES.items():
         if path.rstrip("/").endswith(suffix):
+            return name
+    for name in SHARDED_CHECKPOINTS:
+        checkpoint = load_module(name, "checkpoint")
+        if path.rstrip("/").endswith(checkpoint.SHARDED_SUFFIX) or checkpoint.is_distributed(path):
             return name
     known = ", ".join(f"{suffix} {name}" for name, suffix in SUFFIXES.items())
     raise RosettaError(f"{path}: cannot tell its framework from the name ({known}){hint}")
@@ -185,8 +198,16 @@ def replacing_checkpoint(framework, path, suffix):
 def state_path(framework, path):
     """Where the optimizer state of the weights file `path` is: the same name with the state's suffix (.states
     beside a .params file, as Gluon's save_states names it)."""
+    return stem(framework, path) + load_module(framework, "checkpoint").STATE_SUFFIX
+
+
+def stem(framework, path):
+    """The checkpoint's name without its suffix (the weights file's, or a sharded checkpoint's)."""
     path = path.rstrip("/")
-    return path[:-len(SUFFIXES[framework])] + load_module(framework, "checkpoint").STATE_SUFFIX
+    for suffix in (SUFFIXES[framework], getattr(load_module(framework, "checkpoint"), "SHARDED_SUFFIX", None)):
+        if suffix and path.endswith(suffix):
+            return path[:-len(suffix)]
+    return path
 
 
 def write_state(framework, state, optimizer, path):
@@ -296,8 +317,7 @@ SCALER_SUFFIX = ".loss-scale.json"   # lenet-epoch3.pt's loss scaler: lenet-epoc
 
 def scaler_path(framework, path):
     """Where the loss scaler of the weights file `path` is kept: the same name with SCALER_SUFFIX."""
-    path = path.rstrip("/")
-    return path[:-len(SUFFIXES[framework])] + SCALER_SUFFIX
+    return stem(framework, path) + SCALER_SUFFIX
 
 
 def write_scaler(framework, scaler, steps, path):
@@ -338,7 +358,8 @@ def saver(spec, rank, optimizer, steps_per_epoch):
     """The after-epoch hook of a run with a checkpoint_dir: rank 0 writes the weights (and first the optimizer's
     state, unless it is the recipe's stateless SGD, and fp16's loss scaler) every checkpoint_every epochs (if given)
     and after the last. A sharded state (--shard) is gathered from every rank, so every rank reads it, and the weights
-    too at --shard parameters."""
+    too at --shard parameters; where the framework has a sharded checkpoint of its own (writes_shards), every rank
+    writes its shard of the weights and the state into it instead (after rank 0 the loss scaler)."""
     folder, every = spec.checkpoint_dir, spec.checkpoint_every
     if not folder or (rank != 0 and spec.shard == "none"):
         return None
@@ -346,6 +367,12 @@ def saver(spec, rank, optimizer, steps_per_epoch):
     def save(epoch, runner):
         if epoch == spec.epochs or (every and epoch % every == 0):
             path = os.path.join(folder, checkpoint_name(spec, epoch))
+            if writes_shards(spec):   # every rank its own shard, the framework's way
+                scaler = runner.scaler_state()
+                if scaler is not None and rank == 0:
+                    write_scaler(spec.framework, scaler, epoch * steps_per_epoch, path)
+                runner.save_shards(lambda: replacing_checkpoint(spec.framework, path, os.path.splitext(path)[1]))
+                return
             state = runner.optimizer_state() if keeps_optimizer_state(optimizer) else None
             weights = runner.weights()   # gathered from every rank's slices at --shard parameters
             if rank != 0:
