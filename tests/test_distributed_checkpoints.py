@@ -21,6 +21,7 @@ from test_zero import shard_counts
 from test_stock_gluon_states import (ADAM_TOLERANCE, AFTER, BEFORE, batches, keras_program, networks,  # noqa: F401
                                      optax_program, torch_program)
 
+pytestmark = pytest.mark.slow   # programs of 2 processes
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAM = os.path.join(HERE, "stock_fsdp2_program.py")
 JAX_PROGRAM = os.path.join(HERE, "stock_sharded_jax_program.py")
@@ -42,13 +43,12 @@ def fsdp2_program(batches, folder, optimizer, params):
     return json.loads((folder / "losses.json").read_text())[BEFORE:]
 
 
-@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow) if case == "adam" else case
-                                  for case in CASES])
+@pytest.mark.parametrize("case", CASES)
 def test_stock_keras_and_optax_code_continue_a_stock_fsdp2_program_s_distributed_checkpoint(case, batches, tmp_path,
                                                                                           networks, capsys):
     """Each rank wrote its own shard (two .distcp files, neither the whole); the directory's name says nothing, its
     .metadata says DCP; the optimizer is told by the param_groups get_state_dict keeps, its buffers by parameter
-    name."""
+    name. A rank's shard lost is one line."""
     optimizer, torch_params, target_params = CASES[case]
     torch_losses = fsdp2_program(batches, tmp_path, optimizer, torch_params)
     shards = sorted(f for f in os.listdir(tmp_path / "checkpoint") if f.endswith(".distcp"))
@@ -73,17 +73,13 @@ def test_stock_keras_and_optax_code_continue_a_stock_fsdp2_program_s_distributed
     if case == "momentum":
         keras_losses = keras_program(batches[BEFORE:], tmp_path, target_params, torch_params["weight_decay"])
         np.testing.assert_allclose(keras_losses, torch_losses, rtol=1e-5, err_msg="Keras's continued losses")
-
-
-def test_a_distributed_checkpoint_missing_a_rank_s_shard_is_one_line(batches, tmp_path, networks, capsys):
-    """A shard lost (one rank's .distcp file gone) is said in one line naming the directory; nothing is written."""
-    fsdp2_program(batches[:BEFORE + 1], tmp_path, *CASES["momentum"][:2])
-    os.remove(tmp_path / "checkpoint" / "__1_0.distcp")
-    assert convert.main([str(tmp_path / "checkpoint"), str(tmp_path / "lenet-epoch1.orbax")]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {tmp_path / 'checkpoint'}: not a readable") and "\n" not in err, err
-    assert "FileNotFoundError" in err and "FrameSummary" not in err, err
-    assert not os.path.exists(tmp_path / "lenet-epoch1.orbax")
+        # a rank's shard lost: one line naming the directory, nothing written
+        os.remove(tmp_path / "checkpoint" / "__1_0.distcp")
+        assert convert.main([str(tmp_path / "checkpoint"), str(tmp_path / "lost-epoch1.orbax")]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: {tmp_path / 'checkpoint'}: not a readable") and "\n" not in err, err
+        assert "FileNotFoundError" in err and "FrameSummary" not in err, err
+        assert not os.path.exists(tmp_path / "lost-epoch1.orbax")
 
 
 def sharded_jax_program(batches, folder, params):
