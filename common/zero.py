@@ -41,10 +41,11 @@ SHARDS = ("none", "optimizer", "gradients", "parameters")   # ZeRO's stages 0 to
 # no engine that shards.
 SHARD_ENGINES = {"pytorch": SHARDS[1:], "jax": ("optimizer", "parameters")}
 # The engines whose checkpoints each rank writes its own shard of, the framework's way: FSDP2's, PyTorch's Distributed
-# Checkpoint (pytorch/checkpoint.save_sharded). The others gather the state and one rank writes the whole: the scratch
-# steps' slices are cuts of flat padded buffers, no tensor's shards; ZeroRedundancyOptimizer's own is a state_dict
-# consolidated on rank 0; JAX's jitted step (with its state placed across processes) writes through Orbax from process 0.
-SHARDED_CHECKPOINTS = {"pytorch": ("gradients", "parameters")}
+# Checkpoint (pytorch/checkpoint.save_sharded); JAX's jitted step, Orbax saving its sharded global arrays from every
+# process (jax/checkpoint.save_sharded). The others gather the state and one rank writes the whole: the scratch steps'
+# slices are cuts of flat padded buffers, no tensor's shards; ZeroRedundancyOptimizer's own is a state_dict
+# consolidated on rank 0.
+SHARDED_CHECKPOINTS = {"pytorch": ("gradients", "parameters"), "jax": ("optimizer", "parameters")}
 ITEMSIZE = 4   # float32: parameters, gradients and optimizer state
 
 

@@ -80,7 +80,8 @@ from .data_parallel import flatten, unflatten
 from .execution import DEFAULT_LAYOUT, LAYOUTS, compiler_options
 from .idiomatic import evaluate as evaluate_flax
 from .lenet import evaluate as evaluate_params, forward, held, scaled, to_numpy as params_to_numpy
-from .optimizer import buffers, optax_canonical, optax_state, get_trainer
+from .checkpoint import save_sharded as save_checkpoint
+from .optimizer import at, buffers, flax_paths, optax_canonical, optax_state, get_trainer
 
 
 def EXEC(model):
@@ -753,6 +754,29 @@ def parameter_bytes(model):
     """The bytes of parameters the first local device holds between steps (its slices at --shard parameters; the
     ResNet's BatchNorm statistics are no parameters)."""
     return first_device_bytes(model, model.net[0] if is_resnet(model) else model.net)
+
+
+def save_sharded(model, path, optimizer, replacing):
+    """The engine's checkpoint as its processes hold it, nothing gathered: checkpoint.save_sharded, every process
+    writing its shards of the sliced parameters and Optax state with Orbax. Orbax commits each directory once every
+    process has written (`replacing`, the harness's temporary for frameworks without such a commit, is not needed)."""
+    state = None
+    if model.trainer.opt_state is not None:
+        counts = optax.tree_utils.tree_get_all_with_path(model.trainer.opt_state, "count")
+        (step,) = {int(np.asarray(count.addressable_data(0))) for _, count in counts}
+        state = {"step": step}
+        for slot, kept in buffers(model.trainer.opt_state):
+            state.update({f"{slot}.{name}": a for name, a in named(model, kept).items()})
+    weights = named(model, model.net[0] if is_resnet(model) else model.net)
+    save_checkpoint(weights, bn_state(model) if is_resnet(model) else None, state, optimizer, path)
+
+
+def named(model, tree):
+    """canonical name -> array of a tree laid out as the parameters are (the LeNet's list, the ResNet's nnx.State)."""
+    if not is_resnet(model):
+        return dict(zip(PARAM_NAMES, tree))
+    pure = nnx.to_pure_dict(tree)
+    return {name: at(pure, path) for name, path in flax_paths(local_model(model, params=model.net[0])).items()}
 
 
 def first_device_bytes(model, tree):

@@ -1,7 +1,9 @@
 """JAX checkpoints: Orbax (the checkpoint library of the JAX ecosystem, installed with Flax) saving the Flax
 model's state as a plain nested dict (nnx.to_pure_dict, Flax's recipe for Orbax), a directory,
 restored into a model of the same structure with nnx.replace_by_pure_dict. The arrays are saved as numpy
-arrays: in a multi-process run Orbax refuses host-local jax.Arrays. Orbax writes a temporary directory and
+arrays: in a multi-process run Orbax refuses host-local jax.Arrays. The built-in engine's sharded run (--shard) writes
+the same files from every process (save_sharded): its global jax.Arrays, each process the shards it holds; any file
+reads whole on one process (restored). Orbax writes a temporary directory and
 renames it when complete. The weights are stored in Flax's channels-last layout.
 The optimizer's state is a second Orbax directory, as Flax's checkpointing guide saves an nnx.Optimizer: the pure
 dict of its state (nnx.Optimizer's step and the Optax state of optimizer.py's stock port, which stock Optax code
@@ -18,17 +20,19 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from common import resnet
-from common.layouts import to_channels_last
+from common.layouts import to_canonical, to_channels_last
 from common.lenet import LAYERS, init_weights
 
 from . import resnet as resnet_model
 from .lenet import build_model
-from .optimizer import at, buffers, canonical_state, flax_paths, get_trainer, load_state
+from .optimizer import at, buffers, canonical_state, fill, flax_paths, get_trainer, load_state
 
 KEYS = {f"{layer}.{part}": f"{layer}/{name}" for layer in LAYERS for part, name in (("weight", "kernel"),
                                                                                     ("bias", "bias"))}
 CHANNELS_LAST = True
+SUFFIX = ".orbax"
 STATE_SUFFIX = ".optimizer.orbax"   # lenet-epoch3.orbax's state: lenet-epoch3.optimizer.orbax
+SHARDED_SUFFIX = SUFFIX   # the engine's sharded checkpoints (save_sharded) are the same files, every process writing
 CANONICAL = "momentum_buffer"   # in the state directory: the canonical momentum buffers, where the trace has the rate
 
 
@@ -114,32 +118,77 @@ def save_state(state, optimizer, path):
     (rate_inside) the trace is -lr * the buffer at the last update's rate, and the canonical buffers are saved too
     (CANONICAL). The network is the state's: its buffers' names (`<slot>.<name>`) are the LeNet's or the ResNet's,
     whose width their stem's shape gives (a state without buffers, plain SGD's, is the same for both: the LeNet's)."""
+    tree, kept = state_trees(state, optimizer)
+    with checkpointer() as saver:
+        saver.save(os.path.abspath(path), tree)
+        if kept is not None:
+            saver.save(os.path.join(os.path.abspath(path), CANONICAL), kept)
+
+
+def state_trees(state, optimizer, held=None):
+    """(the stock nnx.Optimizer's pure dict holding the canonical `state`, the CANONICAL tree or None): save_state's
+    trees. `held`: the buffers as a run's processes hold them ("<slot>.<name>" -> a global jax.Array in Flax's layout,
+    sliced or whole), put in the trees in place of `state`'s (which then gives their shapes only)."""
     names = {key.split(".", 1)[1]: a for key, a in state.items() if key != "step"}
     width = resnet.width_of(names) if "stem.conv.weight" in names else None
     module = idiomatic(*any_weights(width))
     trainer = nnx.Optimizer(module, get_trainer(optimizer, port="stock"), wrt=nnx.Param)
     paths, stock, inside = flax_paths(module), state, rate_inside(optimizer)
+    rate = optimizer.learning_rate(max(state["step"] - 1, 0)) if inside else None   # a state of no steps: zeros
     if inside:
-        rate = optimizer.learning_rate(max(state["step"] - 1, 0))   # a state of no steps has zero buffers
         stock = {key: (-rate * np.asarray(a, np.float64)).astype(np.float32) if key.startswith("momentum_buffer.")
                  else a for key, a in state.items()}
     load_state(trainer, stock, paths)
-    with checkpointer() as saver:
-        saver.save(os.path.abspath(path), jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(trainer))))
-        if inside:
-            saver.save(os.path.join(os.path.abspath(path), CANONICAL),
-                       module_tree({name: state[f"momentum_buffer.{name}"] for name in paths}, paths))
+    tree = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(trainer)))   # numpy: Orbax's multi-process save
+    if held is not None:                                                    # refuses a process's own jax.Arrays
+        placed = {key: -rate * a if inside and key.startswith("momentum_buffer.") else a for key, a in held.items()}
+        fill(tree.get("opt_state", {}), placed, paths, laid_out=True)
+    if not inside:
+        return tree, None
+    if held is not None:
+        return tree, module_tree({name: held[f"momentum_buffer.{name}"] for name in paths}, paths, laid_out=True)
+    return tree, module_tree({name: state[f"momentum_buffer.{name}"] for name in paths}, paths)
 
 
-def module_tree(arrays, paths):
+def save_sharded(weights, bn_state, state, optimizer, path):
+    """A checkpoint written as a multi-process run holds it, nothing gathered: `weights` (canonical name -> a global
+    jax.Array in Flax's layout, sliced over the processes' devices or whole) and the optimizer's `state` ("step", and
+    "<slot>.<name>" global arrays so laid out; None for the recipe's plain SGD), saved by every process with Orbax in
+    the trees save and save_state write, each process writing the shards it holds (a whole array once). `bn_state`:
+    the ResNet's running statistics, this process's (numpy: process 0's are written). The state first; Orbax renames
+    each directory once every process has written (its own atomic commit)."""
+    shapes = {name: to_canonical(name, np.zeros(a.shape, np.float32)) for name, a in weights.items()}
+    module = idiomatic(*((shapes,) if bn_state is None else (shapes, bn_state)))
+    tree = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(module)))
+    load_weights(tree, weights, flax_paths(module))
+    with ocp.StandardCheckpointer() as saver:   # every process: each writes its shards
+        if state is not None:
+            zeros = {key: value if key == "step" else shapes[key.split(".", 1)[1]] for key, value in state.items()}
+            trees = state_trees(zeros, optimizer, held={key: a for key, a in state.items() if key != "step"})
+            where = os.path.abspath(path)[:-len(SUFFIX)] + STATE_SUFFIX
+            saver.save(where, trees[0], force=True)
+            if trees[1] is not None:
+                saver.wait_until_finished()
+                saver.save(os.path.join(where, CANONICAL), trees[1], force=True)
+            saver.wait_until_finished()
+        saver.save(os.path.abspath(path), tree, force=True)
+
+
+def load_weights(tree, weights, paths):
+    """Each weight into a pure dict of the module's state, at its path."""
+    for name, path in paths.items():
+        at(tree, path[:-1])[path[-1]] = weights[name]
+
+
+def module_tree(arrays, paths, laid_out=False):
     """Canonical arrays by name as nested dicts at their parameters' `paths` in the Flax module, channels-last: how
-    an nnx.Optimizer's pure dict keeps a buffer."""
+    an nnx.Optimizer's pure dict keeps a buffer. `laid_out`: the arrays are channels-last already (global arrays)."""
     tree = {}
     for name, path in paths.items():
         node = tree
         for key in path[:-1]:
             node = node.setdefault(key, {})
-        node[path[-1]] = to_channels_last(name, np.asarray(arrays[name]))
+        node[path[-1]] = arrays[name] if laid_out else to_channels_last(name, np.asarray(arrays[name]))
     return tree
 
 

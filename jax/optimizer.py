@@ -275,23 +275,28 @@ def load_state(trainer, state, paths):
     """Put the canonical `state` into an nnx.Optimizer: its pure dict with the buffers at `paths` (flax_paths' of its
     module; channels-last, as the weights are: to_channels_last) and every count replaced, then replace_by_pure_dict
     (Flax's own restore). Buffers go in as given, a wrong shape too (for the harness's read_state to name)."""
-    def replace(tree):
-        slots = slots_of(tree)
-        for key, value in tree.items():
-            if key in slots:
-                for name, path in paths.items():
-                    at(value, path[:-1])[path[-1]] = jnp.asarray(to_channels_last(name, state[f"{slots[key]}.{name}"]))
-            elif key == "count":
-                tree[key] = jnp.asarray(state["step"], value.dtype)
-            elif isinstance(value, dict):
-                replace(value)
-
     pure = nnx.to_pure_dict(nnx.state(trainer))
     pure["step"] = jnp.asarray(state["step"], pure["step"].dtype)
-    replace(pure.get("opt_state", {}))   # none at all for plain SGD at a constant rate: every part keeps nothing
+    fill(pure.get("opt_state", {}), state, paths)   # none at all for plain SGD at a constant rate: nothing kept
     saved = nnx.state(trainer)
     nnx.replace_by_pure_dict(saved, pure)
     nnx.update(trainer, saved)
+
+
+def fill(tree, state, paths, laid_out=False):
+    """The buffers of `state` ("<slot>.<name>") into an Optax state's pure dict, at their parameters' `paths`, and its
+    every count at state["step"] where it has one. `laid_out`: the buffers are in Flax's layout already (global
+    arrays, placed as they are)."""
+    slots = slots_of(tree)
+    for key, value in tree.items():
+        if key in slots:
+            for name, path in paths.items():
+                buffer = state[f"{slots[key]}.{name}"]
+                at(value, path[:-1])[path[-1]] = buffer if laid_out else jnp.asarray(to_channels_last(name, buffer))
+        elif key == "count" and "step" in state:
+            tree[key] = jnp.asarray(state["step"], value.dtype)
+        elif isinstance(value, dict):
+            fill(value, state, paths, laid_out)
 
 
 def find(tree, key):

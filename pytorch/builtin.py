@@ -299,8 +299,9 @@ def optimizer_state(model):
     return canonical_state(saved, trainer.names)
 
 
-def save_sharded(model, replacing):
-    """FSDP2's checkpoint, each rank writing its own shard (checkpoint.save_sharded: Distributed Checkpoint)."""
+def save_sharded(model, path, optimizer, replacing):
+    """FSDP2's checkpoint at `path`, each rank writing its own shard (checkpoint.save_sharded: Distributed Checkpoint;
+    the trainer holds the optimizer): `replacing()` gives rank 0 the temporary directory that becomes it."""
     save_checkpoint(model.net, model.trainer, replacing)
 
 

@@ -77,7 +77,8 @@ def framework_of(path, hint=""):
             return name
     for name in SHARDED_CHECKPOINTS:
         checkpoint = load_module(name, "checkpoint")
-        if path.rstrip("/").endswith(checkpoint.SHARDED_SUFFIX) or checkpoint.is_distributed(path):
+        distributed = getattr(checkpoint, "is_distributed", lambda path: False)
+        if path.rstrip("/").endswith(checkpoint.SHARDED_SUFFIX) or distributed(path):
             return name
     known = ", ".join(f"{suffix} {name}" for name, suffix in SUFFIXES.items())
     raise RosettaError(f"{path}: cannot tell its framework from the name ({known}){hint}")
@@ -371,7 +372,9 @@ def saver(spec, rank, optimizer, steps_per_epoch):
                 scaler = runner.scaler_state()
                 if scaler is not None and rank == 0:
                     write_scaler(spec.framework, scaler, epoch * steps_per_epoch, path)
-                runner.save_shards(lambda: replacing_checkpoint(spec.framework, path, os.path.splitext(path)[1]))
+                suffix = load_module(spec.framework, "checkpoint").SHARDED_SUFFIX
+                runner.save_shards(path, optimizer if keeps_optimizer_state(optimizer) else None,
+                                   lambda: replacing_checkpoint(spec.framework, path, suffix))
                 return
             state = runner.optimizer_state() if keeps_optimizer_state(optimizer) else None
             weights = runner.weights()   # gathered from every rank's slices at --shard parameters

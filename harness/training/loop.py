@@ -200,11 +200,12 @@ class Builtin(Scratch):
     def optimizer_state(self):
         return self.engine.optimizer_state(self.model)
 
-    def save_shards(self, replacing):
-        """Every rank's shard of the weights and the optimizer's state into the framework's own sharded checkpoint
-        (its checkpoint.py's save_sharded; common.zero.SHARDED_CHECKPOINTS), a collective: `replacing()` gives rank 0
-        the temporary directory that replaces the checkpoint once written."""
-        self.engine.save_sharded(self.model, replacing)
+    def save_shards(self, path, optimizer, replacing):
+        """Every rank's shard of the weights and the optimizer's state into the framework's own sharded checkpoint at
+        `path` (its engine's save_sharded; common.zero.SHARDED_CHECKPOINTS), a collective: `replacing()` gives rank 0
+        a temporary directory that replaces the checkpoint once written, where the framework does not commit it
+        itself."""
+        self.engine.save_sharded(self.model, path, optimizer, replacing)
 
     def state_bytes(self):
         """What an engine that shards (common.zero.SHARD_ENGINES) measures of its optimizer's state on one device,
