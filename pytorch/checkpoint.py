@@ -157,7 +157,8 @@ def parts(saved):
             found["scheduler"].append(key)
     for part, keys in found.items():
         if len(keys) > 1:
-            raise ValueError(f"a general checkpoint with {len(keys)} {part} state_dicts ({', '.join(map(repr, keys))})")
+            named = ", ".join(repr(".".join(map(str, key))) for key in keys)
+            raise ValueError(f"a general checkpoint with {len(keys)} {part} state_dicts ({named})")
     if not found["model"]:
         raise ValueError(f"no model state_dict in it (its entries: {', '.join(map(repr, saved))})")
     whole = {part: entry(saved, keys[0]) if keys else None for part, keys in found.items()}
@@ -166,22 +167,23 @@ def parts(saved):
     return whole
 
 
-def entries(saved, prefix=""):
-    """(dotted key, dict) of a general checkpoint's dict entries, and of those of a dict that is no part itself."""
+def entries(saved, path=()):
+    """(key path, dict) of a general checkpoint's dict entries, and of those of a dict that is no part itself."""
     for key, value in saved.items():
         if not isinstance(value, dict) or not value:
             continue
         is_part = all(isinstance(v, torch.Tensor) for v in value.values()) or {"state", "param_groups"} <= set(value) \
             or {"scale", "_growth_tracker"} <= set(value) or "last_epoch" in value
         if is_part:
-            yield prefix + str(key), value
+            yield (*path, key), value
         else:
-            yield from entries(value, f"{prefix}{key}.")
+            yield from entries(value, (*path, key))
 
 
-def entry(saved, key):
-    for part in key.split("."):
-        saved = saved[part]
+def entry(saved, path):
+    """The value at a key path (entries') in nested dicts."""
+    for key in path:
+        saved = saved[key]
     return saved
 
 
