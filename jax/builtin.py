@@ -768,7 +768,11 @@ def save_sharded(model, path, optimizer, replacing):
         for slot, kept in buffers(model.trainer.opt_state):
             state.update({f"{slot}.{name}": a for name, a in named(model, kept).items()})
     weights = named(model, model.net[0] if is_resnet(model) else model.net)
-    save_checkpoint(weights, bn_state(model) if is_resnet(model) else None, state, optimizer, path)
+    stats = None
+    if is_resnet(model):   # this process's first device's statistics, beside parameters of their shapes alone
+        shaped = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), model.net[0])
+        stats = resnet.model_to_numpy(local_model(model, params=shaped))[1]
+    save_checkpoint(weights, stats, state, optimizer, path)
 
 
 def named(model, tree):
