@@ -145,9 +145,8 @@ def state_trees(state, optimizer, held=None):
         fill(tree.get("opt_state", {}), placed, paths, laid_out=True)
     if not inside:
         return tree, None
-    if held is not None:
-        return tree, module_tree({name: held[f"momentum_buffer.{name}"] for name in paths}, paths, laid_out=True)
-    return tree, module_tree({name: state[f"momentum_buffer.{name}"] for name in paths}, paths)
+    kept = state if held is None else held
+    return tree, module_tree({name: kept[f"momentum_buffer.{name}"] for name in paths}, paths, laid_out=held is not None)
 
 
 def save_sharded(weights, bn_state, state, optimizer, path):
