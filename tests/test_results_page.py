@@ -153,3 +153,9 @@ def test_the_page_reads_as_a_page():
     assert all(len(line) <= 300 for line in text.splitlines())
     for heading, body in sections(text):
         assert all(len(headings) <= 10 for headings, _ in tables(body)), heading
+
+
+def test_the_page_fits_its_budget():
+    """At most 300 lines: each answer with the rows that check it, the rest left to its file."""
+    lines = len(page().splitlines())
+    assert lines <= 300, f"docs/results.md is {lines} lines; its budget is 300"
