@@ -39,6 +39,7 @@ if ROOT not in sys.path:
 
 from common import FRAMEWORKS, Unavailable  # noqa: E402
 from harness.loader import load_framework  # noqa: E402
+from worker_groups import keep_together  # noqa: E402
 
 # .ci/run sets this: CI installs every framework, so there a framework that is not installed fails the suite.
 REQUIRE_ALL = os.environ.get("ROSETTA_REQUIRE_ALL_FRAMEWORKS") == "1"
@@ -227,11 +228,12 @@ SHARED_BY_ONE_WORKER = {"two_hosts", "one_host_rows"}
 
 @pytest.hookimpl(tryfirst=True)   # before -m deselects
 def pytest_collection_modifyitems(config, items):
-    """SLOW_REPEATS marked slow; a name there that a collected file does not have fails the collection."""
+    """SLOW_REPEATS marked slow; a name there that a collected file does not have fails the collection. The tests of
+    SHARED_BY_ONE_WORKER's fixtures kept on one worker (tests/worker_groups.py)."""
+    keep_together(config, items, "one-worker",
+                  lambda item: SHARED_BY_ONE_WORKER & set(getattr(item, "fixturenames", ())))
     found, files = set(), set()
     for item in items:
-        if SHARED_BY_ONE_WORKER & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("one-worker"))
         name = f"{os.path.basename(str(item.fspath))}::{item.name}"
         files.add(name.split("::")[0])
         if name in SLOW_REPEATS:

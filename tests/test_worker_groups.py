@@ -1,0 +1,50 @@
+"""The suite's shared fixtures are made once: the tests that use them run on one pytest-xdist worker
+(tests/worker_groups.py), checked here on a small suite of its own run the way the README runs ours."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+CONFTEST = f"""
+import sys
+sys.path.insert(0, {TESTS!r})
+from worker_groups import keep_together
+
+def pytest_collection_modifyitems(config, items):
+    keep_together(config, items, "one-worker", lambda item: "shared" in item.fixturenames)
+"""
+
+SUITE = """
+import os
+import pytest
+
+@pytest.fixture(scope="session")
+def shared():
+    return os.environ["PYTEST_XDIST_WORKER"]
+
+@pytest.mark.parametrize("i", range(6))
+def test_shared(i, shared):
+    assert shared == os.environ["PYTEST_XDIST_WORKER"]
+
+@pytest.mark.parametrize("i", range(6))
+def test_alone(i):
+    pass
+"""
+
+
+@pytest.mark.slow   # a pytest of two worker processes
+def test_the_tests_of_a_shared_fixture_run_on_one_worker(tmp_path):
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = \"--dist loadgroup\"\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-v", "-p", "no:cacheprovider"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:]
+    ran = re.findall(r"\[(gw\d)\] \[ *\d+%\] PASSED test_suite.py::(test_\w+)\[(\d)\](@one-worker)?", done.stdout)
+    assert len(ran) == 12, done.stdout[-2000:]
+    shared = {(worker, suffix) for worker, name, _, suffix in ran if name == "test_shared"}
+    assert len(shared) == 1 and shared.pop()[1] == "@one-worker", ran   # one worker, named with the group
