@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from common import FRAMEWORKS
+from common.optim import Optimizer
 from harness.processes.launch import run_workers
+from harness.spec import RunSpec
 from conftest import assert_evaluated_together, follow, framework_or_skip, processes_by_role, run_compare, \
     run_processes, skip_not_installed, wait_for_training
 
@@ -21,11 +23,14 @@ pytestmark = pytest.mark.slow   # every test here starts real worker processes
 CONFIGS = [("builtin", 2, 1)]
 
 
-def one_step(framework, mode, devices, processes, tmp_path, steps=1, allreduce="per-tensor"):
+# One step of the recipe on 97 digits: every engine and process count against the scratch step in this process.
+STEP = {"dataset": "digits", "epochs": 1, "batch_size": 97, "lr": 0.2, "seed": 5, "threads": 1, "max_steps": 1}
+
+
+def one_step(framework, mode, devices, processes, tmp_path, allreduce="per-tensor"):
     out = tmp_path / f"{framework}-{mode}-{devices}-{processes}-{allreduce}.npz"
-    spec = {"framework": framework, "mode": mode, "devices": devices, "processes": processes,
-            "dataset": "digits", "epochs": 1, "batch_size": 97, "lr": 0.2, "seed": 5, "threads": 1,
-            "max_steps": steps, "weights_out": str(out), "allreduce": allreduce}
+    spec = {"framework": framework, "mode": mode, "devices": devices, "processes": processes, **STEP,
+            "weights_out": str(out), "allreduce": allreduce}
     results = run_workers(spec, timeout=240)
     if results[0]["status"] == "skipped":   # Unavailable: the framework is not installed
         skip_not_installed(results[0]["error"])
@@ -35,15 +40,15 @@ def one_step(framework, mode, devices, processes, tmp_path, steps=1, allreduce="
     return loss, dict(np.load(out))
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The in-process scratch step on 2 devices, per framework (computed once)."""
-    cache = {}
-
+@pytest.fixture
+def reference(recipe_runs):
+    """(loss, weights) of the scratch step on 2 devices in this process, per framework: one_step's step, run once a
+    session (conftest.recipe_runs)."""
     def get(framework):
-        if framework not in cache:
-            cache[framework] = one_step(framework, "scratch", 2, 1, tmp_path_factory.mktemp("ref"))
-        return cache[framework]
+        framework_or_skip(framework)
+        spec = RunSpec(framework=framework, mode="scratch", devices=2, **STEP)
+        weights, _, record = recipe_runs(spec, Optimizer(lr=STEP["lr"]))
+        return record["step_loss_sums"][0] / record["step_sizes"][0], weights
     return get
 
 
@@ -174,8 +179,7 @@ def hand_launched(tmp_path_factory):
         framework_or_skip(framework)
         if framework not in cache:
             folder = tmp_path_factory.mktemp(f"hand-{framework}")
-            spec = {"framework": framework, "mode": "scratch", "devices": 2, "processes": 2, "dataset": "digits",
-                    "epochs": 1, "batch_size": 97, "lr": 0.2, "seed": 5, "threads": 1, "max_steps": 1,
+            spec = {"framework": framework, "mode": "scratch", "devices": 2, "processes": 2, **STEP,
                     "weights_out": str(folder / "weights.npz")}
             cache[framework] = (launch_by_hand(framework, spec, folder), dict(np.load(folder / "weights.npz")))
         return cache[framework]
