@@ -19,16 +19,15 @@ def pytest_collection_modifyitems(config, items):
 """
 
 SUITE = """
-import os
 import pytest
 
 @pytest.fixture(scope="session")
 def shared():
-    return os.environ["PYTEST_XDIST_WORKER"]
+    return "made once a worker"
 
 @pytest.mark.parametrize("i", range(6))
 def test_shared(i, shared):
-    assert shared == os.environ["PYTEST_XDIST_WORKER"]
+    pass
 
 @pytest.mark.parametrize("i", range(6))
 def test_alone(i):
