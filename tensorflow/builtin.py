@@ -64,7 +64,7 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
 
 # One graph for the whole step, traced per model and micro-batch count; reduce_retracing: shard shapes become None
 # after one change.
-@tf.function(reduce_retracing=True)
+@tf.function(reduce_retracing=True, autograph=False)
 def step_on_replicas(strategy, net, trainer, X, y, batch_size=None, accumulate=1):
     """batch_size (a tensor), for an optimizer's trainer: the replicas' gradients are summed here and divided by
     it, the global batch's mean on every replica, which the trainer clips and applies as it is (Keras would clip

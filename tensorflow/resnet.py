@@ -190,7 +190,7 @@ def loss_and_grads(replicas, bn_states, X_shards, y_shards, devices, sync=False,
         new_states
 
 
-@tf.function(reduce_retracing=True)
+@tf.function(reduce_retracing=True, autograph=False)
 def predict(params, bn_state, X, layout=DEFAULT_LAYOUT):
     """Class indices in inference mode (the running statistics); traced per layout."""
     return tf.argmax(forward(params, bn_state, X, training=False, layout=layout), 1)
