@@ -1,12 +1,11 @@
 """The optimizer in PyTorch, twice: by hand for the scratch step (its state a list of buffers per slot, one replica's),
 and as torch.optim's own classes and schedulers for the built-in and idiomatic modes. common/optim.py is PyTorch's
 conventions, so the stock SGD, Adam, AdamW, RMSprop and Adagrad compute it as they are: no subclass."""
+import sys
 import typing
 import warnings
 
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim import lr_scheduler
 
 from common import lenet, resnet
@@ -172,6 +171,14 @@ class Trainer(typing.NamedTuple):
                 self.scheduler.step()
 
 
+# torch.distributed.optim and torch.distributed.tensor (ZeroRedundancyOptimizer, FSDP2's DTensor) take 1.3 s to import
+# here, a third of a scratch worker's start: imported where a sharded run uses them (builtin.py imports them for its
+# engines). A tensor made by torch.distributed.tensor exists only once that module is imported.
+def is_dtensor(p):
+    tensor = sys.modules.get("torch.distributed.tensor")
+    return tensor is not None and isinstance(p, tensor.DTensor)
+
+
 def buffer_like(p, array):
     """The canonical array as a buffer of parameter p: on its device, with its strides (empty_like keeps a dense
     tensor's); an array of another shape as it is. FSDP2's parameter is a DTensor (its shape the whole one's): the
@@ -180,7 +187,8 @@ def buffer_like(p, array):
     t = torch.tensor(array, device=p.device)
     if t.shape != p.shape:
         return t
-    if isinstance(p, DTensor):
+    if is_dtensor(p):
+        from torch.distributed.tensor import distribute_tensor
         return distribute_tensor(t, p.device_mesh, p.placements, src_data_rank=None)
     return torch.empty_like(p, requires_grad=False).copy_(t)
 
@@ -228,8 +236,11 @@ def get_trainer(parameters, optimizer, state=None, names=None, zero=False):
     else:
         torch_class = torch.optim.AdamW if o.decoupled else torch.optim.Adam
         hyper = dict(lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-    torch_optimizer = (ZeroRedundancyOptimizer(parameters, torch_class, **hyper) if zero
-                       else torch_class(parameters, **hyper))
+    if zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        torch_optimizer = ZeroRedundancyOptimizer(parameters, torch_class, **hyper)
+    else:
+        torch_optimizer = torch_class(parameters, **hyper)
     names = NAMES_BY_COUNT.get(len(parameters)) if names is None else tuple(names)
     trainer = Trainer(torch_optimizer, get_schedule(torch_optimizer, o), o.clip_norm, names)
     if state is not None:
