@@ -171,14 +171,6 @@ class Trainer(typing.NamedTuple):
                 self.scheduler.step()
 
 
-# torch.distributed.optim and torch.distributed.tensor (ZeroRedundancyOptimizer, FSDP2's DTensor) take 1.3 s to import
-# here, a third of a scratch worker's start: imported where a sharded run uses them (builtin.py imports them for its
-# engines). A tensor made by torch.distributed.tensor exists only once that module is imported.
-def is_dtensor(p):
-    tensor = sys.modules.get("torch.distributed.tensor")
-    return tensor is not None and isinstance(p, tensor.DTensor)
-
-
 def buffer_like(p, array):
     """The canonical array as a buffer of parameter p: on its device, with its strides (empty_like keeps a dense
     tensor's); an array of another shape as it is. FSDP2's parameter is a DTensor (its shape the whole one's): the
@@ -187,9 +179,11 @@ def buffer_like(p, array):
     t = torch.tensor(array, device=p.device)
     if t.shape != p.shape:
         return t
-    if is_dtensor(p):
-        from torch.distributed.tensor import distribute_tensor
-        return distribute_tensor(t, p.device_mesh, p.placements, src_data_rank=None)
+    # torch.distributed.tensor and .optim take 1.3 s to import, a third of a scratch worker's start: they are imported
+    # where a sharded run uses them (builtin.py, for its engines), and a DTensor exists only once they are
+    dtensors = sys.modules.get("torch.distributed.tensor")
+    if dtensors is not None and isinstance(p, dtensors.DTensor):
+        return dtensors.distribute_tensor(t, p.device_mesh, p.placements, src_data_rank=None)
     return torch.empty_like(p, requires_grad=False).copy_(t)
 
 
