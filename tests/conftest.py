@@ -222,9 +222,10 @@ SLOW_REPEATS = {
 
 # The suite runs on two worker processes (pytest-xdist, `-n 2 --dist loadgroup`: a 2-core machine's fast tier 5 min 9 s
 # on one, 3 min 16 s on two). Session fixtures that make something only one of them may have at a time (the two test
-# hosts' network namespaces, fixed names) or that are worth running once (compare.py's one-host rows, a few minutes)
-# keep every test that uses them on one worker.
-SHARED_BY_ONE_WORKER = {"two_hosts", "one_host_rows"}
+# hosts' network namespaces, fixed names) or that are worth running once (compare.py's one-host rows, a few minutes;
+# the shrunk benchmark and the small PyTorch run, which several files check) keep every test that uses them on one
+# worker.
+SHARED_BY_ONE_WORKER = {"two_hosts", "one_host_rows", "benchmark_run", "small_pytorch_run"}
 
 
 @pytest.hookimpl(tryfirst=True)   # before -m deselects
@@ -443,6 +444,45 @@ def one_host_rows(tmp_path_factory):
                        "--profile", str(folder / "traces"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {r["framework"]: r for r in json.loads(out.read_text())["runs"]}
+
+
+# compare.py --benchmark shrunk to PyTorch on a few steps: a shared row and per-device rows of 1 and 2 devices and
+# processes, scratch and built-in (the last the same run as the one before it: skipped, said so). Its rows, files
+# and calibration are tests/test_cores.py's and tests/test_calibration.py's subjects.
+BENCHMARK_PLAN = [("scratch", ("default",), ((1, 1),), "shared", ("default",)),
+                  ("scratch", ("default",), ((1, 1), (2, 1), (2, 2)), "per-device", ("default",)),
+                  ("builtin", ("default",), ((2, 1), (2, 2)), "per-device", ("default",))]
+
+
+@pytest.fixture(scope="session")
+def benchmark_run(tmp_path_factory):
+    """The folder a real `compare.py --benchmark --frameworks pytorch` of BENCHMARK_PLAN wrote its results/ into, run
+    once a session in this process (compare.main) and read by every test that checks a part of it."""
+    framework_or_skip("pytorch")
+    import compare
+    from harness.run import options
+    folder = tmp_path_factory.mktemp("benchmark")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(options, "BENCHMARK", {**options.BENCHMARK, "n_synthetic": 1200, "repeats": 1,
+                                             "plan": BENCHMARK_PLAN})
+        patch.setattr(compare, "raise_on_signals", lambda: None)   # pytest keeps its own handlers
+        patch.chdir(folder)   # results/ is written here
+        assert compare.main(["--benchmark", "--frameworks", "pytorch"]) == 0
+    return folder / "results"
+
+
+@pytest.fixture(scope="session")
+def small_pytorch_run(tmp_path_factory):
+    """A small PyTorch run of compare.py as a user starts it, on 1 and 2 devices, 5 epochs of digits in batches of 128,
+    with a target accuracy: (the finished process, its JSON). Read by tests/test_compare.py (the documented JSON) and
+    tests/test_time_to_accuracy.py (the epochs' accuracies and the time to the target)."""
+    import json
+    framework_or_skip("pytorch")
+    out = tmp_path_factory.mktemp("small-run") / "r.json"
+    proc = run_compare("--frameworks", "pytorch", "--devices", "1,2", "--epochs", "5", "--batch-size", "128",
+                       "--target-accuracy", "0.5", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, json.loads(out.read_text())
 
 
 @pytest.fixture(scope="session")

@@ -59,28 +59,21 @@ def test_a_quiet_record_has_no_warning():
 
 
 @pytest.mark.slow
-def test_the_benchmark_records_its_calibration_and_each_row_s_share_of_peak(tmp_path, monkeypatch):
-    """A real --benchmark, shrunk to one small row: the JSON holds the matmul peak at the start and the end
+def test_the_benchmark_records_its_calibration_and_each_row_s_share_of_peak(benchmark_run):
+    """A real --benchmark, shrunk (conftest.benchmark_run): the JSON holds the matmul peak at the start and the end
     and the load record; each row's fraction of peak is its GFLOP/s over their mean; the markdown says so."""
     import json
-
-    import compare
-    from harness.run import options
-    from conftest import framework_or_skip
-    framework_or_skip("pytorch")
-    monkeypatch.setattr(options, "BENCHMARK", {**options.BENCHMARK, "n_synthetic": 600, "repeats": 1,
-                                               "plan": [("scratch", ("default",), ((1, 1),), "shared", ("default",))]})
-    monkeypatch.setattr(compare, "raise_on_signals", lambda: None)   # pytest keeps its own handlers
-    monkeypatch.chdir(tmp_path)   # results/ is written here
-    assert compare.main(["--benchmark", "--frameworks", "pytorch"]) == 0
-    content = json.loads((tmp_path / "results" / "benchmark.json").read_text())
+    content = json.loads((benchmark_run / "benchmark.json").read_text())
     calibration, load = content["environment"]["calibration"], content["environment"]["load"]
     start, end = calibration["matmul_peak_gflops_start"], calibration["matmul_peak_gflops_end"]
     assert start > 1 and end > 1 and {"quiet", "other_cpu_share", "loadavg_start"} <= set(load)
-    (row,) = content["runs"]
-    assert row["peak_fraction"] == pytest.approx(row["gflops"] / ((start + end) / 2))
-    markdown = (tmp_path / "results" / "benchmark.md").read_text()
-    assert "Float32 matmul peak" in markdown and f"{100 * row['peak_fraction']:.0f}%" in markdown
+    markdown = (benchmark_run / "benchmark.md").read_text()
+    assert "Float32 matmul peak" in markdown
+    trained = [row for row in content["runs"] if row["status"] == "ok"]
+    assert len(trained) == 5
+    for row in trained:
+        assert row["peak_fraction"] == pytest.approx(row["gflops"] / ((start + end) / 2))
+        assert f"{100 * row['peak_fraction']:.0f}%" in markdown
 
 
 @pytest.mark.slow

@@ -129,21 +129,10 @@ def test_the_peak_memory_of_training_leaves_out_what_came_before():
 
 @pytest.mark.slow
 @pytest.mark.skipif(len(USABLE) < 2, reason="a core per device for 2 devices needs 2 usable cores")
-def test_the_benchmark_reports_both_core_settings_in_every_file(tmp_path, monkeypatch):
-    """A real --benchmark shrunk to PyTorch on a few steps: shared and per-device rows, the per-device rows'
-    thread counts, the scaling section in the markdown, and a CSV with every printed column."""
-    import compare
-    from harness.run import options
-    framework_or_skip("pytorch")
-    monkeypatch.setattr(options, "BENCHMARK", {
-        **options.BENCHMARK, "n_synthetic": 1200, "repeats": 1,
-        "plan": [("scratch", ("default",), ((1, 1),), "shared", ("default",)),
-                 ("scratch", ("default",), ((1, 1), (2, 1), (2, 2)), "per-device", ("default",)),
-                 ("builtin", ("default",), ((2, 1), (2, 2)), "per-device", ("default",))]})
-    monkeypatch.setattr(compare, "raise_on_signals", lambda: None)   # pytest keeps its own handlers
-    monkeypatch.chdir(tmp_path)
-    assert compare.main(["--benchmark", "--frameworks", "pytorch"]) == 0
-    content = json.loads((tmp_path / "results" / "benchmark.json").read_text())
+def test_the_benchmark_reports_both_core_settings_in_every_file(benchmark_run):
+    """A real --benchmark shrunk to PyTorch on a few steps (conftest.benchmark_run): shared and per-device rows, the
+    per-device rows' thread counts, the scaling section in the markdown, and a CSV with every printed column."""
+    content = json.loads((benchmark_run / "benchmark.json").read_text())
     runs = content["runs"]
     steady = content["environment"]["calibration"]["lockstep"]   # the machine's own waiting, for the 2-process rows
     assert steady["cores"] == USABLE[:2] and steady["lockstep_seconds"] > steady["step_seconds"] > 0
@@ -153,10 +142,10 @@ def test_the_benchmark_reports_both_core_settings_in_every_file(tmp_path, monkey
     assert "the same run as pytorch builtin (default), 2 device(s), 2 process(es)" in runs[-1]["error"]
     assert runs[4]["compiles"] == "nothing" and runs[0]["compiles"] == "nothing"
     assert all(0 < r["train_memory_bytes"] < r["peak_rss_bytes"] for r in runs[:5])
-    markdown = (tmp_path / "results" / "benchmark.md").read_text()
+    markdown = (benchmark_run / "benchmark.md").read_text()
     assert "| 1 per device |" in markdown and "shared, 2 " in markdown and "efficiency |" in markdown
     assert "waiting for the slower step +" in markdown
-    with open(tmp_path / "results" / "benchmark.csv") as f:
+    with open(benchmark_run / "benchmark.csv") as f:
         table = list(csv.DictReader(f))
     assert len(table) == len(runs)
     for column in ("epochs", "train_seconds", "final_loss", "step1_loss_diff", "cores", "compiles", "layout",
