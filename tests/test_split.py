@@ -127,6 +127,7 @@ def test_a_trial_stopped_while_its_step_is_split_is_kept_with_what_was_measured(
     import compare
     monkeypatch.setattr(compare, "raise_on_signals", lambda: None)
     monkeypatch.setattr("harness.run.trials.matmul_peak", lambda threads: 100.0)
+    monkeypatch.setattr("harness.run.trials.low_matmul_peaks", lambda threads, names: {"fp32": 100.0})
     monkeypatch.setattr("harness.run.trials.machine_lockstep", lambda cores: {   # test_calibration's subject
         "cores": list(cores), "step_seconds": 0.1, "lockstep_seconds": 0.11})
     monkeypatch.setattr("harness.run.trials.run_trial", lambda spec, dataset, args, label: {

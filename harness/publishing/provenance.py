@@ -94,8 +94,7 @@ def environment_line(env):
         line += f". Float32 matmul peak at {calibration['threads']} thread(s), start -> end: {peaks} GFLOP/s"
         low = calibration.get("low_matmul_peaks_gflops")
         if low:
-            line += (f"; PyTorch's matmul at the start: fp32 {low['fp32']:.0f}, bf16 {low['bf16']:.0f}, fp16 "
-                     f"{low['fp16']:.0f} GFLOP/s")
+            line += f"; PyTorch's matmul at the start: {', '.join(f'{k} {v:.0f}' for k, v in low.items())} GFLOP/s"
         if calibration.get("lockstep"):
             steady = calibration["lockstep"]
             line += (f". Numpy alone, a single-threaded process pinned to each of cores "

@@ -9,6 +9,7 @@ import time
 
 from common.precision import is_low
 
+from ..loader import installed_version
 from ..processes.launch import run_workers, say
 from ..publishing.tables import progress_bar, timing_view
 from ..studies.calibration import LoadRecord, low_matmul_peaks, machine_lockstep, matmul_peak, warning
@@ -73,10 +74,12 @@ def calibrate(args, env, specs):
     and, for rows of several processes, what lockstep costs with no framework; the load is recorded from here on."""
     print(f"calibration: float32 matmul peak at {args.threads} thread(s) ...", file=sys.stderr, flush=True)
     env["calibration"] = {"threads": args.threads, "matmul_peak_gflops_start": matmul_peak(args.threads)}
-    if any(is_low(precision) for precision in args.precision):
-        print(f"calibration: fp32, bf16 and fp16 matmul peaks (PyTorch) at {args.threads} thread(s) ...",
-              file=sys.stderr, flush=True)
-        env["calibration"]["low_matmul_peaks_gflops"] = low_matmul_peaks(args.threads)
+    low = any(is_low(precision) for precision in args.precision)
+    if low or installed_version("pytorch"):   # numpy's BLAS may not know the CPU: PyTorch's fp32 peak beside it
+        names = ("fp32", "bf16", "fp16") if low else ("fp32",)
+        print(f"calibration: {', '.join(names)} matmul peak{'s' if low else ''} (PyTorch) at {args.threads} "
+              f"thread(s) ...", file=sys.stderr, flush=True)
+        env["calibration"]["low_matmul_peaks_gflops"] = low_matmul_peaks(args.threads, names)
     cores = sorted(os.sched_getaffinity(0))[:max((spec.processes for spec, skip in specs if not skip), default=1)]
     if len(cores) > 1 and args.cluster.nnodes == 1:   # what waiting for the slower step costs with no framework
         print(f"calibration: numpy steps in lockstep, a process on each of cores {cores} ...", file=sys.stderr,

@@ -165,9 +165,10 @@ def add_peak_fraction(rows, calibration):
     the figures taken so far: at the start, and at the end once the run is over). Absolute speed differs
     2x between machines of one kind; the fraction of the same run's peak does not. A bf16 or fp16 row's fraction
     is of the matmul peak in its own precision (calibration.low_matmul_peaks): what the hardware offers it. Where the
-    run measured PyTorch's fp32 peak beside it and that is higher, an fp32 row's fraction is of that one: numpy's
-    BLAS may not know the CPU (on an Intel Xeon with AMX, numpy 1.26's OpenBLAS reached 35-41 GFLOP/s and PyTorch 267,
-    and rows of 90 GFLOP/s were "234% of peak"), and the fp32 and bf16 rows are then measured against one library."""
+    run measured PyTorch's fp32 peak beside it (every timed run does where PyTorch is installed: trials.calibrate)
+    and that is higher, an fp32 row's fraction is of that one: numpy's BLAS may not know the CPU (on an Intel Xeon
+    with AMX, numpy 1.26's OpenBLAS reached 35-41 GFLOP/s and PyTorch 267, and rows of 90 GFLOP/s were "234% of
+    peak"), and the fp32 and bf16 rows are then measured against one library."""
     calibration = calibration or {}
     peaks = [v for k, v in sorted(calibration.items()) if k.startswith("matmul_peak_gflops")]
     low = calibration.get("low_matmul_peaks_gflops") or {}

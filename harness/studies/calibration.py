@@ -79,10 +79,11 @@ def matmul_peak(threads, n=2048, seconds=2.0):
     return matmul_peaks(threads, n=n, seconds=seconds)["fp32"]
 
 
-def low_matmul_peaks(threads, n=2048, seconds=1.5):
-    """The matmul peaks in fp32, bf16 and fp16 by PyTorch's CPU kernels: the yardstick of --precision's rows, and what
-    the hardware gives bf16 over fp32."""
-    return matmul_peaks(threads, "torch", ("fp32", "bf16", "fp16"), n, seconds)
+def low_matmul_peaks(threads, names=("fp32", "bf16", "fp16"), n=2048, seconds=1.5):
+    """The matmul peaks in `names` by PyTorch's CPU kernels: in bf16 and fp16 the yardstick of --precision's rows and
+    what the hardware gives them over fp32; in fp32 the yardstick where numpy's BLAS does not know the CPU
+    (benchmark.add_peak_fraction)."""
+    return matmul_peaks(threads, "torch", names, n, seconds)
 
 
 def machine_lockstep(cores, step_seconds=0.1, steps=60):
