@@ -107,3 +107,25 @@ def test_repeated_trials_are_timed_against_the_peak_too(tmp_path, monkeypatch):
     assert row["trials"] == 2 and row["peak_fraction"] == pytest.approx(row["gflops"] / 250.0)   # not numpy's 200
     assert measured == [("fp32",)] and content["environment"]["calibration"]["low_matmul_peaks_gflops"] == {
         "fp32": 250.0}
+
+
+def test_a_timed_fp32_run_keeps_numpy_s_yardstick_where_pytorch_s_peak_cannot_be_measured(monkeypatch, capsys):
+    """PyTorch's fp32 peak is a second yardstick for fp32 rows: where it cannot be measured (a broken PyTorch), the
+    run goes on with numpy's and says so in one line. A low-precision run needs PyTorch's peaks: it fails."""
+    import subprocess
+    from argparse import Namespace
+
+    from harness.run import trials
+
+    def broken(threads, names):
+        raise subprocess.CalledProcessError(1, ["python", "-c", "import torch"])
+    monkeypatch.setattr(trials, "matmul_peak", lambda threads: 100.0)
+    monkeypatch.setattr(trials, "low_matmul_peaks", broken)
+    monkeypatch.setattr(trials, "installed_version", lambda name: "2.13.0")
+    env = {}
+    args = Namespace(threads=1, precision=["fp32"], cluster=Namespace(nnodes=1))
+    trials.calibrate(args, env, []).stop()
+    assert env["calibration"] == {"threads": 1, "matmul_peak_gflops_start": 100.0}
+    assert "note: PyTorch's fp32 matmul peak could not be measured (CalledProcessError)" in capsys.readouterr().err
+    with pytest.raises(subprocess.CalledProcessError):
+        trials.calibrate(Namespace(threads=1, precision=["fp32", "bf16"], cluster=Namespace(nnodes=1)), {}, [])
