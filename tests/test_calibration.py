@@ -111,7 +111,8 @@ def test_repeated_trials_are_timed_against_the_peak_too(tmp_path, monkeypatch):
 
 def test_a_timed_fp32_run_keeps_numpy_s_yardstick_where_pytorch_s_peak_cannot_be_measured(monkeypatch, capsys):
     """PyTorch's fp32 peak is a second yardstick for fp32 rows: where it cannot be measured (a broken PyTorch), the
-    run goes on with numpy's and says so in one line. A low-precision run needs PyTorch's peaks: it fails."""
+    run goes on with numpy's and says so in one line. A low-precision run needs PyTorch's peaks: it fails, in one
+    line."""
     import subprocess
     from argparse import Namespace
 
@@ -127,5 +128,7 @@ def test_a_timed_fp32_run_keeps_numpy_s_yardstick_where_pytorch_s_peak_cannot_be
     trials.calibrate(args, env, []).stop()
     assert env["calibration"] == {"threads": 1, "matmul_peak_gflops_start": 100.0}
     assert "note: PyTorch's fp32 matmul peak could not be measured (CalledProcessError)" in capsys.readouterr().err
-    with pytest.raises(subprocess.CalledProcessError):
+    from common import RosettaError   # compare.py prints it as one line
+    with pytest.raises(RosettaError, match=r"PyTorch's bf16 and fp16 matmul peaks, .* could not be measured "
+                                           r"\(CalledProcessError\): check that `import torch` works"):
         trials.calibrate(Namespace(threads=1, precision=["fp32", "bf16"], cluster=Namespace(nnodes=1)), {}, [])

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from common.interface import RosettaError
 from common.precision import is_low
 
 from ..loader import installed_version
@@ -84,7 +85,8 @@ def calibrate(args, env, specs):
             env["calibration"]["low_matmul_peaks_gflops"] = low_matmul_peaks(args.threads, names)
         except (subprocess.SubprocessError, ValueError) as err:   # a broken PyTorch: fp32 rows keep numpy's yardstick
             if low:
-                raise
+                raise RosettaError(f"PyTorch's bf16 and fp16 matmul peaks, the yardstick of --precision's rows, could "
+                                   f"not be measured ({type(err).__name__}): check that `import torch` works") from err
             print(f"note: PyTorch's fp32 matmul peak could not be measured ({type(err).__name__}); the rows' "
                   f"fractions of peak are of numpy's", file=sys.stderr, flush=True)
     cores = sorted(os.sched_getaffinity(0))[:max((spec.processes for spec, skip in specs if not skip), default=1)]
