@@ -223,9 +223,8 @@ SLOW_REPEATS = {
 # The suite runs on two worker processes (pytest-xdist, `-n 2 --dist loadgroup`: a 2-core machine's fast tier 5 min 9 s
 # on one, 3 min 16 s on two). Session fixtures that make something only one of them may have at a time (the two test
 # hosts' network namespaces, fixed names) or that are worth running once (compare.py's one-host rows, a few minutes;
-# the shrunk benchmark and the small PyTorch run, which several files check) keep every test that uses them on one
-# worker.
-SHARED_BY_ONE_WORKER = {"two_hosts", "one_host_rows", "benchmark_run", "small_pytorch_run"}
+# the shrunk benchmark, which two files check) keep every test that uses them on one worker.
+SHARED_BY_ONE_WORKER = {"two_hosts", "one_host_rows", "benchmark_run"}
 
 
 @pytest.hookimpl(tryfirst=True)   # before -m deselects
@@ -469,20 +468,6 @@ def benchmark_run(tmp_path_factory):
         patch.chdir(folder)   # results/ is written here
         assert compare.main(["--benchmark", "--frameworks", "pytorch"]) == 0
     return folder / "results"
-
-
-@pytest.fixture(scope="session")
-def small_pytorch_run(tmp_path_factory):
-    """A small PyTorch run of compare.py as a user starts it, on 1 and 2 devices, 5 epochs of digits in batches of 128,
-    with a target accuracy: (the finished process, its JSON). Read by tests/test_compare.py (the documented JSON) and
-    tests/test_time_to_accuracy.py (the epochs' accuracies and the time to the target)."""
-    import json
-    framework_or_skip("pytorch")
-    out = tmp_path_factory.mktemp("small-run") / "r.json"
-    proc = run_compare("--frameworks", "pytorch", "--devices", "1,2", "--epochs", "5", "--batch-size", "128",
-                       "--target-accuracy", "0.5", "--json", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc, json.loads(out.read_text())
 
 
 @pytest.fixture(scope="session")

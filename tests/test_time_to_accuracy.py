@@ -1,5 +1,7 @@
 """--target-accuracy: the test accuracy after every epoch, evaluated outside the timers, and the training seconds
 until it first reached the target: the time to accuracy."""
+import json
+
 import pytest
 
 from conftest import run_compare as compare
@@ -35,12 +37,15 @@ def test_a_target_outside_0_1_is_one_line():
 
 
 @pytest.mark.slow
-def test_a_run_reports_every_epoch_s_accuracy_and_its_time_to_the_target(small_pytorch_run):
-    proc, report = small_pytorch_run   # conftest: 5 epochs on 1 and 2 devices, a target of 0.5
-    for run in report["runs"]:
-        accuracies = run["epoch_test_accuracies"]
-        assert len(accuracies) == 5 and accuracies[-1] == run["test_accuracy"]
-        reached = next(i for i, a in enumerate(accuracies) if a >= 0.5)   # digits: past 0.5 within 5 epochs of 12 steps
-        assert run["epochs_to_target"] == reached + 1
-        assert run["seconds_to_target"] == pytest.approx(sum(run["epoch_seconds"][:reached + 1]))
+def test_a_run_reports_every_epoch_s_accuracy_and_its_time_to_the_target(tmp_path):
+    out = tmp_path / "r.json"
+    proc = compare("--frameworks", "pytorch", "--devices", "1", "--epochs", "5", "--target-accuracy", "0.5",
+                   "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (run,) = json.loads(out.read_text())["runs"]
+    accuracies = run["epoch_test_accuracies"]
+    assert len(accuracies) == 5 and accuracies[-1] == run["test_accuracy"]
+    reached = next(i for i, a in enumerate(accuracies) if a >= 0.5)   # digits: past 0.5 within 5 epochs (6 steps each)
+    assert run["epochs_to_target"] == reached + 1
+    assert run["seconds_to_target"] == pytest.approx(sum(run["epoch_seconds"][:reached + 1]))
     assert "s to 0.5 acc" in proc.stdout
