@@ -60,8 +60,9 @@ def test_a_quiet_record_has_no_warning():
 
 @pytest.mark.slow
 def test_the_benchmark_records_its_calibration_and_each_row_s_share_of_peak(benchmark_run):
-    """A real --benchmark, shrunk (conftest.benchmark_run): the JSON holds the matmul peak at the start and the end
-    and the load record; each row's fraction of peak is its GFLOP/s over their mean; the markdown says so."""
+    """A real --benchmark, shrunk (conftest.benchmark_run): the JSON holds numpy's matmul peak at the start and the
+    end, PyTorch's fp32 peak and the load record; each row's fraction of peak is its GFLOP/s over the higher of
+    numpy's mean and PyTorch's; the markdown says so."""
     import json
     content = json.loads((benchmark_run / "benchmark.json").read_text())
     calibration, load = content["environment"]["calibration"], content["environment"]["load"]
