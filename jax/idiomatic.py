@@ -10,7 +10,7 @@ on 64 images against the numpy reference (common/backprop.py): the LeNet's loss 
 norm (the scratch step's: 1e-7 and 1e-5); the ResNet's loss the scratch step's (4.4e-4 off), its gradients 4.4e-2
 (the scratch's 3.3e-2): within common/precision.py's BOUND and GRADIENT_BOUND.
 --precision fp16 builds the modules with dtype=fp16 alike, their convolutions given Flax's hook for an fp32 sum
-(lenet.flax_conv: XLA's CPU would sum an fp16 convolution in fp16). JAX and Flax have no loss scaler: the step is
+(lenet.flax_conv: XLA's CPU may sum an fp16 convolution in fp16). JAX and Flax have no loss scaler: the step is
 common/loss_scaling.py's rule written in it (update_if_finite), the scale a traced argument of the nnx.jit step, the
 scaler itself (common.loss_scaling.Scaler, moved on the host by the `finite` the step returns) the model's `mixed`.
 Measured on 64 images at a scale of 16: the LeNet's loss 1.3e-5 off, its update 2.8e-3 in norm; the ResNet's 7.1e-5

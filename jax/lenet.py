@@ -73,10 +73,10 @@ def accumulated_conv_backward(strides, padding, dims, operands, g):
     """The cotangent comes back through the output's cast to bf16 (fp16): a bf16 (fp16) value, cast to it exactly.
     Both gradients are fp32 convolutions of the low-precision values (their products are exact in fp32), each summed in
     fp32 and rounded once to the low precision (common/precision.py), as a bf16 convolution computes on XLA's CPU
-    (widened to fp32, one rounding: the same bits). An fp16 convolution XLA's CPU runs in fp16 itself, rounding as it
-    sums (9 of 10 outputs a rounding off), so the input's gradient is written in fp32 too. The weight's sum over the
-    batch stays fp32 until the rounding: under jit over a mesh (builtin.py) the all-reduce XLA places inside that sum
-    is then fp32, where after a bf16 convolution it is a bf16 one (XLA's CPU sums it in fp32 and rounds the sum back
+    (widened to fp32, one rounding: the same bits). An fp16 convolution XLA's CPU may run in fp16 itself, rounding as
+    it sums (9 of 10 outputs a rounding off on an Intel Xeon with AVX512-FP16; an AMD EPYC Zen 4 widens it), so the
+    input's gradient is written in fp32 too. The weight's sum over the batch stays fp32 until the rounding: under jit
+    over a mesh (builtin.py) the all-reduce XLA places inside that sum is then fp32, where after a bf16 convolution it is a bf16 one (XLA's CPU sums it in fp32 and rounds the sum back
     to bf16); at fp16 its one rounding is where an overflow makes inf. What preferred_element_type=f32 would say,
     which JAX 0.7.1 cannot transpose (accumulated_conv)."""
     h, w = operands
@@ -221,8 +221,8 @@ def flax_dtypes(precision="fp32"):
 
 def widened_conv(lhs, rhs, *args, **kwargs):
     """lax.conv_general_dilated of low-precision operands summed in fp32 and rounded once (common/precision.py), as
-    XLA's CPU computes a bf16 convolution on its own; an fp16 one it computes in fp16, rounding its partial sums (most
-    outputs a rounding or more off: tests/test_fp16_jax.py)."""
+    XLA's CPU computes a bf16 convolution on its own; an fp16 one it may compute in fp16, rounding its partial sums
+    (most outputs a rounding or more off on an Intel Xeon with AVX512-FP16; docs/profiling.md)."""
     wide = [a.astype(jnp.float32) for a in (lhs, rhs)]
     return lax.conv_general_dilated(*wide, *args, **kwargs).astype(lhs.dtype)
 

@@ -262,8 +262,8 @@ class ResNet(nnx.Module):
     (normalization.py's _compute_stats promotes to at least fp32), normalises in fp32 (its fp32 mean and scale promote
     the bf16 input) and rounds its output to bf16; the residual add and ReLU run on bf16 values; the global average
     pooling (jnp.mean) sums bf16 in fp32 and rounds once. At fp16 the same in fp16, the convolutions summing in fp32
-    (lenet.flax_conv: XLA's CPU would sum an fp16 convolution in fp16) and the bias's gradient summed over the batch
-    in fp16 (XLA's CPU rounds an fp16 reduction's partial sums)."""
+    (lenet.flax_conv: XLA's CPU may sum an fp16 convolution in fp16) and the bias's gradient summed over the batch
+    in fp16 (XLA's CPU may round an fp16 reduction's partial sums)."""
 
     def __init__(self, width, bn_args, rngs, precision="fp32"):
         dtypes = flax_dtypes(precision)

@@ -1,7 +1,8 @@
 """--precision fp16 in JAX beyond the contract (tests/test_loss_scaling.py): the step really computes in fp16, its
-fp16 gradients are the reference's to fp16's precision, XLA's CPU fp16 convolution (which sums in fp16) is kept out of
-the scratch step, a new loss scale compiles nothing in any mode, and a skipped step leaves the optimizer's state
+fp16 gradients are the reference's to fp16's precision, its convolutions sum in fp32 (XLA's CPU may sum an fp16 one in
+fp16), a new loss scale compiles nothing in any mode, and a skipped step leaves the optimizer's state
 (Adam's step count and moments) and the weights as they were, while the running statistics its forward made stay."""
+import functools
 import re
 
 import numpy as np
@@ -49,11 +50,17 @@ def test_one_device_s_fp16_gradients_are_the_reference_s_and_fp16_values(jax_fw,
     assert all(precision.is_representable(got[n], "fp16") for n in got)
 
 
-def test_xla_s_cpu_sums_an_fp16_convolution_in_fp16_and_the_scratch_step_has_none(jax_fw, digits):
-    """XLA's CPU widens a bf16 convolution to fp32 and rounds its output once, but runs an fp16 one in fp16, rounding
-    as it sums (most outputs a rounding off the fp32 sum's): the scratch backward's input gradient is therefore written
-    as an fp32 convolution of the fp16 values (lenet.accumulated_conv_backward), and its compiled program, as the
-    forward's, has no convolution typed fp16; Flax's fp16 convolutions are given lenet.widened_conv (flax_conv)."""
+# A convolution the program asks XLA for in fp16 (the lowered StableHLO: what XLA's CPU makes of it differs by CPU)
+FP16_CONVOLUTION = re.compile(r"stablehlo\.convolution\(.*-> tensor<[\dx]*xf16>")
+
+
+def test_fp16_convolutions_sum_in_fp32_whatever_xla_s_cpu_does(jax_fw, digits):
+    """XLA's CPU may run an fp16 convolution in fp16, rounding as it sums: on an Intel Xeon with AVX512-FP16 most
+    outputs came out a rounding off the fp32 sum's; an AMD EPYC (Zen 4, no AVX512-FP16) widens it to fp32 and rounds
+    once, as both do for bf16 (docs/profiling.md). What the code guarantees on either: lenet.widened_conv is the fp32
+    sum rounded once, in both low precisions; the scratch step's program at fp16, its backward (the input
+    gradient written as an fp32 convolution of the fp16 values: lenet.accumulated_conv_backward) as its forward, has
+    no convolution typed fp16; Flax's fp16 convolutions are given widened_conv (flax_conv), its bf16 ones XLA's own."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -63,20 +70,21 @@ def test_xla_s_cpu_sums_an_fp16_convolution_in_fp16_and_the_scratch_step_has_non
 
     def conv(h, w):
         return lax.conv_general_dilated(h, w, (1, 1), "VALID", dimension_numbers=dims)
-    for dtype, off in ((jnp.bfloat16, False), (jnp.float16, True)):   # fp16 last: widened_conv's case below
+    lenet = load_module("jax", "lenet")
+    for dtype in (jnp.bfloat16, jnp.float16):
         low_h, low_w = jnp.asarray(h, dtype), jnp.asarray(w, dtype)
         once = conv(low_h.astype(jnp.float32), low_w.astype(jnp.float32)).astype(dtype)
-        assert (np.mean(np.asarray(conv(low_h, low_w) != once)) > 0.5) == off, dtype
-    lenet = load_module("jax", "lenet")
-    assert np.array_equal(lenet.widened_conv(low_h, low_w, (1, 1), "VALID", dimension_numbers=dims), once)
+        widened = functools.partial(lenet.widened_conv, window_strides=(1, 1), padding="VALID", dimension_numbers=dims)
+        assert np.array_equal(widened(low_h, low_w), once), dtype
+        assert not FP16_CONVOLUTION.search(jax.jit(widened).lower(low_h, low_w).as_text())
+    assert FP16_CONVOLUTION.search(jax.jit(conv).lower(low_h, low_w).as_text())   # the check sees one where it is
     assert lenet.flax_conv("fp16")["conv_general_dilated"] is lenet.widened_conv and "conv_general_dilated" not in \
         lenet.flax_conv("bf16")
     params = lenet.get_params(models.init_weights("lenet", 0), jax_fw.get_devices(1)[0])
     X, y = jnp.asarray(digits.X_train[:16]), jnp.asarray(digits.y_train[:16])
-    step = jax.jit(jax.grad(lambda p: lenet.scaled_loss(p, X, y, jnp.float32(SCALE), precision="fp16")[0]),
-                   compiler_options={"xla_allow_excess_precision": False})
-    hlo = step.lower(params).compile().as_text()
-    assert "f16[" in hlo and not re.search(r"= f16\[[\d,]*\]\{[\d,]*\} convolution\(", hlo)
+    step = jax.jit(jax.grad(lambda p: lenet.scaled_loss(p, X, y, jnp.float32(SCALE), precision="fp16")[0]))
+    program = step.lower(params).as_text()
+    assert "xf16>" in program and not FP16_CONVOLUTION.search(program)
 
 
 def test_the_flax_modules_compute_in_fp16_on_fp32_parameters(jax_fw):
