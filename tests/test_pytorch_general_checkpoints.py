@@ -70,7 +70,10 @@ def test_stock_keras_and_optax_code_continue_a_pytorch_program_s_general_checkpo
         import optax
         kind = optax.adam
     optax_losses = optax_program(batches[BEFORE:], tmp_path, target_params, torch_params["weight_decay"], kind)
-    np.testing.assert_allclose(optax_losses, torch_losses, rtol=1e-5, err_msg=f"{case}: Optax's continued losses")
+    # Adam turns the kernels' round-off into more than 1e-5 of these losses on some machines (1.5e-5 on an AMD EPYC,
+    # 2026-11-29): ADAM_TOLERANCE, which an Adam step count off by one exceeds 37 times (3.7e-3)
+    np.testing.assert_allclose(optax_losses, torch_losses, rtol=ADAM_TOLERANCE if case == "adam" else 1e-5,
+                               err_msg=f"{case}: Optax's continued losses")
     if case == "momentum":
         keras_losses = keras_program(batches[BEFORE:], tmp_path, target_params, torch_params["weight_decay"])
         np.testing.assert_allclose(keras_losses, torch_losses, rtol=1e-5, err_msg="Keras's continued losses")
