@@ -39,8 +39,20 @@ def fsdp2_program(batches, folder, optimizer, params):
                "--losses", str(folder / "losses.json"), "--optimizer", optimizer, "--params", json.dumps(params)]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((folder / "losses.json").read_text())[BEFORE:]
+    assert proc.returncode == 0 or exited_in_gloo_s_race(proc.stderr), proc.stderr[-3000:]
+    losses = json.loads((folder / "losses.json").read_text())
+    assert len(losses) == len(batches)   # the program's last step done, whatever its exit
+    return losses[BEFORE:]
+
+
+def exited_in_gloo_s_race(stderr):
+    """PyTorch 2.13's gloo can abort a process of this program as its interpreter exits, after the program's last
+    line: a gloo thread frees the last collective's tensors while Python finalizes (a core dump's stack:
+    ProcessGroupGloo::runLoop, ~AsyncWork, decref, take_gil, pthread_exit, std::terminate; pytorch/pytorch#179291).
+    Measured on an AMD EPYC (2026-11-29): 4 of 52 runs, none of 22 without dcp.save. The files the program wrote are
+    what the test reads; a failure before the exit (a Python traceback) still fails it."""
+    return "terminate called without an active exception" in stderr and "Traceback" not in stderr.split(
+        "terminate called")[0]
 
 
 @pytest.mark.parametrize("case", CASES)
