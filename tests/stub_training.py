@@ -8,12 +8,16 @@ record, the real training loop (harness.training.loop.train) with this file's ru
 The runner takes STEP_SECONDS a step and returns a loss that falls with the step; the processes of a run go in
 lockstep (each step waits until every rank has done the one before), through files in the run's log folder, so that
 one stopped process stalls the others as a stopped peer of an all-reduce does."""
+import atexit
 import os
 import time
 
 import numpy as np
 
 STEP_SECONDS = 0.05
+# The rank named here aborts as its interpreter exits, after its record is written: as PyTorch 2.13's gloo can abort
+# a process at exit (tests/test_distributed_checkpoints.py)
+ABORT_AT_EXIT_VARIABLE = "ROSETTA_STUB_ABORT_AT_EXIT"
 
 
 class Lockstep:
@@ -93,6 +97,8 @@ def run(spec, started):
     from harness.training.loop import Hooks, steps_per_epoch, train
     data = load_dataset(spec.dataset, spec.data_dir, spec.n_synthetic, spec.seed)
     rank, world = int(os.environ.get("RANK", 0)), spec.processes   # the variables of PyTorch's engine (torchrun's)
+    if os.environ.get(ABORT_AT_EXIT_VARIABLE) == str(rank):
+        atexit.register(os.abort)
     runner = Lockstep(rank, world, os.environ.get(LOGS_VARIABLE, "."))
     optimizer = spec.canonical_optimizer(steps_per_epoch(len(data.y_train), spec.batch_size, spec.devices))
     startup_seconds = time.perf_counter() - started

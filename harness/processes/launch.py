@@ -103,6 +103,15 @@ def last_line(text):
     return lines[-1] if lines else ""
 
 
+def wrote_ok(path):
+    """Whether the worker's record at `path` is whole and says ok."""
+    try:
+        with open(path) as f:
+            return json.load(f).get("status") == "ok"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def describe_exit(code):
     return f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
@@ -124,7 +133,8 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=O
     on a `cluster` of several hosts); return their result dicts in rank order, or one failed result. Never raises for a failed run: a crash, a dead worker or helper
     (MXNet's scheduler, server), a timeout, a stall (no new progress line for `stall_timeout` seconds)
     becomes status 'failed' with the reason, and every process of the run is gone when this returns or
-    raises (Interrupted included). progress(step, steps), if given, is called as the first worker reports.
+    raises (Interrupted included); a worker that crashes after writing an ok record has finished (a `note:` line
+    says how it ended). progress(step, steps), if given, is called as the first worker reports.
     copies > 1 (a one-process spec on one host): that many independent runs of it at once, copy i pinned as worker
     i of a per-device run is, each with its own engine ports; their results in copy order (harness/studies/split.py)."""
     spec = RunSpec.of(spec)
@@ -171,10 +181,19 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=O
             for r, env, out in zip(ranks, worker_envs, outs):
                 start(f"worker{r}", env, [out])
             started = time.monotonic()
-            reported, reported_at = None, started
+            reported, reported_at, kept = None, started, set()
             while True:
                 codes = [p.poll() for p in procs]
-                dead = [i for i in [*range(n, len(procs)), *range(n)] if codes[i] not in (None, 0)]
+                # a worker that wrote its record and then crashed as its interpreter exited (PyTorch's gloo can)
+                # finished its run: its record is kept and the others go on
+                done = [i >= n and (codes[i] == 0 or codes[i] is not None and wrote_ok(outs[i - n]))
+                        for i in range(len(procs))]
+                for i in range(n, len(procs)):
+                    if codes[i] not in (None, 0) and done[i] and i not in kept:
+                        kept.add(i)
+                        print(f"note: {names[i]} {describe_exit(codes[i])} after writing its record (kept)",
+                              file=sys.stderr)
+                dead = [i for i in [*range(n, len(procs)), *range(n)] if codes[i] not in (None, 0) and not done[i]]
                 if dead:   # the others would wait for it (a collective, the server) forever: stop them all now
                     i = dead[0]
                     if i >= n and os.path.exists(outs[i - n]):   # a worker that failed cleanly and said why
@@ -182,7 +201,7 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=O
                             return [{**json.load(f), "log": log_tail(i)}]
                     return [{"status": "failed", "log": log_tail(i),
                              "error": f"{names[i]} {describe_exit(codes[i])}: {last_line(log_tail(i)) or 'no output'}"}]
-                if all(c == 0 for c in codes[n:]):
+                if all(done[n:]):
                     break
                 now = time.monotonic()
                 if timeout is not None and now - started > timeout:
