@@ -136,7 +136,7 @@ def test_a_dead_worker_stops_the_run_within_seconds(tag, stub_workers):
     assert result["value"][0]["status"] == "failed" and "killed by signal 9" in result["value"][0]["error"]
 
 
-def test_a_worker_that_aborts_after_writing_its_record_loses_no_result(stub_workers, monkeypatch, capsys):
+def test_a_worker_that_aborts_after_writing_its_record_loses_no_result(tag, stub_workers, monkeypatch, capsys):
     """A process may crash as its interpreter exits, after the worker wrote its record (PyTorch's gloo can: a race at
     exit). Its record is whole: the others are not stopped, every rank's record comes back, and a note says how the
     process ended. It is not taken for a failure's record, nor returned alone as the run's."""
