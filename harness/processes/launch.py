@@ -186,7 +186,7 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=O
                 codes = [p.poll() for p in procs]
                 # a worker that wrote its record and then crashed as its interpreter exited (PyTorch's gloo can)
                 # finished its run: its record is kept and the others go on
-                done = [i >= n and (codes[i] == 0 or codes[i] is not None and wrote_ok(outs[i - n]))
+                done = [i >= n and (codes[i] == 0 or i in kept or codes[i] is not None and wrote_ok(outs[i - n]))
                         for i in range(len(procs))]
                 for i in range(n, len(procs)):
                     if codes[i] not in (None, 0) and done[i] and i not in kept:
