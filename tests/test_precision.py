@@ -88,6 +88,19 @@ def one_device(fw, network, digits, level):
     return float(as_numpy(losses[0]).sum()), model.to_numpy(grads[0]), new_state   # canonical layout
 
 
+REFERENCES = {}
+
+
+def reference(network, level, digits):
+    """The reference's loss, gradients and new statistics on case(network, digits) at `level`: the same for every
+    framework, so computed once a session (the ResNet's take a second or two). Read-only."""
+    key = network, level, id(digits)   # digits: the session's one data set
+    if key not in REFERENCES:
+        weights, state, X, y = case(network, digits)
+        REFERENCES[key] = backprop.loss_and_grads(NETWORKS[network], weights, state, X, y, level)
+    return REFERENCES[key]
+
+
 @pytest.mark.parametrize("level", ["bf16", "fp16"])
 @pytest.mark.parametrize("network", NETWORKS)
 def test_one_device_s_low_precision_gradients_are_the_reference_s(fw, network, level, digits):
@@ -104,8 +117,8 @@ def test_one_device_s_low_precision_gradients_are_the_reference_s(fw, network, l
         with pytest.raises(Unavailable, match="needs a GPU"):
             one_device(fw, network, digits, level)
         return
-    want_loss, want, want_state = backprop.loss_and_grads(NETWORKS[network], weights, state, X, y, level)
-    fp32_loss, fp32_grads, _ = backprop.loss_and_grads(NETWORKS[network], weights, state, X, y, "fp32")
+    want_loss, want, want_state = reference(network, level, digits)
+    fp32_loss, fp32_grads, _ = reference(network, "fp32", digits)
     loss, grads, new_state = one_device(fw, network, digits, level)
     assert relative(loss, want_loss) <= BOUND[level], (loss, want_loss)
     assert relative(loss, fp32_loss) > BOUND["fp32"]

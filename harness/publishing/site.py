@@ -71,7 +71,14 @@ def parsed(path):
     """A file's text and syntax tree, read once per build however many concepts show its functions."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    return text, ast.parse(text)
+    return text, syntax_tree(text)
+
+
+@functools.lru_cache(maxsize=256)
+def syntax_tree(text):
+    """The tree of a file's text, parsed once per text: a build in a copy of the repo (the tests make several)
+    parses only the files it changed. Read, never modified."""
+    return ast.parse(text)
 
 
 def extract(root, framework, spec):
