@@ -13,7 +13,9 @@ BatchNorm modes are the two forms: under jit the batch axis is global, so nnx.Ba
 batch's (synchronised BatchNorm, XLA inserting the collectives); under shard_map each device normalises by its own
 shard's and keeps its own running statistics, stacked along the mesh axis (local BatchNorm). The padded rows are
 masked out of both (nnx.BatchNorm's mask). Flax's own synchronisation, BatchNorm(axis_name=...) under shard_map,
-pmeans each device's masked mean: with unequal real rows per device (97 = 49 + 48) that is not the global mean.
+pmeans each device's masked mean: with unequal real rows per device (97 = 49 + 48) that is not the global mean. Where
+the synchronised step must be shard_map's (bucketed, or bf16 on the wire: no cast or bucket reaches the all-reduces
+XLA places under jit), its BatchNorm is resnet.BatchNorm, which psums the devices' sums and counts instead.
 The all-reduce: XLA's CPU compiler has no pass that combines collectives, so both forms all-reduce one gradient at a
 time (a psum of the gradients' pytree lowers to an all-reduce per tensor), each a gloo call across processes (43% of
 the ResNet's step on 2 processes). With `--allreduce bucketed` (get_model's bucket_bytes) the step is shard_map's with
@@ -42,8 +44,9 @@ fp32 and updates only where every one is finite (lax.cond: a skipped step keeps 
 the BatchNorm statistics its forward made are kept); the trainer reads `finite` back with the loss and moves its
 scale on the host (common.loss_scaling.Scaler, the trainer's own state beside the Optax state: loss_scale). The LeNet
 then steps in shard_map's form: each device's backward rounds its own gradients to fp16, as the rule's step does, and
-the psum adds them in fp32 (get_model). The ResNet's --bn sync step stays jit's: a Flax layer's fp16 weight gradient is
-then all-reduced inside its batch sum and rounded once, so it overflows where the global batch's gradient does.
+the psum adds them in fp32 (get_model). The ResNet's --bn sync step stays jit's (unless bucketed or bf16 on the
+wire): a Flax layer's fp16 weight gradient is then all-reduced inside its batch sum and rounded once, so it overflows
+where the global batch's gradient does.
 --shard (common/zero.py's stages; get_model's shard) places arrays with NamedSharding over the mesh's one axis, each
 along its largest axis that the device count divides (whole on every device where none does): "optimizer" (stage 1)
 the Optax state, the parameters replicated; "parameters" (stage 3) the parameters too. The jitted step's
@@ -70,7 +73,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from common.buckets import plan
-from common.interface import Model, Network, RosettaError, Unavailable
+from common.interface import Model, Network, Unavailable
 from common.lenet import PARAM_NAMES
 from common.loss_scaling import Scaler
 from common.resnet import PARAM_NAMES as RESNET_PARAMS
@@ -445,31 +448,41 @@ def jit_batchnorm_step(graphdef, tx, devices, count, layout, params, stats, opt_
     return params, opt_state, stats, rows, finite
 
 
-def shard_map_batchnorm_step(graphdef, tx, bucket_bytes, wire, count, params, stats, opt_state, X, y, mask, scale,
-                             loss_scale):
-    """Each device's shard, statistics and running statistics (its block of the stacked `stats`), then the psum and
-    the update of the all-reduced gradient."""
-    own = jax.tree.map(lambda s: s[0], stats)
-    rows, grads, own = batchnorm_grads(graphdef, lax.pvary(params, "devices"), own, X, y, mask, count,
-                                       loss_scale=loss_scale)
+def own_statistics(stacked, stats):
+    """This device's running statistics inside shard_map: its block of the stacked ones (local BatchNorm), or the
+    replicated ones every device updates alike (synchronised: the global batch's statistics, resnet.BatchNorm)."""
+    return jax.tree.map(lambda s: s[0], stats) if stacked else stats
+
+
+def as_held(stacked, stats):
+    """own_statistics' inverse: the block a device gives back to the stacked statistics, or the replicated ones."""
+    return jax.tree.map(lambda s: s[None], stats) if stacked else stats
+
+
+def shard_map_batchnorm_step(graphdef, tx, bucket_bytes, wire, count, stacked, params, stats, opt_state, X, y, mask,
+                             scale, loss_scale):
+    """Each device's shard, statistics and running statistics (own_statistics), then the psum and the update of the
+    all-reduced gradient."""
+    rows, grads, own = batchnorm_grads(graphdef, lax.pvary(params, "devices"), own_statistics(stacked, stats), X, y,
+                                       mask, count, loss_scale=loss_scale)
     summed = psum_gradients(grads, bucket_bytes, wire)
     params, opt_state, finite = update_if_finite(tx, params, opt_state, summed, scale,
                                                  loss_scale)
-    return params, opt_state, jax.tree.map(lambda s: s[None], own), rows, finite
+    return params, opt_state, as_held(stacked, own), rows, finite
 
 
-def shard_map_sharded_batchnorm_step(graphdef, tx, layout, bucket_bytes, wire, count, params, stats, opt_state, X, y,
-                                     mask, scale, loss_scale):
+def shard_map_sharded_batchnorm_step(graphdef, tx, layout, bucket_bytes, wire, count, stacked, params, stats, opt_state,
+                                     X, y, mask, scale, loss_scale):
     """shard_map_batchnorm_step under --shard: the gradients reduced as layout keeps them (reduced), the update
     outside shard_map on the slices (shard_map_sharded_step's)."""
     def per_device(params, stats, X, y, mask, loss_scale):
-        own = jax.tree.map(lambda s: s[0], stats)
-        rows, grads, own = batchnorm_grads(graphdef, lax.pvary(params, "devices"), own, X, y, mask, count,
-                                           loss_scale=loss_scale)
-        return rows, reduced(layout, grads, bucket_bytes, wire), jax.tree.map(lambda s: s[None], own)
+        rows, grads, own = batchnorm_grads(graphdef, lax.pvary(params, "devices"), own_statistics(stacked, stats), X,
+                                           y, mask, count, loss_scale=loss_scale)
+        return rows, reduced(layout, grads, bucket_bytes, wire), as_held(stacked, own)
+    held = P("devices") if stacked else P()
     rows, grads, stats = jax.shard_map(
-        per_device, mesh=layout.mesh, in_specs=(P(), P("devices"), P("devices"), P("devices"), P("devices"), P()),
-        out_specs=(P("devices"), layout.reduced_specs(params, bucket_bytes), P("devices")))(
+        per_device, mesh=layout.mesh, in_specs=(P(), held, P("devices"), P("devices"), P("devices"), P()),
+        out_specs=(P("devices"), layout.reduced_specs(params, bucket_bytes), held))(
         gathered(layout, params), stats, X, y, mask, loss_scale)
     params, opt_state, finite = update_if_finite(tx, owned(layout, params), opt_state, owned(layout, grads), scale,
                                                  loss_scale)
@@ -477,21 +490,28 @@ def shard_map_sharded_batchnorm_step(graphdef, tx, layout, bucket_bytes, wire, c
 
 
 def compile_batchnorm_step(mesh, graphdef, sync, tx=None, bucket_bytes=None, count=1, network=Network(), wire="fp32",
-                           layout=None):
+                           layout=None, form="shard_map"):
+    """The ResNet's step in `form`: jit's (synchronised BatchNorm only: the batch axis global), or shard_map's, whose
+    running statistics are stacked, one block a device (local BatchNorm), or replicated (synchronised: graphdef's
+    BatchNorm psums the statistics, resnet.BatchNorm)."""
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("devices"))
     options = compiler_options(network, wire)   # the module computes at the precision graphdef was built with
     held, state = (replicated, replicated) if layout is None else (layout.params, layout.state or replicated)
-    if sync:
+    if form == "jit":
         return jax.jit(functools.partial(jit_batchnorm_step, graphdef, tx, mesh.size, count, layout),
                        out_shardings=(held, state, replicated, rows, replicated), compiler_options=options)
+    stacked = not sync
+    statistics = P("devices") if stacked else P()
     if layout is not None:
         return jax.jit(functools.partial(shard_map_sharded_batchnorm_step, graphdef, tx, layout, bucket_bytes, wire,
-                                         count),
-                       out_shardings=(held, state, rows, rows, replicated), compiler_options=options)
-    return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef, tx, bucket_bytes, wire, count),
-                                 mesh=mesh, in_specs=(P(), P("devices"), P(), P("devices"), P("devices"),
+                                         count, stacked),
+                       out_shardings=(held, state, rows if stacked else replicated, rows, replicated),
+                       compiler_options=options)
+    return jax.jit(jax.shard_map(functools.partial(shard_map_batchnorm_step, graphdef, tx, bucket_bytes, wire, count,
+                                                   stacked),
+                                 mesh=mesh, in_specs=(P(), statistics, P(), P("devices"), P("devices"),
                                                       P("devices"), P(), P()),
-                                 out_specs=(P(), P(), P("devices"), P("devices"), P())), compiler_options=options)
+                                 out_specs=(P(), P(), statistics, P("devices"), P())), compiler_options=options)
 
 
 class Compiled:
@@ -578,16 +598,17 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
     model carries the precision (Model.precision; no mixed form beside the net). network.loss_scaling (fp16's): the
     trainer's loss scaler, common/loss_scaling.py's rule with the run's initial scale, interval and factors (JAX has
     none of its own). allreduce_dtype "bf16" (--allreduce-dtype): the psum's casts (psum_gradients), so shard_map's
-    form; under jit XLA places the all-reduces inside the batch sums, where no cast can reach: a jit step refuses it
-    (the ResNet's --bn sync). `shard` (--shard "optimizer" or "parameters"): the Optax state, and at "parameters" the
-    parameters too, placed sliced over the mesh and kept so by the compiled step (Layout; the BatchNorm statistics
-    stay as they are, as FSDP keeps buffers)."""
+    form; under jit XLA places the all-reduces inside the batch sums, where no cast can reach: a jit step asked for
+    by `form` refuses it. The ResNet's form follows its BatchNorm: shard_map's for local, jit's for sync unless
+    bucketed or bf16 on the wire (the module docstring). `shard` (--shard "optimizer" or "parameters"): the Optax
+    state, and at "parameters" the parameters too, placed sliced over the mesh and kept so by the compiled step
+    (Layout; the BatchNorm statistics stay as they are, as FSDP keeps buffers)."""
     wire = allreduce_dtype
     mesh = mesh_of(devices)
     form = form or ("shard_map" if bucket_bytes or network.loss_scaling or wire != "fp32" else "jit")
-    if wire != "fp32" and (form == "jit" or (network.bn_state is not None and network.sync)):
+    if wire != "fp32" and form == "jit":
         raise Unavailable("JAX's jit step all-reduces where XLA places it, in the sum's own dtype: --allreduce-dtype "
-                          "bf16 needs shard_map's psum (the ResNet with --bn local)")
+                          "bf16 needs shard_map's psum")
     scaler = None if network.loss_scaling is None else Scaler(network.loss_scaling)
     bucket_bytes = bucket_bytes if form == "shard_map" else None
     replicated = NamedSharding(mesh, P())   # every device holds the whole parameter
@@ -606,8 +627,10 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
         return place(optax_state(state, tx.init(host), laid_out, names), shardings)
 
     if network.bn_state is not None:   # the ResNet: the form follows the BatchNorm (module docstring)
-        graphdef, host, stats = nnx.split(resnet.build_model(weights, network.bn_state, precision=network.precision),
-                                          nnx.Param, nnx.BatchStat)
+        form = "jit" if network.sync and not bucket_bytes and wire == "fp32" else "shard_map"
+        axis_name = "devices" if network.sync and form == "shard_map" else None
+        graphdef, host, stats = nnx.split(resnet.build_model(weights, network.bn_state, precision=network.precision,
+                                                             axis_name=axis_name), nnx.Param, nnx.BatchStat)
         if not network.sync:   # one copy per device, stacked along the mesh axis
             stats = jax.tree.map(lambda s: np.stack([np.asarray(s)] * mesh.size), stats)
         put = replicate if network.sync else lambda a: jax.make_array_from_callback(
@@ -615,16 +638,12 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
         if shard != "none":
             layout = Layout(mesh, shard, host, tx)
         params, stats = place(host, replicated if layout is None else layout.params), jax.tree.map(put, stats)
-        if network.sync and bucket_bytes:
-            raise RosettaError("JAX's synchronised BatchNorm step is jit's, whose all-reduces XLA places: "
-                               "--allreduce bucketed needs --bn local")
         laid_out = lambda arrays: nnx.split(   # noqa: E731
             resnet.build_model(arrays, network.bn_state), nnx.Param, nnx.BatchStat)[1]
         opt_state = None if tx is None else optax_start(params, host, laid_out, RESNET_PARAMS)
         make = lambda form, count: compile_batchnorm_step(   # noqa: E731
-            mesh, graphdef, network.sync, tx, None if network.sync else bucket_bytes, count, network, wire, layout)
-        trainer = BatchNormTrainer(make, graphdef, network.sync, "jit" if network.sync else "shard_map", opt_state,
-                                   scaler)
+            mesh, graphdef, network.sync, tx, bucket_bytes, count, network, wire, layout, form)
+        trainer = BatchNormTrainer(make, graphdef, network.sync, form, opt_state, scaler)
         return Model([params, stats], trainer, mesh, network.precision)
     host = [held(name, weights[name]) for name in PARAM_NAMES]
     if shard != "none":

@@ -233,6 +233,26 @@ class Functional:
         return evaluate(replica, bn_state, X, y, self.layout)
 
 
+class BatchNorm(nnx.BatchNorm):
+    """nnx.BatchNorm, but given an axis_name its training statistics are the global batch's under shard_map: each
+    device's masked sums and count psum'd over the axis (psum_statistics), in fp32 whatever the input's dtype, the
+    variance in two passes, then Flax's own update of the running statistics and its normalisation. Flax's
+    axis_name pmeans each device's masked mean instead, which is not the global batch's mean where the devices hold
+    unequal real rows (97 = 49 + 48). Without an axis_name, or with the running statistics, it is nnx.BatchNorm."""
+
+    def __call__(self, x, use_running_average=None, *, mask=None):
+        running = self.use_running_average if use_running_average is None else use_running_average
+        if self.axis_name is None or running:
+            return super().__call__(x, use_running_average, mask=mask)
+        kept = jnp.ones(x.shape[0], bool) if mask is None else mask
+        mean, var, _ = psum_statistics(x.astype(jnp.promote_types(x.dtype, jnp.float32)), kept, "nhwc",
+                                       self.axis_name)
+        self.mean.value = self.momentum * self.mean.value + (1 - self.momentum) * mean
+        self.var.value = self.momentum * self.var.value + (1 - self.momentum) * var
+        y = (x - mean) * (lax.rsqrt(var + self.epsilon) * self.scale.value) + self.bias.value   # Flax's order
+        return y.astype(self.dtype or y.dtype)
+
+
 class Residual(nnx.Module):
     """d2l's Residual in Flax NNX: channels-last, explicit ((1, 1), (1, 1)) padding (Conv's default is 'SAME').
     `precision`: every layer's (the ResNet's docstring)."""
@@ -240,9 +260,9 @@ class Residual(nnx.Module):
     def __init__(self, c_in, c, stride, bn_args, rngs, precision):
         pad, dtypes, convs = ((1, 1), (1, 1)), flax_dtypes(precision), flax_conv(precision)
         self.conv1 = nnx.Conv(c_in, c, (3, 3), strides=stride, padding=pad, **convs, rngs=rngs)
-        self.bn1 = nnx.BatchNorm(c, **bn_args, **dtypes, rngs=rngs)
+        self.bn1 = BatchNorm(c, **bn_args, **dtypes, rngs=rngs)
         self.conv2 = nnx.Conv(c, c, (3, 3), padding=pad, **convs, rngs=rngs)
-        self.bn2 = nnx.BatchNorm(c, **bn_args, **dtypes, rngs=rngs)
+        self.bn2 = BatchNorm(c, **bn_args, **dtypes, rngs=rngs)
         self.conv3 = nnx.Conv(c_in, c, (1, 1), strides=stride, padding="VALID", **convs, rngs=rngs) \
             if has_projection(stride) else None
 
@@ -268,7 +288,7 @@ class ResNet(nnx.Module):
     def __init__(self, width, bn_args, rngs, precision="fp32"):
         dtypes = flax_dtypes(precision)
         self.conv = nnx.Conv(1, width, (3, 3), padding=((1, 1), (1, 1)), **flax_conv(precision), rngs=rngs)
-        self.bn = nnx.BatchNorm(width, **bn_args, **dtypes, rngs=rngs)
+        self.bn = BatchNorm(width, **bn_args, **dtypes, rngs=rngs)
         blocks, c_in = [], width
         for block, stride in BLOCKS:
             c = layers(width)[f"{block}.conv1"][1][0]
@@ -294,13 +314,14 @@ def flax_variables(model):
     return by_canonical_name(model, FLAX_NAMES)
 
 
-def build_model(weights, bn_state, bn=CANONICAL_BN, precision="fp32"):
+def build_model(weights, bn_state, bn=CANONICAL_BN, precision="fp32", axis_name=None):
     """The idiomatic Flax model holding the canonical weights and state in Flax's layout, its nnx.BatchNorm set to
     `bn`'s momentum (Flax's weighs the running value: 0.9, not PyTorch's 0.1) and epsilon; in training mode. Its
     batch variance two-pass, the mean subtracted first (use_fast_variance=False), as the scratch forward's: Flax's
     default E[x^2] - E[x]^2 cancels in float32 where |mean| >> std, as after the stem on digits (a stem gradient 2%
-    off the two-pass one there). Computing at `precision` (ResNet's docstring; the parameters fp32 either way)."""
-    bn_args = {**layer_arguments("jax", bn), "use_fast_variance": False}
+    off the two-pass one there). Computing at `precision` (ResNet's docstring; the parameters fp32 either way).
+    `axis_name`: the shard_map axis whose devices' statistics BatchNorm synchronises (BatchNorm's docstring)."""
+    bn_args = {**layer_arguments("jax", bn), "use_fast_variance": False, "axis_name": axis_name}
     model = ResNet(weights["stem.conv.weight"].shape[0], bn_args, nnx.Rngs(0), precision)
     for name, variable in flax_variables(model).items():
         variable.value = jnp.asarray(to_channels_last(name, {**weights, **bn_state}[name]))

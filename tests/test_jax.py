@@ -86,3 +86,54 @@ def test_the_shard_map_gradient_trap_is_real(jax_fw):
     assert summed_grad(mark_varying=True) == 6.0    # d/dw sum(w * x) = sum(x)
     assert summed_grad(mark_varying=False) == 12.0  # counted twice
 
+
+
+def test_the_engine_s_synchronised_batchnorm_takes_the_global_batch_s_statistics_under_shard_map(jax_fw):
+    """jax/resnet.py's BatchNorm with an axis_name, on 2 devices of 49 and 48 real rows (the second padded): its
+    running statistics are those of the 97 rows' batch (float64), and the gradients of the devices' summed losses,
+    the input's through the psum'd statistics included, are one device's with nnx.BatchNorm over the whole batch.
+    Flax's own axis_name, which pmeans each device's mean, is off: only summed counts give the global batch's."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import Mesh, PartitionSpec as P
+    resnet = load_module("jax", "resnet")
+    devices = jax_fw.get_devices(2)
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(0.0, 1.0, (49, 3, 3, 4)), rng.normal(2.0, 3.0, (49, 3, 3, 4))]).astype(np.float32)
+    W = rng.normal(0.0, 1.0, X.shape).astype(np.float32)   # the loss: the outputs weighed, so every gradient shows
+    mask = np.arange(98) != 97   # the last row pads the second device's 48 to 49
+    real = X[mask].astype(np.float64)
+    mesh = Mesh(np.array(devices), ("devices",))
+
+    def layer(kind, **extra):
+        return kind(4, momentum=0.0, use_fast_variance=False, rngs=nnx.Rngs(0), **extra)
+
+    def run(kind):
+        """The layer's new running statistics, and the gradients of the real rows' loss by its scale and bias
+        (summed over the devices) and by the input (each device its rows)."""
+        graphdef, params, stats = nnx.split(layer(kind, axis_name="devices"), nnx.Param, nnx.BatchStat)
+
+        def per_device(params, stats, X, W, mask):
+            def loss(params, X):
+                model = nnx.merge(graphdef, params, stats, copy=True)
+                kept = mask.reshape(-1, 1, 1, 1)
+                return jnp.sum(model(X, mask=kept) * W * kept), nnx.state(model, nnx.BatchStat)
+            (_, new), (by_params, by_X) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
+                jax.lax.pvary(params, "devices"), X)
+            return new, jax.lax.psum(by_params, "devices"), by_X
+        return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), P("devices"), P("devices"),
+                                                                     P("devices")),
+                                     out_specs=(P(), P(), P("devices"))))(params, stats, X, W, mask)
+
+    new, by_params, by_X = run(resnet.BatchNorm)
+    np.testing.assert_allclose(np.asarray(new["mean"].value), real.mean(axis=(0, 1, 2)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(new["var"].value), real.var(axis=(0, 1, 2)), rtol=1e-5)
+    whole = layer(nnx.BatchNorm)
+    want_params, want_X = nnx.grad(lambda m, X: jnp.sum(m(X) * W[mask]), argnums=(0, 1))(whole, jnp.asarray(X[mask]))
+    for name in ("scale", "bias"):
+        np.testing.assert_allclose(np.asarray(by_params[name].value), np.asarray(want_params[name].value),
+                                   rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(by_X)[mask], np.asarray(want_X), rtol=1e-4, atol=1e-5)
+    flax_s, _, _ = run(nnx.BatchNorm)
+    assert np.max(np.abs(np.asarray(flax_s["mean"].value) - real.mean(axis=(0, 1, 2)))) > 1e-3

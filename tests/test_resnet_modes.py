@@ -20,15 +20,15 @@ TOL = 1e-3   # one step of BatchNorm in float32: see tests/test_resnet_engines.p
 ENGINE_TOL = {"mxnet": 3e-3}
 
 
-def run_spec(framework, mode, devices, bn):
+def run_spec(framework, mode, devices, bn, **options):
     return RunSpec(framework=framework, model="resnet18", width=WIDTH, bn=bn, mode=mode, devices=devices,
-                   dataset="digits", epochs=1, batch_size=BATCH, lr=LR, seed=SEED, threads=1, max_steps=1)
+                   dataset="digits", epochs=1, batch_size=BATCH, lr=LR, seed=SEED, threads=1, max_steps=1, **options)
 
 
-def one_step(framework, mode, devices, bn, digits, optimizer=None):
+def one_step(framework, mode, devices, bn, digits, optimizer=None, **options):
     """(weights, the replicas' BatchNorm states, the record) after one step of `mode` on `devices` devices."""
     fw = framework_or_skip(framework)
-    spec = run_spec(framework, mode, devices, bn)
+    spec = run_spec(framework, mode, devices, bn, **options)
     run = runner(spec, fw, fw.get_devices(devices))
     record = train(run, digits, spec, optimizer or Optimizer(lr=LR))
     return run.weights(), run.replica_bn_states(), record
@@ -116,3 +116,21 @@ def test_gluon_batchnorm_gradients_are_pytorch_s_in_float64(digits):
     F.cross_entropy(module(torch.tensor(X, dtype=torch.float64)), torch.tensor(y), reduction="sum").backward()
     for name, p in zip(PARAM_NAMES, module.parameters()):
         np.testing.assert_allclose(got[name], p.grad.numpy(), rtol=1e-9, atol=1e-9, err_msg=name)
+
+
+def test_jax_s_synchronised_engine_buckets_and_puts_bf16_on_the_wire(digits, reference):
+    """--bn sync with --allreduce bucketed, or --allreduce-dtype bf16: shard_map's step (under jit XLA places the
+    all-reduces, where no bucket or cast reaches), its BatchNorm the global batch's (jax/resnet.py's BatchNorm: 49 and
+    48 real rows summed, not two means averaged). One device's step and running statistics, the same on both
+    replicas; bf16 on the wire moves the weights otherwise than fp32 (bucketed) does."""
+    want_weights, want_states, _ = reference("jax", 1, "local")
+    got = {}
+    for name, option in (("bucketed", {"allreduce": "bucketed"}), ("bf16", {"allreduce_dtype": "bf16"})):
+        weights, states, _ = one_step("jax", "builtin", 2, "sync", digits, **option)
+        assert_weights(weights, want_weights, f"jax builtin sync {name}")
+        assert len(states) == 2
+        for state in states:
+            assert_running_means(state, want_states[0], f"jax builtin sync {name}")
+        got[name] = weights
+    moved = max(np.max(np.abs(got["bf16"][n] - got["bucketed"][n])) for n in want_weights)
+    assert moved > 1e-4, moved   # measured 4.3e-4: bf16's roundings of the summed gradients
