@@ -41,6 +41,19 @@ def default(field):
     return next(f.default for f in dataclasses.fields(RunSpec) if f.name == field)
 
 
+# The settings a row may change from the recipe's step, as a row's label says them (", bucketed, bf16"), in one order.
+VARIANTS = (("allreduce", "{}"), ("shard", "{} sharded"), ("accumulate", "accumulate {}"), ("precision", "{}"),
+            ("allreduce_dtype", "{} all-reduce"))
+
+
+def variant(row):
+    """What `row` (a RunSpec, or a result's mapping, whose missing or None fields are the defaults) changes from the
+    recipe's step: the words its label and its plot's bar add, so two rows that differ only there are told apart."""
+    value = row.get if isinstance(row, dict) else lambda field: getattr(row, field)
+    return "".join(f", {text.format(value(field))}" for field, text in VARIANTS
+                   if value(field) not in (None, default(field)))
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
     framework: str

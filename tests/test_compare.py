@@ -234,13 +234,15 @@ def test_relative_paths_are_the_caller_s_not_the_workers(tmp_path, monkeypatch):
 
 
 def test_every_bar_of_the_plot_names_its_row():
-    """Two rows that differ only in their all-reduce (or layout, or cores) get bars of different names: the
-    per-tensor/bucketed run's plot showed each scratch row twice under one name."""
+    """Two rows that differ only in their all-reduce (or layout, cores, precision, sharding, accumulation or the
+    all-reduce dtype) get bars of different names: the per-tensor/bucketed run's plot showed each scratch row twice
+    under one name."""
     from harness.publishing.plots import label
     row = {"framework": "jax", "mode": "scratch", "exec": "jax.jit", "layout": "NHWC/HWIO (lax)", "devices": 2,
            "processes": 2, "cores": "per-device", "trials": 3}
     variants = [row, {**row, "allreduce": "bucketed"}, {**row, "allreduce": "per-tensor"}, {**row, "layout": "NCHW"},
-                {**row, "cores": "shared"}]
+                {**row, "cores": "shared"}, {**row, "precision": "bf16"}, {**row, "shard": "optimizer"},
+                {**row, "accumulate": 4}, {**row, "allreduce_dtype": "bf16"}]
     names = [label(r) for r in variants]
-    assert len(set(names)) == 4 and names[0] == names[2]
+    assert len(set(names)) == 8 and names[0] == names[2]
     assert names[1] == "jax scratch jax.jit NHWC/HWIO 2d/2p, bucketed, core per device"

@@ -236,6 +236,19 @@ def test_the_table_shows_the_precision_and_compares_bf16_rows_among_themselves()
     assert "precision" not in table_cells(runs[:1])[0]   # an fp32 table as before
 
 
+def test_rows_that_differ_only_in_the_all_reduce_dtype_are_told_apart_in_the_table_and_the_plot():
+    from harness.publishing.plots import label
+    from harness.publishing.tables import table_cells
+    base = {"framework": "jax", "mode": "builtin", "devices": 2, "processes": 1, "status": "ok", "exec": "jax.jit",
+            "layout": "NHWC/HWIO (lax)", "epochs": 1, "batch_size": 256}
+    runs = [{**base, "allreduce_dtype": "fp32"}, {**base, "allreduce_dtype": "bf16"}]
+    columns, rows = table_cells(runs)
+    assert [row[columns.index("all-reduce dtype")] for row in rows] == ["fp32", "bf16"]
+    assert "all-reduce dtype" not in table_cells(runs[:1])[0]   # an fp32 table as before
+    assert [label(r) for r in runs] == ["jax builtin jax.jit NHWC/HWIO 2d/1p, 1 trial",
+                                        "jax builtin jax.jit NHWC/HWIO 2d/1p, bf16 all-reduce, 1 trial"]
+
+
 def test_fp16_rows_carry_their_loss_scaling_and_a_bad_scale_is_one_line():
     from harness.training.loop import network_of
     rows = plan("--frameworks", "jax", "--precision", "fp32,fp16", "--loss-scale", "1024", "--loss-scale-interval", "3")

@@ -12,6 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from common.interface import RosettaError  # noqa: E402
 
 from ..files import replaced_atomically  # noqa: E402
+from ..spec import variant  # noqa: E402
 
 COLORS = {"pytorch": "tab:red", "mxnet": "tab:blue", "tensorflow": "tab:orange", "jax": "tab:green"}
 
@@ -20,9 +21,8 @@ def label(r):
     cores = ", core per device" if r.get("cores") == "per-device" else ""
     trials = "" if r.get("trials", 1) > 1 else ", 1 trial"
     layout = (r.get("layout") or "").split(" ")[0]   # NCHW, NHWC: two rows may differ only there
-    bucketed = ", bucketed" if r.get("allreduce") == "bucketed" else ""   # or only in their all-reduce
     return (f"{r['framework']} {r['mode']} {r.get('exec') or ''} {layout} {r['devices']}d/{r['processes']}p"
-            f"{bucketed}{cores}{trials}")
+            f"{variant(r)}{cores}{trials}")   # or only in their all-reduce, precision, sharding, accumulation
 
 
 def image_format(path):

@@ -67,8 +67,11 @@ def has_buckets(runs):
 
 
 def allreduce_cell(r):
-    """How the scratch step summed the gradients (--allreduce); an engine sums them its own way."""
-    return r.get("allreduce") or "per-tensor" if r["mode"] == "scratch" else "-"
+    """How the scratch step summed the gradients (--allreduce); an engine sums them its own way ("-"), but for the
+    one that runs --allreduce bucketed (JAX's psum, written by hand: the plan refuses it to the others)."""
+    if r["mode"] == "scratch" or r.get("allreduce") == "bucketed":
+        return r.get("allreduce") or "per-tensor"
+    return "-"
 
 
 def bytes_cell(n):
@@ -179,6 +182,10 @@ def table_cells(runs, timing=False):
         at = columns.index("layout") + 1
         columns = (*columns[:at], "all-reduce", *columns[at:])
         rows = [[*row[:at], allreduce_cell(r), *row[at:]] for row, r in zip(rows, runs)]
+    if any((r.get("allreduce_dtype") or "fp32") != "fp32" for r in runs):   # after the layout: the gradients' sum
+        at = columns.index("layout") + 1
+        columns = (*columns[:at], "all-reduce dtype", *columns[at:])
+        rows = [[*row[:at], r.get("allreduce_dtype") or "fp32", *row[at:]] for row, r in zip(rows, runs)]
     if any((r.get("precision") or "fp32") != "fp32" for r in runs):   # after the layout: what the network computes in
         at = columns.index("layout") + 1
         columns = (*columns[:at], "precision", *columns[at:])

@@ -10,7 +10,7 @@ from common.interface import RosettaError
 
 from ..processes.cores import per_device_threads
 from ..processes.launch import process_per_device
-from ..spec import RMSPROP_FIELDS, SCHEDULE_FIELDS, RunSpec, default
+from ..spec import RMSPROP_FIELDS, SCHEDULE_FIELDS, RunSpec, default, variant
 
 BATCH_SIZE = default("batch_size")   # a row of another global batch says so in its label
 
@@ -123,12 +123,7 @@ def skip_reason(spec, share, usable, most_devices, threads, seen):
 
 def row_label(spec):
     model = "" if spec.model == "lenet" else f"{spec.model} w{spec.width} {spec.bn} BN, "
-    layout = "" if spec.layout == "default" else f", {spec.layout}"
-    layout += "" if spec.allreduce == "per-tensor" else f", {spec.allreduce}"
-    layout += "" if spec.shard == "none" else f", {spec.shard} sharded"
-    layout += "" if spec.accumulate == 1 else f", accumulate {spec.accumulate}"
-    layout += "" if spec.precision == "fp32" else f", {spec.precision}"
-    layout += "" if spec.allreduce_dtype == "fp32" else f", {spec.allreduce_dtype} all-reduce"
+    layout = ("" if spec.layout == "default" else f", {spec.layout}") + variant(spec)
     per_device = ", a core per device" if spec.cores == "per-device" else ""
     batch = "" if spec.batch_size == BATCH_SIZE else f", batch {spec.batch_size}"
     return (f"{spec.framework} {spec.mode} ({model}{spec.exec}{layout}), {spec.devices} device(s){batch}, "
