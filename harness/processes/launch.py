@@ -186,14 +186,12 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=O
                 codes = [p.poll() for p in procs]
                 # a worker that wrote its record and then crashed as its interpreter exited (PyTorch's gloo can)
                 # finished its run: its record is kept and the others go on
-                done = [i >= n and (codes[i] == 0 or i in kept or codes[i] is not None and wrote_ok(outs[i - n]))
-                        for i in range(len(procs))]
                 for i in range(n, len(procs)):
-                    if codes[i] not in (None, 0) and done[i] and i not in kept:
+                    if codes[i] not in (None, 0) and i not in kept and wrote_ok(outs[i - n]):
                         kept.add(i)
                         print(f"note: {names[i]} {describe_exit(codes[i])} after writing its record (kept)",
                               file=sys.stderr)
-                dead = [i for i in [*range(n, len(procs)), *range(n)] if codes[i] not in (None, 0) and not done[i]]
+                dead = [i for i in [*range(n, len(procs)), *range(n)] if codes[i] not in (None, 0) and i not in kept]
                 if dead:   # the others would wait for it (a collective, the server) forever: stop them all now
                     i = dead[0]
                     if i >= n and os.path.exists(outs[i - n]):   # a worker that failed cleanly and said why
@@ -201,7 +199,7 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=O
                             return [{**json.load(f), "log": log_tail(i)}]
                     return [{"status": "failed", "log": log_tail(i),
                              "error": f"{names[i]} {describe_exit(codes[i])}: {last_line(log_tail(i)) or 'no output'}"}]
-                if all(done[n:]):
+                if all(codes[i] == 0 or i in kept for i in range(n, len(procs))):
                     break
                 now = time.monotonic()
                 if timeout is not None and now - started > timeout:

@@ -164,6 +164,12 @@ def format_table(runs, timing=False, markdown=False):
     return render(*table_cells(runs, timing), markdown=markdown)
 
 
+def after_layout(columns, rows, runs, names, cells):
+    """The table with columns `names` after the layout's, each row's from cells(run): a setting a row may change."""
+    at = columns.index("layout") + 1
+    return (*columns[:at], *names, *columns[at:]), [[*row[:at], *cells(r), *row[at:]] for row, r in zip(rows, runs)]
+
+
 def table_cells(runs, timing=False):
     """The table's headings and its rows of cells, before rendering: a published run shows some of them
     (harness/publishing/published.py), so its cells are the ones compare.py prints."""
@@ -179,26 +185,19 @@ def table_cells(runs, timing=False):
         columns = (*columns[:at], "batch", *columns[at:])
         rows = [[*row[:at], str(r.get("batch_size") or "-"), *row[at:]] for row, r in zip(rows, runs)]
     if has_buckets(runs):   # after the layout: one all-reduce per parameter or per bucket
-        at = columns.index("layout") + 1
-        columns = (*columns[:at], "all-reduce", *columns[at:])
-        rows = [[*row[:at], allreduce_cell(r), *row[at:]] for row, r in zip(rows, runs)]
+        columns, rows = after_layout(columns, rows, runs, ["all-reduce"], lambda r: [allreduce_cell(r)])
     if any((r.get("allreduce_dtype") or "fp32") != "fp32" for r in runs):   # after the layout: the gradients' sum
-        at = columns.index("layout") + 1
-        columns = (*columns[:at], "all-reduce dtype", *columns[at:])
-        rows = [[*row[:at], r.get("allreduce_dtype") or "fp32", *row[at:]] for row, r in zip(rows, runs)]
+        columns, rows = after_layout(columns, rows, runs, ["all-reduce dtype"],
+                                     lambda r: [r.get("allreduce_dtype") or "fp32"])
     if any((r.get("precision") or "fp32") != "fp32" for r in runs):   # after the layout: what the network computes in
-        at = columns.index("layout") + 1
-        columns = (*columns[:at], "precision", *columns[at:])
-        rows = [[*row[:at], r.get("precision") or "fp32", *row[at:]] for row, r in zip(rows, runs)]
+        columns, rows = after_layout(columns, rows, runs, ["precision"], lambda r: [r.get("precision") or "fp32"])
     if any((r.get("shard") or "none") != "none" for r in runs):   # after the layout: ZeRO's stage and what it keeps
-        at = columns.index("layout") + 1
-        columns = (*columns[:at], "shard", "params/device", "opt. state/device", *columns[at:])
-        rows = [[*row[:at], r.get("shard") or "none", bytes_cell(r.get("parameter_bytes_per_device")),
-                 bytes_cell(r.get("optimizer_state_bytes_per_device")), *row[at:]] for row, r in zip(rows, runs)]
+        columns, rows = after_layout(columns, rows, runs, ["shard", "params/device", "opt. state/device"],
+                                     lambda r: [r.get("shard") or "none",
+                                                bytes_cell(r.get("parameter_bytes_per_device")),
+                                                bytes_cell(r.get("optimizer_state_bytes_per_device"))])
     if any((r.get("accumulate") or 1) > 1 for r in runs):   # after the layout: the micro-batches per update
-        at = columns.index("layout") + 1
-        columns = (*columns[:at], "accumulate", *columns[at:])
-        rows = [[*row[:at], str(r.get("accumulate") or 1), *row[at:]] for row, r in zip(rows, runs)]
+        columns, rows = after_layout(columns, rows, runs, ["accumulate"], lambda r: [str(r.get("accumulate") or 1)])
     if has_resnet(runs):   # after the framework: the network, and the BatchNorm's distinct running states
         columns = (columns[0], *MODEL_COLUMNS, *columns[1:])
         rows = [[row[0], *model_cells(r), *row[1:]] for row, r in zip(rows, runs)]
