@@ -37,15 +37,15 @@ from .optim import step as replicated_step
 SHARDS = ("none", "optimizer", "gradients", "parameters")   # ZeRO's stages 0 to 3
 # The built-in engines that shard, and their stages: PyTorch's ZeroRedundancyOptimizer under DDP (1) and FSDP2's
 # fully_shard (2: its reshard_after_forward=False, 3); JAX's jitted step with the state, or the parameters and the
-# state, placed by NamedSharding over the data axis (1, 3: XLA picks the collectives). TensorFlow and MXNet have
-# no engine that shards.
-SHARD_ENGINES = {"pytorch": SHARDS[1:], "jax": ("optimizer", "parameters")}
+# state, placed by NamedSharding over the data axis (1, 3: XLA picks the collectives; 2: shard_map's psum_scatter,
+# the reduce-scatter XLA's CPU compiler does not make). TensorFlow and MXNet have no engine that shards.
+SHARD_ENGINES = {"pytorch": SHARDS[1:], "jax": SHARDS[1:]}
 # The engines whose checkpoints each rank writes its own shard of, the framework's way: FSDP2's, PyTorch's Distributed
 # Checkpoint (pytorch/checkpoint.save_sharded); JAX's jitted step, Orbax saving its sharded global arrays from every
 # process (jax/checkpoint.save_sharded). The others gather the state and one rank writes the whole: the scratch steps'
 # slices are cuts of flat padded buffers, no tensor's shards; ZeroRedundancyOptimizer's own is a state_dict
 # consolidated on rank 0.
-SHARDED_CHECKPOINTS = {"pytorch": ("gradients", "parameters"), "jax": ("optimizer", "parameters")}
+SHARDED_CHECKPOINTS = {"pytorch": ("gradients", "parameters"), "jax": SHARDS[1:]}
 ITEMSIZE = 4   # float32: parameters, gradients and optimizer state
 
 

@@ -49,7 +49,7 @@ wire): a Flax layer's fp16 weight gradient is then all-reduced inside its batch 
 where the global batch's gradient does.
 --shard (common/zero.py's stages; get_model's shard) places arrays with NamedSharding over the mesh's one axis, each
 along its largest axis that the device count divides (whole on every device where none does): "optimizer" (stage 1)
-the Optax state, the parameters replicated; "parameters" (stage 3) the parameters too. The jitted step's
+and "gradients" (stage 2) the Optax state, the parameters replicated; "parameters" (stage 3) the parameters too. The jitted step's
 out_shardings keep them so between steps, and its sharding constraints (Layout) say where each array goes, XLA
 picking the collectives: the parameters whole before the forward (stage 3: an all-gather), the gradients summed as
 the replicated step sums them (XLA's CPU compiler makes no reduce-scatter: an all-reduce, then each device's slice),
@@ -57,8 +57,9 @@ each device's update of its slices with its state, and at stage 1 an all-gather 
 compiled step: stage 1 8 all-reduces and 8 all-gathers, stage 3 8 all-gathers and 8 all-reduces (clipping adds 8
 scalar all-reduces: the norm summed from the slices, in another order). Under shard_map a device sees only its block
 of a sliced array, which Optax's clipping would take for the whole: that form computes and reduces each device's
-gradients under shard_map (at stage 3 lax.psum_scatter along each one's sliced axis, a reduce-scatter) and updates
-after it under jit, as above. No stage 2: the gradients live only inside the compiled step, so it would be stage 1.
+gradients under shard_map (at stages 2 and 3 lax.psum_scatter along each one's sliced axis, a reduce-scatter) and
+updates after it under jit, as above. Stage 2 is that form's alone: its reduce-scatter is the one thing it does
+otherwise than stage 1, and under jit XLA would make an all-reduce of it (get_model picks shard_map for it).
 JAX's slices are an axis of each array, not common/zero.py's flat padded units: a device holds the same bytes
 wherever the device count divides an axis (every parameter of the LeNet and the ResNet on 2 devices)."""
 import functools
@@ -122,14 +123,12 @@ def spec_of(shape, size):
 class Layout:
     """Where --shard keeps the step's arrays between steps: `params` and `state`, the NamedShardings the compiled step
     gives back its parameters and Optax state in (its out_shardings), so the next step takes them as they are. The
-    state is sliced over the data axis at both stages (spec_of), the parameters at stage 3 only, whole on every
-    device at stage 1. In the step, sharding constraints say where each array goes and XLA picks the collectives:
+    state is sliced over the data axis at every stage (spec_of), the parameters at stage 3 only, whole on every
+    device at stages 1 and 2. In the step, sharding constraints say where each array goes and XLA picks the collectives:
     `gathered` the whole parameters before the forward (stage 3: an all-gather), `owned` each device's slice of the
     gradients and parameters, which the update reads (each device updates its own slice with its own state)."""
 
     def __init__(self, mesh, shard, params, tx=None):
-        if shard not in ("optimizer", "parameters"):
-            raise Unavailable(f"--shard {shard}: JAX's sharded engine runs stages 1 (optimizer) and 3 (parameters)")
         self.mesh, self.shard = mesh, shard
         self.params = self.sliced(params) if shard == "parameters" else NamedSharding(mesh, P())
         self.state = None if tx is None else self.sliced(jax.eval_shape(tx.init, params))
@@ -152,8 +151,8 @@ class Layout:
         return lax.with_sharding_constraint(grads, NamedSharding(self.mesh, P()))
 
     def reduced_specs(self, params, bucket_bytes):
-        """The shard_map specs of the gradients as reduced (reduced): each one's slice at stage 3, else whole."""
-        if self.shard != "parameters" or bucket_bytes:
+        """The shard_map specs of the gradients as reduced (reduced): each one's slice at stages 2 and 3, else whole."""
+        if self.shard == "optimizer" or bucket_bytes:
             return P()
         return jax.tree.map(lambda a: spec_of(a.shape, self.mesh.size), params)
 
@@ -317,11 +316,11 @@ def shard_map_optax_step(tx, bucket_bytes, wire, count, precision, params, opt_s
 
 
 def reduced(layout, grads, bucket_bytes, wire):
-    """One device's gradients summed over the mesh under shard_map, as --shard keeps them: at stage 3 a reduce-scatter
-    (lax.psum_scatter) along each one's sliced axis, each device getting the sum of its own slice alone, and a psum
-    where none is sliced; at stage 1, or bucketed (a flat bucket is cut otherwise than its arrays' axes), the
+    """One device's gradients summed over the mesh under shard_map, as --shard keeps them: at stages 2 and 3 a
+    reduce-scatter (lax.psum_scatter) along each one's sliced axis, each device getting the sum of its own slice alone,
+    and a psum where none is sliced; at stage 1, or bucketed (a flat bucket is cut otherwise than its arrays' axes), the
     all-reduce, of which the update reads its slice (owned)."""
-    if layout.shard != "parameters" or bucket_bytes:
+    if layout.shard == "optimizer" or bucket_bytes:
         return psum_gradients(grads, bucket_bytes, wire)
     return jax.tree.map(lambda g: psum_scatter_on_the_wire(g, spec_of(g.shape, layout.mesh.size), wire), grads)
 
@@ -600,15 +599,20 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
     none of its own). allreduce_dtype "bf16" (--allreduce-dtype): the psum's casts (psum_gradients), so shard_map's
     form; under jit XLA places the all-reduces inside the batch sums, where no cast can reach: a jit step asked for
     by `form` refuses it. The ResNet's form follows its BatchNorm: shard_map's for local, jit's for sync unless
-    bucketed or bf16 on the wire (the module docstring). `shard` (--shard "optimizer" or "parameters"): the Optax
-    state, and at "parameters" the parameters too, placed sliced over the mesh and kept so by the compiled step
-    (Layout; the BatchNorm statistics stay as they are, as FSDP keeps buffers)."""
+    bucketed or bf16 on the wire (the module docstring). `shard` (--shard "optimizer", "gradients" or "parameters"):
+    the Optax state, and at "parameters" the parameters too, placed sliced over the mesh and kept so by the compiled
+    step (Layout; the BatchNorm statistics stay as they are, as FSDP keeps buffers); at "gradients" the step is
+    shard_map's, whose psum_scatter is the reduce-scatter (under jit XLA's CPU compiler makes an all-reduce)."""
     wire = allreduce_dtype
     mesh = mesh_of(devices)
-    form = form or ("shard_map" if bucket_bytes or network.loss_scaling or wire != "fp32" else "jit")
+    scattered = shard == "gradients"   # stage 2: a reduce-scatter, which only shard_map's psum_scatter makes
+    form = form or ("shard_map" if bucket_bytes or network.loss_scaling or wire != "fp32" or scattered else "jit")
     if wire != "fp32" and form == "jit":
         raise Unavailable("JAX's jit step all-reduces where XLA places it, in the sum's own dtype: --allreduce-dtype "
                           "bf16 needs shard_map's psum")
+    if scattered and form == "jit":
+        raise Unavailable("JAX's jit step all-reduces the gradients where XLA places them (no reduce-scatter on the "
+                          "CPU): --shard gradients needs shard_map's psum_scatter")
     scaler = None if network.loss_scaling is None else Scaler(network.loss_scaling)
     bucket_bytes = bucket_bytes if form == "shard_map" else None
     replicated = NamedSharding(mesh, P())   # every device holds the whole parameter
@@ -627,7 +631,7 @@ def get_model(weights, devices, optimizer=None, state=None, form=None, network=N
         return place(optax_state(state, tx.init(host), laid_out, names), shardings)
 
     if network.bn_state is not None:   # the ResNet: the form follows the BatchNorm (module docstring)
-        form = "jit" if network.sync and not bucket_bytes and wire == "fp32" else "shard_map"
+        form = "jit" if network.sync and not bucket_bytes and wire == "fp32" and not scattered else "shard_map"
         axis_name = "devices" if network.sync and form == "shard_map" else None
         graphdef, host, stats = nnx.split(resnet.build_model(weights, network.bn_state, precision=network.precision,
                                                              axis_name=axis_name), nnx.Param, nnx.BatchStat)

@@ -264,8 +264,9 @@ def test_compare_s_sharded_rows_across_processes_are_the_replicated_ones(tmp_pat
 
 @pytest.mark.slow   # three worker processes, 2 devices each: about a minute
 def test_jax_s_engine_shards_its_state_as_the_scratch_step_does(tmp_path):
-    """JAX's built-in engine at --shard optimizer and parameters (stages 1 and 3: the Optax state, and the parameters
-    too, placed with NamedSharding and kept so by the jitted step), as a user runs it, on 2 devices in one process
+    """JAX's built-in engine at --shard optimizer, gradients and parameters (stages 1 to 3: the Optax state, and at
+    stage 3 the parameters too, placed with NamedSharding and kept so by the compiled step; stage 2 in shard_map's
+    form, its gradients reduce-scattered), as a user runs it, on 2 devices in one process
     (how JAX's engine runs fastest): AdamW with weight decay and clipping (whose global norm XLA sums from the
     slices). Each sharded row's per-step losses are the replicated row's within 1e-5, and its first device holds the
     bytes common.zero.memory says: half the Adam state (every LeNet parameter has an axis of even size), and at stage
@@ -275,16 +276,17 @@ def test_jax_s_engine_shards_its_state_as_the_scratch_step_does(tmp_path):
     framework_or_skip("jax")
     out = tmp_path / "jax.json"
     proc = run_compare("--frameworks", "jax", "--mode", "builtin", "--devices", "2", "--processes", "1",
-                       "--shard", "none,optimizer,parameters", "--optimizer", "adamw", "--weight-decay", "0.01",
+                       "--shard", "none,optimizer,gradients,parameters", "--optimizer", "adamw", "--weight-decay", "0.01",
                        "--clip-norm", "1.0", "--epochs", "1", "--json", str(out), "--csv", str(tmp_path / "jax.csv"),
                        "--plot", str(tmp_path / "jax.png"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["shard"]: r for r in json.loads(out.read_text())["runs"]}
-    assert sorted(rows) == ["none", "optimizer", "parameters"]
+    assert sorted(rows) == sorted(zero.SHARDS)
     assert all(r["status"] == "ok" for r in rows.values()), {s: r["error"] for s, r in rows.items()}
     want = np.array(rows["none"]["step_losses"])
     sizes = [init_weights(0)[n].size for n in PARAM_NAMES]
-    for shard in ("optimizer", "parameters"):
+    assert rows["gradients"]["exec"] == "jax.jit+shard_map"
+    for shard in zero.SHARDS[1:]:
         got = np.array(rows[shard]["step_losses"])
         assert got.shape == want.shape and np.all(np.abs(got - want) <= 1e-5 * np.abs(want)), shard
         held = zero.memory(sizes, 2, 2, shard)
@@ -292,6 +294,45 @@ def test_jax_s_engine_shards_its_state_as_the_scratch_step_does(tmp_path):
             < zero.memory(sizes, 2, 2, "none")["optimizer state"], shard
         assert rows[shard]["parameter_bytes_per_device"] == held["parameters"], shard
     assert rows["parameters"]["parameter_bytes_per_device"] < rows["optimizer"]["parameter_bytes_per_device"]
+
+
+# What XLA compiles for JAX's engine at each stage (the LeNet on 2 devices, AdamW clipped: the norm's 8 scalar sums)
+ENGINE_COLLECTIVES = {"none": {"all-reduce": 8}, "optimizer": {"all-reduce": 16, "all-gather": 8},
+                      "gradients": {"reduce-scatter": 8, "all-reduce": 8, "all-gather": 8},
+                      "parameters": {"all-reduce": 16, "all-gather": 8}}
+
+
+@pytest.mark.parametrize("shard", [pytest.param("optimizer", marks=pytest.mark.slow), "gradients",
+                                   pytest.param("parameters", marks=pytest.mark.slow)])   # stages 1, 3: a compare row
+def test_jax_s_engine_compiles_each_stage_s_collectives_and_steps_as_replicated(shard, digits):
+    """JAX's engine in the program XLA compiles: the replicated step all-reduces the 8 gradients; stages 1 and 3 (jit)
+    all-reduce them too, then each device reads its slice (XLA's CPU compiler makes no reduce-scatter), and
+    all-gather the parameters; stage 2 is shard_map's, whose psum_scatter is a reduce-scatter of each gradient, and
+    all-gathers the updated parameters. Each stage steps as the replicated step, three steps within TOL, and holds
+    half the Adam state (stage 3 half the parameters too)."""
+    import collections
+    import re
+    import jax.numpy as jnp
+    devices = framework_or_skip("jax").get_devices(2)
+    builtin, pipeline = load_module("jax", "builtin"), load_module("jax", "pipeline")
+    o = optim.Optimizer("adamw", 0.01, weight_decay=0.01, clip_norm=1.0, total_steps=3)
+    X, y = digits.X_train[:BATCH], digits.y_train[:BATCH]
+    sizes = [init_weights(0)[n].size for n in PARAM_NAMES]
+    runs = {}
+    for stage in ("none", shard):
+        model = builtin.get_model(init_weights(0), devices, o, shard=stage)
+        batch = pipeline.global_batch(model.placement, devices, X, y, BATCH)
+        hlo = model.trainer.lower(model.net, model.trainer.opt_state, *batch[:3], jnp.float32(1.0)).compile().as_text()
+        collectives = re.findall(r" (all-reduce|reduce-scatter|all-gather)(?:-start)?\(", hlo)
+        assert dict(collections.Counter(collectives)) == ENGINE_COLLECTIVES[stage], stage
+        assert builtin.EXEC(model) == ("jax.jit+shard_map" if stage == "gradients" else "jax.jit+NamedSharding")
+        runs[stage] = [builtin.train_step(model, batch, 1.0, BATCH) for _ in range(3)], builtin.to_numpy(model)
+        held = zero.memory(sizes, 2, 2, stage)
+        assert builtin.state_bytes(model) == held["optimizer state"], stage
+        assert builtin.parameter_bytes(model) == held["parameters"], stage
+    assert runs[shard][0] == pytest.approx(runs["none"][0], rel=TOL)
+    for key, value in runs["none"][1].items():
+        assert abs(runs[shard][1][key] - value).max() <= TOL, key
 
 
 def most_owned(sizes, world):
