@@ -48,18 +48,19 @@ the psum adds them in fp32 (get_model). The ResNet's --bn sync step stays jit's 
 wire): a Flax layer's fp16 weight gradient is then all-reduced inside its batch sum and rounded once, so it overflows
 where the global batch's gradient does.
 --shard (common/zero.py's stages; get_model's shard) places arrays with NamedSharding over the mesh's one axis, each
-along its largest axis that the device count divides (whole on every device where none does): "optimizer" (stage 1)
-and "gradients" (stage 2) the Optax state, the parameters replicated; "parameters" (stage 3) the parameters too. The jitted step's
-out_shardings keep them so between steps, and its sharding constraints (Layout) say where each array goes, XLA
-picking the collectives: the parameters whole before the forward (stage 3: an all-gather), the gradients summed as
-the replicated step sums them (XLA's CPU compiler makes no reduce-scatter: an all-reduce, then each device's slice),
-each device's update of its slices with its state, and at stage 1 an all-gather of the updated parameters. The LeNet's
-compiled step: stage 1 8 all-reduces and 8 all-gathers, stage 3 8 all-gathers and 8 all-reduces (clipping adds 8
-scalar all-reduces: the norm summed from the slices, in another order). Under shard_map a device sees only its block
-of a sliced array, which Optax's clipping would take for the whole: that form computes and reduces each device's
-gradients under shard_map (at stages 2 and 3 lax.psum_scatter along each one's sliced axis, a reduce-scatter) and
-updates after it under jit, as above. Stage 2 is that form's alone: its reduce-scatter is the one thing it does
-otherwise than stage 1, and under jit XLA would make an all-reduce of it (get_model picks shard_map for it).
+along its largest axis that the device count divides (whole on every device where none does): "optimizer" (stage 1) and
+"gradients" (stage 2) the Optax state, the parameters replicated; "parameters" (stage 3) the parameters too. The jitted
+step's out_shardings keep them so between steps, and its sharding constraints (Layout) say where each array goes, XLA
+picking the collectives: the parameters whole before the forward (stage 3: an all-gather), the gradients summed as the
+replicated step sums them (XLA's CPU compiler makes no reduce-scatter: an all-reduce, then each device's slice), each
+device's update of its slices with its state, and at stage 1 an all-gather of the updated parameters. The LeNet's
+compiled step: stage 1 8 all-reduces and 8 all-gathers, stage 2 8 reduce-scatters and 8 all-gathers, stage 3 8
+all-gathers and 8 all-reduces (clipping adds 8 scalar all-reduces: the norm summed from the slices, in another order).
+Under shard_map a device sees only its block of a sliced array, which Optax's clipping would take for the whole: that
+form computes and reduces each device's gradients under shard_map (at stages 2 and 3 lax.psum_scatter along each one's
+sliced axis, a reduce-scatter) and updates after it under jit, as above. Stage 2 is that form's alone: its
+reduce-scatter is the one thing it does otherwise than stage 1, and under jit XLA would make an all-reduce of it
+(get_model picks shard_map for it).
 JAX's slices are an axis of each array, not common/zero.py's flat padded units: a device holds the same bytes
 wherever the device count divides an axis (every parameter of the LeNet and the ResNet on 2 devices)."""
 import functools

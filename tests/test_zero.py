@@ -276,9 +276,9 @@ def test_jax_s_engine_shards_its_state_as_the_scratch_step_does(tmp_path):
     framework_or_skip("jax")
     out = tmp_path / "jax.json"
     proc = run_compare("--frameworks", "jax", "--mode", "builtin", "--devices", "2", "--processes", "1",
-                       "--shard", "none,optimizer,gradients,parameters", "--optimizer", "adamw", "--weight-decay", "0.01",
-                       "--clip-norm", "1.0", "--epochs", "1", "--json", str(out), "--csv", str(tmp_path / "jax.csv"),
-                       "--plot", str(tmp_path / "jax.png"), timeout=600)
+                       "--shard", "none,optimizer,gradients,parameters", "--optimizer", "adamw",
+                       "--weight-decay", "0.01", "--clip-norm", "1.0", "--epochs", "1", "--json", str(out),
+                       "--csv", str(tmp_path / "jax.csv"), "--plot", str(tmp_path / "jax.png"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["shard"]: r for r in json.loads(out.read_text())["runs"]}
     assert sorted(rows) == sorted(zero.SHARDS)
