@@ -15,7 +15,8 @@ shard's and keeps its own running statistics, stacked along the mesh axis (local
 masked out of both (nnx.BatchNorm's mask). Flax's own synchronisation, BatchNorm(axis_name=...) under shard_map,
 pmeans each device's masked mean: with unequal real rows per device (97 = 49 + 48) that is not the global mean. Where
 the synchronised step must be shard_map's (bucketed, or bf16 on the wire: no cast or bucket reaches the all-reduces
-XLA places under jit), its BatchNorm is resnet.BatchNorm, which psums the devices' sums and counts instead.
+XLA places under jit; or --shard gradients, whose reduce-scatter XLA does not make), its BatchNorm is
+resnet.BatchNorm, which psums the devices' sums and counts instead.
 The all-reduce: XLA's CPU compiler has no pass that combines collectives, so both forms all-reduce one gradient at a
 time (a psum of the gradients' pytree lowers to an all-reduce per tensor), each a gloo call across processes (43% of
 the ResNet's step on 2 processes). With `--allreduce bucketed` (get_model's bucket_bytes) the step is shard_map's with
@@ -90,8 +91,8 @@ from .optimizer import at, buffers, flax_paths, optax_canonical, optax_state, ge
 
 
 def EXEC(model):
-    """The form the steps ran in: shard_map's for a bucketed psum, the local BatchNorm or the LeNet's accumulation,
-    else jit's."""
+    """The form the steps ran in: shard_map's for a bucketed psum, bf16 on the wire, fp16's loss scaling, ZeRO stage 2's
+    reduce-scatter, the local BatchNorm or the LeNet's accumulation, else jit's."""
     return "jax.jit+shard_map" if model.trainer.form == "shard_map" else "jax.jit+NamedSharding"
 
 
