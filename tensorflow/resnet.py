@@ -31,14 +31,26 @@ def conv(p, name, h, layout=DEFAULT_LAYOUT, precision="fp32"):
     """At `precision` (lenet.compute). Explicit symmetric padding: padding="SAME" with stride 2 on an even input
     pads bottom/right only. At bf16 and fp16 it is a tf.pad before a "VALID" convolution: the CPU runs the backward
     of an explicitly padded convolution outside oneDNN, in Eigen's kernel, 50 times slower in bf16 and not at all in
-    NCHW (fp32 keeps it, bit for bit as before)."""
-    _, stride, pad = CONVS[name]
+    NCHW (fp32 keeps it, bit for bit as before). Its 1x1 stride-2 projections are then oneDNN's too, whose backward
+    corrupts the heap (subsampled)."""
+    kernel, stride, pad = CONVS[name]
     padding = [[0, 0], [pad, pad], [pad, pad], [0, 0]] if layout == "nhwc" else [[0, 0], [0, 0], [pad, pad], [pad, pad]]
     h, w, b = compute(precision, h, p[f"{name}.weight"], p[f"{name}.bias"])
     if precision != "fp32":
         h, padding = tf.pad(h, padding), "VALID"
+        if kernel == 1 and stride > 1:
+            h, stride = subsampled(h, stride, layout), 1
     h = tf.nn.conv2d(h, w, stride, padding, data_format=layout.upper())
     return bias_add(h, b, layout.upper(), precision)
+
+
+def subsampled(h, stride, layout=DEFAULT_LAYOUT):
+    """Every stride-th row and column: a 1x1 convolution's stride taken before it, the same numbers. TensorFlow 2.21's
+    oneDNN backward of a 1x1 stride-2 Conv2D corrupts the heap (uxlfoundation/oneDNN#6035): the Keras model's
+    projections with an odd batch ("free(): invalid size"), the scratch step's at bf16 on the AMD EPYC after a few
+    steps on digits (abort or segfault in each of a dozen runs; TF_ENABLE_ONEDNN_OPTS=0, one thread, or this slice
+    do not). pytorch/resnet.py meets the same bug in channels-last memory."""
+    return h[:, ::stride, ::stride, :] if layout == "nhwc" else h[:, :, ::stride, ::stride]
 
 
 def axes_and_shape(layout=DEFAULT_LAYOUT):
@@ -254,10 +266,9 @@ def build_model(weights, bn_state, bn=CANONICAL_BN, synchronized=False, dtype=No
     BatchNormalization gets `bn`'s momentum (Keras's weighs the running value: 0.9, not PyTorch's 0.1) and epsilon
     (Keras's default is 1e-3), and `synchronized` (the moments summed over a tf.distribute strategy's replicas).
     model(X, training=True) updates the moving statistics. The projections' 1x1 stride-2 convolutions take every
-    other row and column, then convolve with stride 1: TensorFlow 2.21's oneDNN backward of a 1x1 stride-2 Conv2D
-    corrupts the heap when the batch is odd and the input has fewer than 16 channels (97 images: "free(): invalid
-    size"; 96 and TF_ENABLE_ONEDNN_OPTS=0 do not), the bug pytorch/resnet.py meets in channels-last memory
-    (uxlfoundation/oneDNN#6035). `dtype`: every layer's dtype policy (None: Keras's default, float32;
+    other row and column, then convolve with stride 1 (subsampled: with 97 images and fewer than 16 input channels
+    the stride-2 backward corrupted the heap; 96 and TF_ENABLE_ONEDNN_OPTS=0 did not). `dtype`: every layer's dtype
+    policy (None: Keras's default, float32;
     "mixed_bfloat16" at bf16, "mixed_float16" at fp16: fp32 variables, the layers computing in the low dtype,
     BatchNormalization in fp32 on its low-precision input and its output rounded to it, as Keras's
     BatchNormalization.call casts)."""
@@ -270,8 +281,8 @@ def build_model(weights, bn_state, bn=CANONICAL_BN, synchronized=False, dtype=No
         kernel, stride, pad = CONVS[name]
         if pad:
             h = L.ZeroPadding2D(pad, name=f"{name}.pad", dtype=dtype)(h)
-        if kernel == 1 and stride > 1:   # the same numbers, without oneDNN's stride-2 1x1 backward (docstring)
-            h, stride = h[:, ::stride, ::stride, :], 1
+        if kernel == 1 and stride > 1:   # the same numbers, without oneDNN's stride-2 1x1 backward
+            h, stride = subsampled(h, stride, "nhwc"), 1
         return L.Conv2D(shapes[name][1][0], kernel, stride, "valid", name=name, dtype=dtype)(h)
 
     def norm(name, h):

@@ -10,6 +10,7 @@ import pytest
 
 from common import models, optim
 from common.interface import Network, RosettaError, StepSettings
+from common.layouts import to_channels_last
 from common.loss_scaling import LossScaling, Scaler
 from conftest import framework_or_skip, scratch
 from harness.loader import load_module
@@ -70,6 +71,40 @@ def test_the_bias_gradient_is_one_rounding_of_its_fp32_sum(fw, precision):
     other = error(lambda h, b: lenet.bias_add(h, b, precision="bf16" if precision == "fp16" else "fp16"))
     assert chosen == pytest.approx(rounding, rel=1e-3)
     assert other > 10 * rounding
+
+
+@pytest.mark.parametrize("precision,layout", [("bf16", "nhwc"), ("bf16", "nchw"), ("fp16", "nhwc")])
+def test_the_resnet_s_low_precision_convolutions_give_onednn_no_1x1_stride_2_backward(fw, precision, layout):
+    """Every convolution of the scratch ResNet with its gradients, traced at the low precisions ("VALID" after a
+    tf.pad: oneDNN's kernels, where fp32's explicit padding keeps the backward in Eigen's): no Conv2D or its backward
+    has a 1x1 filter and a stride above 1 (TensorFlow 2.21's oneDNN backward for one corrupts the heap:
+    resnet.subsampled), and a projection computes what its stride-2 convolution would, to the bit."""
+    import tensorflow as tf
+    resnet, lenet = load_module("tensorflow", "resnet"), load_module("tensorflow", "lenet")
+    weights = models.init_weights("resnet18", 0)
+    rng = np.random.default_rng(0)
+    for name, (kernel, stride, _) in resnet.CONVS.items():
+        p = {f"{name}.{part}": tf.constant(to_channels_last(f"{name}.{part}", weights[f"{name}.{part}"]))
+             for part in ("weight", "bias")}
+        c_in = weights[f"{name}.weight"].shape[1]
+        h = tf.constant(rng.standard_normal((3, 14, 14, c_in) if layout == "nhwc" else (3, c_in, 14, 14)), tf.float32)
+
+        @tf.function(autograph=False)
+        def forward_and_back(h, p):
+            with tf.GradientTape() as tape:
+                tape.watch([h, *p.values()])
+                out = resnet.conv(p, name, h, layout, precision)
+            return out, tape.gradient(out, [h, *p.values()])
+        for op in forward_and_back.get_concrete_function(h, p).graph.get_operations():
+            if op.type.startswith("Conv2D"):
+                filter_shape = (op.outputs[0] if op.type == "Conv2DBackpropFilter" else op.inputs[1]).shape
+                assert not (tuple(filter_shape[:2]) == (1, 1) and max(op.get_attr("strides")) > 1), (name, op.type)
+        if kernel == 1 and stride > 1:
+            x, w, b = lenet.compute(precision, h, p[f"{name}.weight"], p[f"{name}.bias"])
+            want = lenet.bias_add(tf.nn.conv2d(x, w, stride, "VALID", data_format=layout.upper()), b, layout.upper(),
+                                  precision)
+            np.testing.assert_array_equal(tf.cast(forward_and_back(h, p)[0], tf.float32).numpy(),
+                                          tf.cast(want, tf.float32).numpy())
 
 
 def adam():
