@@ -3,10 +3,12 @@ common.lenet.PARAM_NAMES order, holding the weights in TensorFlow's channels-las
 converts them (the one place where a channels-last layout and the canonical, PyTorch, one meet). The memory
 layout of the convolutions is an argument (Functional's field), never a module's setting."""
 import dataclasses
+import functools
 
 import numpy as np
 import tensorflow as tf
 
+from common.interface import Unavailable
 from common.layouts import to_canonical, to_channels_last
 from common.lenet import IMAGE_SHAPE, LAYERS, NUM_CLASSES, PARAM_NAMES, POOL
 
@@ -113,6 +115,25 @@ def accuracy(predict, X, y, device, batch_size=1000):
     return float(correct) / len(X)
 
 
+@functools.cache
+def runs_fp16_in_nchw():
+    """Whether TensorFlow here convolves fp16 in NCHW. On a CPU only oneDNN runs NCHW, and its fp16 kernels need a CPU
+    with AVX512-FP16: the AMD EPYC (Zen 4) has none, and the plain kernel refuses NCHW. Asked of the device once."""
+    try:
+        tf.nn.conv2d(tf.zeros((1, 1, 2, 2), tf.float16), tf.zeros((1, 1, 1, 1), tf.float16), 1, "VALID",
+                     data_format="NCHW")
+        return True
+    except (tf.errors.UnimplementedError, tf.errors.InvalidArgumentError):
+        return False
+
+
+def check_layout(layout, precision):
+    """A Functional's layout and precision together: one line where this machine's TensorFlow cannot run them."""
+    if layout == "nchw" and precision == "fp16" and not runs_fp16_in_nchw():
+        raise Unavailable("TensorFlow has no fp16 convolution in NCHW on this CPU (oneDNN's fp16 kernels need "
+                          "AVX512-FP16): run fp16 with --layout nhwc")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Functional:
     """The LeNet as the recipe's step trains it (common.interface.FUNCTIONAL), in `layout` ('nhwc' or 'nchw'),
@@ -123,6 +144,9 @@ class Functional:
     precision: str = "fp32"
     name = "lenet"
     param_names = PARAM_NAMES
+
+    def __post_init__(self):
+        check_layout(self.layout, self.precision)
 
     def get_params(self, weights, device):
         return get_params(weights, device)

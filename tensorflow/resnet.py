@@ -13,7 +13,7 @@ from common.resnet import (BLOCKS, BN_STATE_NAMES, CANONICAL_BN, CONVS, IMAGE_SH
                            layer_arguments, layers)
 
 from . import distributed as dist
-from .lenet import DEFAULT_LAYOUT, accuracy, bias_add, compute, loss_sum, scaled, to_layout
+from .lenet import DEFAULT_LAYOUT, accuracy, bias_add, check_layout, compute, loss_sum, scaled, to_layout
 
 
 def get_params(weights, device):
@@ -219,6 +219,9 @@ class Functional:
     precision: str = "fp32"
     name = "resnet18"
     param_names = PARAM_NAMES
+
+    def __post_init__(self):
+        check_layout(self.layout, self.precision)
 
     def get_params(self, weights, device):
         return get_params(weights, device)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from common import models, optim
-from common.interface import Network, RosettaError, StepSettings
+from common.interface import Network, RosettaError, StepSettings, Unavailable
 from common.layouts import to_channels_last
 from common.loss_scaling import LossScaling, Scaler
 from conftest import framework_or_skip, scratch
@@ -105,6 +105,25 @@ def test_the_resnet_s_low_precision_convolutions_give_onednn_no_1x1_stride_2_bac
                                   precision)
             np.testing.assert_array_equal(tf.cast(forward_and_back(h, p)[0], tf.float32).numpy(),
                                           tf.cast(want, tf.float32).numpy())
+
+
+def test_fp16_in_nchw_is_one_line_where_tensorflow_cannot_convolve_it(fw):
+    """fp16 with --layout nchw: both networks' Functionals where TensorFlow here convolves fp16 in NCHW, else one
+    Unavailable line (on the AMD EPYC the step failed with a graph's InvalidArgumentError); the other layouts and
+    precisions are untouched."""
+    lenet, resnet = load_module("tensorflow", "lenet"), load_module("tensorflow", "resnet")
+    assert (lenet.Functional("nhwc", "fp16").layout, resnet.Functional("nchw", precision="bf16").layout) == ("nhwc",
+                                                                                                       "nchw")
+    if lenet.runs_fp16_in_nchw():
+        assert lenet.Functional("nchw", "fp16").layout == resnet.Functional("nchw", precision="fp16").layout == "nchw"
+        return
+    import tensorflow as tf
+    with pytest.raises((tf.errors.UnimplementedError, tf.errors.InvalidArgumentError)):   # what the step met
+        tf.function(lambda: tf.nn.conv2d(tf.ones((2, 1, 6, 6), tf.float16), tf.ones((3, 3, 1, 2), tf.float16), 1,
+                                         "VALID", data_format="NCHW"))()
+    for make in (lambda: lenet.Functional("nchw", "fp16"), lambda: resnet.Functional("nchw", precision="fp16")):
+        with pytest.raises(Unavailable, match="no fp16 convolution in NCHW on this CPU"):
+            make()
 
 
 def adam():
