@@ -2,7 +2,8 @@
 compute in fp16, the bias gradient is summed where TensorFlow's CPU kernels sum fp16 in fp32, a skipped step changes
 no optimizer state (the scratch step's and Keras's LossScaleOptimizer's, whose schedule counts `iterations`), the
 scale is the compiled step's argument, and what Keras's LossScaleOptimizer does under MirroredStrategy that
-builtin.py works around."""
+builtin.py works around. And what both low precisions meet in TensorFlow's CPU kernels: the ResNet's convolutions
+kept off oneDNN's crashing 1x1 stride-2 backward, fp16 in NCHW refused in one line where no kernel runs it."""
 import dataclasses
 
 import numpy as np
