@@ -256,6 +256,20 @@ def digits():
     return load_dataset("digits")
 
 
+SHORT_EPOCH_ROWS = 3 * 97 + 79
+
+
+@pytest.fixture(scope="session")
+def short_digits(digits):
+    """digits with its first 370 training images: at batch 97 an epoch of four steps, the last of 79 images (a new
+    shape, where a traced step retraces and a device's shard and micro-batches change size), the whole test split.
+    For the tests that run a configuration's epoch twice and compare the two step by step: 15 steps proved nothing
+    more than four, at nearly four times the seconds."""
+    import dataclasses
+    return dataclasses.replace(digits, X_train=digits.X_train[:SHORT_EPOCH_ROWS],
+                               y_train=digits.y_train[:SHORT_EPOCH_ROWS])
+
+
 TEST_SECONDS = 300   # no test can hang the suite: each fails after this (pytest.mark.timeout(s) sets another)
 
 
@@ -526,20 +540,22 @@ def scratch_runners():
 
 @pytest.fixture(scope="session")
 def recipe_runs(digits, scratch_runners):
-    """run(spec, optimizer): the scratch step's run of `spec` on digits in this process, each distinct (spec,
-    optimizer) once a session: (final weights, every replica's running statistics, the training record). Several
-    modules take the same recipe run as their reference (tests/test_resnet_modes.py and tests/test_resnet_engines.py
-    both start from the width-8 ResNet's first step on 97 digits); the result is shared, read-only."""
+    """run(spec, optimizer, data=digits): the scratch step's run of `spec` on digits (or the session's `data`, say
+    short_digits) in this process, each distinct (spec, optimizer, data) once a session: (final weights, every
+    replica's running statistics, the training record). Several modules take the same recipe run as their reference
+    (tests/test_resnet_modes.py and tests/test_resnet_engines.py both start from the width-8 ResNet's first step on 97
+    digits); the result is shared, read-only."""
     from harness.studies.stepcheck import copies
     from harness.training.loop import train
     done = {}
 
-    def run(spec, optimizer):
+    def run(spec, optimizer, data=digits):
         assert spec.mode == "scratch" and spec.dataset == "digits", spec
-        if (spec, optimizer) not in done:
+        key = spec, optimizer, id(data)   # data: one of the session's fixtures, alive all session
+        if key not in done:
             runner = scratch_runners(spec)
-            record = train(runner, digits, spec, optimizer)
+            record = train(runner, data, spec, optimizer)
             # copies: the runner trains again later, and the result is shared read-only
-            done[spec, optimizer] = copies(runner.weights()), [copies(s) for s in runner.replica_bn_states()], record
-        return done[spec, optimizer]
+            done[key] = copies(runner.weights()), [copies(s) for s in runner.replica_bn_states()], record
+        return done[key]
     return run

@@ -14,14 +14,16 @@ from harness.loader import load_module
 from harness.spec import RunSpec
 
 # A whole epoch of digits: 14 batches of 97 rows (on 2 devices shards of 49 and 48, micro-batches of 13, 12, 12, 12)
-# and a last one of 79, which a traced step meets with a new shape (TensorFlow's retrace: sizes unknown in the graph)
-BATCH, SEED, STEPS = 97, 5, 15
+# and a last one of 79, which a traced step meets with a new shape (TensorFlow's retrace: sizes unknown in the graph).
+# The engines' epochs are short_digits' (tests/conftest.py): 3 batches of 97 and the last of 79.
+BATCH, SEED, STEPS, SHORT_STEPS = 97, 5, 15, 4
 # Momentum's default rate: at 0.05 the loss spikes at step 12, where the accumulated run's round-off (2.5e-6 in the
 # loss) grows to 1e-3, and shrinks back after
 LR = 0.02
 TOL = 1e-5
 # Adam divides each gradient by its own size: where the true gradient is near 0 the round-off of a reordered sum
 # becomes a step (measured after the epoch: 1.3e-5 to 2.5e-5 in the four frameworks; the losses stay within 1e-5).
+# After the first four steps alone up to 8.7e-4, before later gradients outweigh the round-off: hence the whole epoch.
 WEIGHT_TOL = {"adamw": 1e-4}
 
 
@@ -37,8 +39,8 @@ def spec(framework, devices, accumulate, name, exec_="default"):
                    batch_size=BATCH, lr=LR, seed=SEED, threads=1, optimizer=name, exec=exec_)
 
 
-def optimizer(name):
-    return Optimizer(name, LR, weight_decay=1e-2 if name == "adamw" else 5e-4, total_steps=STEPS)
+def optimizer(name, steps=STEPS):
+    return Optimizer(name, LR, weight_decay=1e-2 if name == "adamw" else 5e-4, total_steps=steps)
 
 
 CASES = [(2, 4, "adamw"), pytest.param(1, 2, "momentum", marks=pytest.mark.slow),
@@ -60,19 +62,21 @@ def test_accumulated_micro_batches_are_the_big_batch_s_step(framework, devices, 
 @pytest.mark.parametrize("framework", ["pytorch", "mxnet", "tensorflow", "jax"])
 def test_one_all_reduce_per_update_not_one_per_micro_batch(framework, digits, scratch_runners, monkeypatch):
     """The scratch step's all-reduces counted over a step of 4 micro-batches, op by op (eager: a traced step would
-    call them once, at its trace): one per parameter, as without accumulation, not 4."""
+    call them once, at its trace; JAX's default level too, whose jax.jit compiles each device's forward and backward
+    and the update but runs the all-reduce as written, without eager JAX's compile of every op of the step): one per
+    parameter, as without accumulation, not 4."""
     from harness.training.loop import train
     framework_or_skip(framework)
     data_parallel = load_module(framework, "data_parallel")
     counted = []
     real = data_parallel.allreduce
     monkeypatch.setattr(data_parallel, "allreduce", lambda *args: counted.append(1) or real(*args))
-    run = spec(framework, 2, 4, "sgd", "eager").replace(max_steps=1)
+    run = spec(framework, 2, 4, "sgd", "default" if framework == "jax" else "eager").replace(max_steps=1)
     train(scratch_runners(run), digits, run, Optimizer(lr=0.05))
     assert len(counted) == len(PARAM_NAMES)   # each of the LeNet's parameters summed once
 
 
-def engine_epochs(framework, devices, digits, install_counter, mode="builtin"):
+def engine_epochs(framework, devices, data, install_counter, mode="builtin"):
     """An engine's epoch (the built-in or, with mode, the idiomatic) with K = 1 and 4 (momentum): its steps with
     accumulation are the unaccumulated engine's (losses within TOL, the weights after the epoch too), and
     install_counter(runner, counted), called before the first step, counts the engine's collectives into the list
@@ -87,7 +91,7 @@ def engine_epochs(framework, devices, digits, install_counter, mode="builtin"):
         def before_step(steps, runner):
             if steps == 0:
                 install_counter(runner, counted)
-        record = train(runner, digits, run, optimizer("momentum"), hooks=Hooks(before_step=before_step))
+        record = train(runner, data, run, optimizer("momentum", SHORT_STEPS), hooks=Hooks(before_step=before_step))
         losses[k] = [s / n for s, n in zip(record["step_loss_sums"], record["step_sizes"])]
         weights[k], counts[k] = runner.weights(), len(counted)
     assert losses[4] == pytest.approx(losses[1], abs=TOL)
@@ -96,7 +100,7 @@ def engine_epochs(framework, devices, digits, install_counter, mode="builtin"):
     return counts
 
 
-def test_ddp_accumulates_under_no_sync_and_all_reduces_once_per_update(digits, gloo_group):
+def test_ddp_accumulates_under_no_sync_and_all_reduces_once_per_update(short_digits, gloo_group):
     """PyTorch's built-in engine, DistributedDataParallel (a process group of this one process): the micro-batches'
     backward under no_sync but the last, so DDP all-reduces its bucket once per update (counted by a comm hook)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -104,8 +108,8 @@ def test_ddp_accumulates_under_no_sync_and_all_reduces_once_per_update(digits, g
     def count_all_reduces(runner, counted):
         runner.model.net.register_comm_hook(None, lambda group, bucket: counted.append(1) or allreduce_hook(
             group, bucket))
-    counts = engine_epochs("pytorch", 1, digits, count_all_reduces)
-    assert counts[4] == counts[1] == STEPS, counts   # the LeNet fits one bucket: one all-reduce a step
+    counts = engine_epochs("pytorch", 1, short_digits, count_all_reduces)
+    assert counts[4] == counts[1] == SHORT_STEPS, counts   # the LeNet fits one bucket: one all-reduce a step
 
 
 @pytest.mark.slow   # the ResNet's six steps
@@ -132,18 +136,18 @@ def test_ddp_broadcasts_rank_0_s_running_statistics_once_per_update_not_per_micr
     assert calls[1] == calls[4] == 3, calls
 
 
-def test_gluon_accumulates_with_grad_req_add_and_sums_each_key_once_per_update(digits):
+def test_gluon_accumulates_with_grad_req_add_and_sums_each_key_once_per_update(short_digits):
     """MXNet's built-in engine, a Trainer over 2 contexts: the Parameters' grad_req 'add', each micro-batch's backward
     adding into .grad, one trainer.step per update, whose kvstore sums each parameter's key once (counted)."""
     def count_sums(runner, counted):
         kvstore = runner.model.trainer._kvstore
         pushpull = kvstore.pushpull
         kvstore.pushpull = lambda *args, **kwargs: counted.append(1) or pushpull(*args, **kwargs)
-    counts = engine_epochs("mxnet", 2, digits, count_sums)
-    assert counts[4] == counts[1] == STEPS * len(PARAM_NAMES), counts
+    counts = engine_epochs("mxnet", 2, short_digits, count_sums)
+    assert counts[4] == counts[1] == SHORT_STEPS * len(PARAM_NAMES), counts
 
 
-def test_tf_distribute_accumulates_in_the_replica_step_and_all_reduces_once_per_update(digits, monkeypatch):
+def test_tf_distribute_accumulates_in_the_replica_step_and_all_reduces_once_per_update(short_digits, monkeypatch):
     """TensorFlow's built-in engine, MirroredStrategy over 2 devices: each replica's micro-batches in the traced step
     (the loop unrolled), their gradients added up on the replica, one all-reduce per update. Counted as the step is
     traced: the replica context's all_reduce calls, the same with K = 4 as without (each is in the graph once, so
@@ -154,7 +158,7 @@ def test_tf_distribute_accumulates_in_the_replica_step_and_all_reduces_once_per_
     def count_all_reduces(runner, counted):
         monkeypatch.setattr(tf.distribute.ReplicaContext, "all_reduce",
                             lambda *args, **kwargs: counted.append(1) or real(*args, **kwargs))
-    counts = engine_epochs("tensorflow", 2, digits, count_all_reduces)
+    counts = engine_epochs("tensorflow", 2, short_digits, count_all_reduces)
     assert counts[4] == counts[1] > 0, counts
 
 
@@ -177,7 +181,7 @@ def test_keras_s_own_gradient_accumulation_cannot_run_under_mirrored_strategy_in
         step()
 
 
-def test_jax_s_compiled_step_accumulates_on_each_device_and_all_reduces_once_per_update(digits):
+def test_jax_s_compiled_step_accumulates_on_each_device_and_all_reduces_once_per_update(short_digits):
     """JAX's built-in engine: each device's micro-batches in the compiled step (shard_map's form, the loop unrolled),
     their gradients added up on the device, one psum per update. Counted in the compiled program of an update: the
     same all-reduces with K = 4 as without, one per parameter (under jit XLA would all-reduce each micro-batch's
@@ -187,23 +191,23 @@ def test_jax_s_compiled_step_accumulates_on_each_device_and_all_reduces_once_per
 
     def count_all_reduces(runner, counted):
         model = runner.model
-        batch = pipeline.global_batch(model.placement, runner.devices, digits.X_train[:BATCH], digits.y_train[:BATCH],
-                                      BATCH)
+        batch = pipeline.global_batch(model.placement, runner.devices, short_digits.X_train[:BATCH],
+                                      short_digits.y_train[:BATCH], BATCH)
         state = () if model.trainer.opt_state is None else (model.trainer.opt_state,)
         hlo = model.trainer.lower(model.net, *state, *batch[:3], jnp.float32(1 / BATCH),
                                   count=runner.micro_batches(BATCH, runner.accumulate)).compile().as_text()
         counted += [1] * hlo.count(" all-reduce(")
-    counts = engine_epochs("jax", 2, digits, count_all_reduces)
+    counts = engine_epochs("jax", 2, short_digits, count_all_reduces)
     assert counts[4] == counts[1] == len(PARAM_NAMES), counts
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "mxnet", pytest.param("tensorflow", marks=pytest.mark.slow),
                                        pytest.param("jax", marks=pytest.mark.slow)])   # 10 s each: two compiled steps
-def test_the_idiomatic_loops_accumulate_as_their_tutorials_do(framework, digits):
+def test_the_idiomatic_loops_accumulate_as_their_tutorials_do(framework, short_digits):
     """The single-device loops: PyTorch's backward per micro-batch adding into .grad, one optimizer.step; Gluon's
     grad_req 'add', one trainer.step, zero_grad; Keras's and Flax's gradients added up in the compiled step before
     the one update. Their steps are the whole batch's."""
-    engine_epochs(framework, 1, digits, lambda runner, counted: None, mode="idiomatic")
+    engine_epochs(framework, 1, short_digits, lambda runner, counted: None, mode="idiomatic")
 
 
 # The ResNet's engines against the scratch step, both accumulating: one step (tests/test_resnet_engines.py's TOL: a

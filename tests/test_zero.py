@@ -17,7 +17,7 @@ from harness.loader import load_module
 from harness.spec import RunSpec
 
 FRAMEWORKS = ["pytorch", "mxnet", "tensorflow", "jax"]
-BATCH, SEED, LR = 97, 5, 0.02   # digits: 14 batches of 97 and one of 79 (test_accumulation.py's)
+BATCH, SEED, LR = 97, 5, 0.02   # short_digits: 3 batches of 97 and one of 79 (test_accumulation.py's)
 TOL = 1e-5
 CLIP = 3.5   # the LeNet's mean gradient on digits has a norm of ~2-7: some steps clip (test_optimizers.py)
 
@@ -86,7 +86,7 @@ def run_spec(framework, shard, name="momentum", devices=2, allreduce="per-tensor
                    batch_size=BATCH, lr=LR, seed=SEED, threads=1, optimizer=name, **fields)
 
 
-def optimizer(name, steps=15):
+def optimizer(name, steps=4):
     return optim.Optimizer(name, LR, weight_decay=1e-2 if name == "adamw" else 5e-4, clip_norm=CLIP,
                            schedule="cosine", total_steps=steps)
 
@@ -105,13 +105,13 @@ CASES = [("momentum", 2, "per-tensor"), ("adamw", 3, "bucketed")]   # 3 devices:
 @pytest.mark.parametrize("name,devices,allreduce", CASES)
 @pytest.mark.parametrize("shard", ["optimizer", "gradients", "parameters"])
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_a_sharded_epoch_is_the_replicated_one(framework, shard, name, devices, allreduce, recipe_runs):
-    """An epoch of the LeNet (15 steps under a cosine schedule, weight decay and clipping), sharded and replicated:
+def test_a_sharded_epoch_is_the_replicated_one(framework, shard, name, devices, allreduce, recipe_runs, short_digits):
+    """An epoch of the LeNet (4 steps under a cosine schedule, weight decay and clipping), sharded and replicated:
     the same losses and weights (gathered, at stage 3, for the evaluation and the digest); and one device holds its
     slices alone of the optimizer's state, and at stage 3 of the parameters, as common.zero.memory says."""
     framework_or_skip(framework)
-    want = recipe_runs(run_spec(framework, "none", name, devices, allreduce), optimizer(name))
-    got = recipe_runs(run_spec(framework, shard, name, devices, allreduce), optimizer(name))
+    want = recipe_runs(run_spec(framework, "none", name, devices, allreduce), optimizer(name), short_digits)
+    got = recipe_runs(run_spec(framework, shard, name, devices, allreduce), optimizer(name), short_digits)
     assert_same_run(got, want, f"{framework} {shard}")
     sizes = [init_weights(0)[n].size for n in PARAM_NAMES]
     units = [sum(sizes[i] for i in unit) for unit in zero.groups(sizes, 25 * 2**20 if allreduce == "bucketed" else None)]
