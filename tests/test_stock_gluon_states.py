@@ -132,22 +132,30 @@ def keras_program(batches, folder, params, weight_decay, kind=None):
     return losses
 
 
+def restore_as_flax_guide(model, optimizer, path):
+    """Flax's checkpointing guide's restore, on one process: each of the model's and the nnx.Optimizer's states
+    restored by Orbax into its own structure (the optimizer's from the directory beside `path`, .optimizer.orbax)."""
+    import orbax.checkpoint as ocp
+    from flax import nnx
+    with ocp.StandardCheckpointer() as checkpointer:
+        beside = path.with_name(path.name.replace(".orbax", ".optimizer.orbax"))
+        for saved, file in ((model, path), (optimizer, beside)):
+            state = nnx.state(saved)
+            nnx.replace_by_pure_dict(state, checkpointer.restore(file.absolute(), nnx.to_pure_dict(state)))
+            nnx.update(saved, state)
+
+
 def optax_program(batches, folder, params, weight_decay, kind=None):
     """Loads the converted files as Flax's checkpointing guide restores a model and an nnx.Optimizer (Orbax, into
     their own state's structure) and trains on: the losses."""
     framework_or_skip("jax")
     import optax
-    import orbax.checkpoint as ocp
     from flax import nnx
     from jax_lenet import build_model
     model = build_model(init_weights())
     tx = optax.chain(*([optax.add_decayed_weights(weight_decay)] if weight_decay else []), (kind or optax.sgd)(**params))
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-    with ocp.StandardCheckpointer() as checkpointer:
-        for saved, file in ((model, "lenet-epoch1.orbax"), (optimizer, "lenet-epoch1.optimizer.orbax")):
-            state = nnx.state(saved)
-            nnx.replace_by_pure_dict(state, checkpointer.restore(folder.absolute() / file, nnx.to_pure_dict(state)))
-            nnx.update(saved, state)
+    restore_as_flax_guide(model, optimizer, folder / "lenet-epoch1.orbax")
 
     def loss_fn(model, X, y):
         return optax.softmax_cross_entropy_with_integer_labels(model(X), y).mean()

@@ -225,6 +225,35 @@ def test_a_sharded_checkpoint_resumes_on_two_processes_bit_for_bit_and_on_one(fr
         assert convert.main([str(last), str(tmp_path / target), "--verify", "--dataset", "digits"]) == 0
         steps = 2 * steps_per_epoch(len(load_dataset("digits").y_train), 256)
         assert f"with adam's state after {steps} steps" in capsys.readouterr().out
+        if framework == "jax":
+            assert_flax_s_guide_restores_it_on_one_process(last, weights, steps, spec)
+
+
+def assert_flax_s_guide_restores_it_on_one_process(path, weights, steps, spec):
+    """Stock code reads the files the 2 processes wrote, each its shards, as Flax's checkpointing guide restores a
+    model and an nnx.Optimizer (tests/test_stock_gluon_states.py): a user's nnx LeNet and Optax's Adam after the L2
+    term, on one process. The run's final weights bit for bit, and Adam's count and moments as the converter reads
+    them."""
+    import optax
+    from flax import nnx
+    from common.layouts import to_canonical
+    from harness.training.checkpoints import read_state
+    from test_stock_gluon_states import restore_as_flax_guide
+    model = load_module("jax", "lenet").build_model(init_weights())   # the user's own Flax LeNet
+    adam = optax.chain(optax.add_decayed_weights(spec.weight_decay), optax.adam(spec.lr))
+    optimizer = nnx.Optimizer(model, adam, wrt=nnx.Param)
+    restore_as_flax_guide(model, optimizer, path)
+    state = read_state("jax", str(path))   # the converter's reading of the same files (canonical)
+    moments = optimizer.opt_state[1][0]
+    assert int(moments.count.value) == int(state["step"]) == steps
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    for name, value in weights.items():
+        layer, part = name.split(".")
+        leaf = "kernel" if part == "weight" else "bias"
+        np.testing.assert_array_equal(to_canonical(name, np.asarray(params[layer][leaf])), value, err_msg=name)
+        for slot, tree in (("exp_avg", moments.mu), ("exp_avg_sq", moments.nu)):
+            got = to_canonical(name, np.asarray(nnx.to_pure_dict(tree)[layer][leaf]))
+            np.testing.assert_array_equal(got, state[f"{slot}.{name}"], err_msg=f"{slot}.{name}")
 
 
 def shard_counts(path):
