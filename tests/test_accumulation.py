@@ -23,7 +23,7 @@ LR = 0.02
 TOL = 1e-5
 # Adam divides each gradient by its own size: where the true gradient is near 0 the round-off of a reordered sum
 # becomes a step (measured after the epoch: 1.3e-5 to 2.5e-5 in the four frameworks; the losses stay within 1e-5).
-# After the first four steps alone up to 8.7e-4, before later gradients outweigh the round-off: hence the whole epoch.
+# After the first four steps alone up to 6.9e-4, before later gradients outweigh the round-off: hence the whole epoch.
 WEIGHT_TOL = {"adamw": 1e-4}
 
 
@@ -77,8 +77,8 @@ def test_one_all_reduce_per_update_not_one_per_micro_batch(framework, digits, sc
 
 
 def engine_epochs(framework, devices, data, install_counter, mode="builtin"):
-    """An engine's epoch (the built-in or, with mode, the idiomatic) with K = 1 and 4 (momentum): its steps with
-    accumulation are the unaccumulated engine's (losses within TOL, the weights after the epoch too), and
+    """An engine's epoch of `data` (the built-in or, with mode, the idiomatic) with K = 1 and 4 (momentum): its steps
+    with accumulation are the unaccumulated engine's (losses within TOL, the weights after the epoch too), and
     install_counter(runner, counted), called before the first step, counts the engine's collectives into the list
     `counted`: their number per K comes back."""
     from harness.training.loop import Hooks, runner as runner_for, train
