@@ -183,7 +183,7 @@ def test_a_sharded_checkpoint_resumes_on_two_processes_bit_for_bit_and_on_one(fr
     for bit; on one process of 2 devices too where that is the same program (the scratch step, whose cut is the same;
     JAX's jitted step over the same mesh of 2 devices), FSDP2's checkpoint (resumed by the scratch step, FSDP2 being
     one process per device) within float32 round-off. The engines' checkpoints convert to another framework's files,
-    which compute their logits."""
+    which compute their logits; JAX's, read on one process by Flax's checkpointing guide's own code, is the run's."""
     from harness.processes.launch import run_workers
     from harness.training import convert
     from harness.training.checkpoints import checkpoint_name
