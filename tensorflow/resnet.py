@@ -271,10 +271,9 @@ def build_model(weights, bn_state, bn=CANONICAL_BN, synchronized=False, dtype=No
     model(X, training=True) updates the moving statistics. The projections' 1x1 stride-2 convolutions take every
     other row and column, then convolve with stride 1 (subsampled: with 97 images and fewer than 16 input channels
     the stride-2 backward corrupted the heap; 96 and TF_ENABLE_ONEDNN_OPTS=0 did not). `dtype`: every layer's dtype
-    policy (None: Keras's default, float32;
-    "mixed_bfloat16" at bf16, "mixed_float16" at fp16: fp32 variables, the layers computing in the low dtype,
-    BatchNormalization in fp32 on its low-precision input and its output rounded to it, as Keras's
-    BatchNormalization.call casts)."""
+    policy (None: Keras's default, float32; "mixed_bfloat16" at bf16, "mixed_float16" at fp16: fp32 variables, the
+    layers computing in the low dtype, BatchNormalization in fp32 on its low-precision input and its output rounded to
+    it, as Keras's BatchNormalization.call casts)."""
     keras = tf.keras
     L = keras.layers
     shapes = layers(weights["stem.conv.weight"].shape[0])

@@ -246,14 +246,15 @@ def assert_flax_s_guide_restores_it_on_one_process(path, weights, steps, spec):
     state = read_state("jax", str(path))   # the converter's reading of the same files (canonical)
     moments = optimizer.opt_state[1][0]
     assert int(moments.count.value) == int(state["step"]) == steps
-    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    for name, value in weights.items():
-        layer, part = name.split(".")
-        leaf = "kernel" if part == "weight" else "bias"
-        np.testing.assert_array_equal(to_canonical(name, np.asarray(params[layer][leaf])), value, err_msg=name)
-        for slot, tree in (("exp_avg", moments.mu), ("exp_avg_sq", moments.nu)):
-            got = to_canonical(name, np.asarray(nnx.to_pure_dict(tree)[layer][leaf]))
-            np.testing.assert_array_equal(got, state[f"{slot}.{name}"], err_msg=f"{slot}.{name}")
+    trees = {"weights": nnx.to_pure_dict(nnx.state(model, nnx.Param)), "exp_avg": nnx.to_pure_dict(moments.mu),
+             "exp_avg_sq": nnx.to_pure_dict(moments.nu)}
+    want = {"weights": weights, **{slot: {name: state[f"{slot}.{name}"] for name in weights}
+                                   for slot in ("exp_avg", "exp_avg_sq")}}
+    for what, tree in trees.items():
+        for name, value in want[what].items():
+            layer, part = name.split(".")
+            got = to_canonical(name, np.asarray(tree[layer]["kernel" if part == "weight" else "bias"]))
+            np.testing.assert_array_equal(got, value, err_msg=f"{what}: {name}")
 
 
 def shard_counts(path):
