@@ -73,10 +73,14 @@ def task():
 
 def all_reduce(t):
     """The element-wise sum of t over all processes: the strategy's collective all-reduce, run in its one
-    replica here (on the CPU it has one per process; on GPUs one per visible GPU: t would count twice)."""
+    replica here (on the CPU it has one per process; on GPUs one per visible GPU: t would count twice). t is copied
+    onto the replica's device first: a tensor a graph makes outside every tf.device scope (a gradient the tape builds,
+    a flag reduced from every device's) has no device, and the collective takes its destination from its input's."""
     if len(STRATEGY.extended.worker_devices) != 1:
         raise RosettaError("the scratch mode across processes needs one visible GPU per TensorFlow worker")
-    return STRATEGY.run(lambda v: tf.distribute.get_replica_context().all_reduce("sum", v), args=(t,))
+    with tf.device(STRATEGY.extended.worker_devices[0]):
+        placed = tf.identity(t)
+    return STRATEGY.run(lambda v: tf.distribute.get_replica_context().all_reduce("sum", v), args=(placed,))
 
 
 def reduce_scatter(x):

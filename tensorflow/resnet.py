@@ -97,11 +97,10 @@ def all_sum(parts, device):
 @tf.custom_gradient
 def process_sum(x):
     """The sum over processes (the strategy's all-reduce) with its gradient: the gradient of a sum reaches every
-    term, so each process's gradient is the sum of every process's. The gradient's all-reduce is placed on the
-    strategy's device: the tape builds it outside every tf.device scope, and the collective needs one."""
+    term, so each process's gradient is the sum of every process's (the tape builds it outside every tf.device
+    scope: dist.all_reduce places it)."""
     def grad(dy):
-        with tf.device(dist.STRATEGY.extended.worker_devices[0]):
-            return dist.all_reduce(tf.identity(dy))
+        return dist.all_reduce(dy)
     return dist.all_reduce(x), grad
 
 

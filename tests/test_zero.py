@@ -293,6 +293,33 @@ def test_compare_s_sharded_rows_across_processes_are_the_replicated_ones(tmp_pat
             assert 2 * mine["parameters"][held] == mine["none"][held] == 4 * 129068, (name, held)
 
 
+@pytest.mark.slow   # three worker processes a framework
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow", "jax"])   # MXNet's fp16 kernels are cuDNN's
+def test_a_sharded_fp16_step_across_processes_skips_as_on_one_process(framework, tmp_path):
+    """fp16 at stage 3 on 2 devices in 2 processes, from a loss scale at which the first step's backward overflows:
+    each process unscales and checks only the gradient slices it owns, so whether to skip is summed across the
+    processes (an all-reduce of one flag, in the traced step) and every process skips or updates together. The run
+    ends with the same run's weights on 2 devices of one process, bit for bit, and at its loss scale: the first step
+    skipped (the scale halved, then doubled after 2 finite steps), not the scale grown twice."""
+    from harness.processes.launch import run_workers
+    framework_or_skip(framework)
+    settings = dict(framework=framework, devices=2, shard="parameters", precision="fp16", loss_scale=2.0 ** 13,
+                    loss_scale_interval=2, batch_size=32, max_steps=4, dataset="digits", epochs=1, lr=LR, seed=SEED,
+                    threads=1, optimizer="momentum")
+    runs = {}
+    for processes in (1, 2):
+        out = tmp_path / f"{processes}.npz"
+        results = run_workers({**settings, "processes": processes, "weights_out": str(out)}, timeout=400)
+        assert [r["status"] for r in results] == ["ok"] * processes, results[0].get("error")
+        runs[processes] = results, dict(np.load(out))
+    (one,), weights = runs[1]
+    across, across_weights = runs[2]
+    assert [r["final_loss_scale"] for r in (one, *across)] == [2.0 ** 13] * 3
+    assert {r["digest"] for r in across} == {one["digest"]}
+    for name, value in weights.items():
+        np.testing.assert_array_equal(across_weights[name], value, err_msg=name)
+
+
 @pytest.mark.slow   # three worker processes, 2 devices each: about a minute
 def test_jax_s_engine_shards_its_state_as_the_scratch_step_does(tmp_path):
     """JAX's built-in engine at --shard optimizer, gradients and parameters (stages 1 to 3: the Optax state, and at

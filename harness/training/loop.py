@@ -397,6 +397,7 @@ def train(runner, data, spec, optimizer, rank=0, world=1, start=Start(), hooks=H
     record["replica_spread"] = runner.spread()
     record["optimizer_state_bytes_per_device"] = runner.state_bytes()
     record["parameter_bytes_per_device"] = runner.parameter_bytes()
+    record["final_loss_scale"] = runner.loss_scale()   # fp16's scale for a next step (None: no loss scaling)
     record["digest"] = digest(runner.weights())
     record["bn_digests"] = [digest(s) for s in runner.replica_bn_states()]   # one per replica: equal, or not
     return record
