@@ -243,6 +243,10 @@ def test_merge_refuses_incomplete_and_diverged_runs(hand_launched):
     proc, runs = merge(rank0, drifted)
     assert proc.returncode == 1 and runs[0]["status"] == "failed"
     assert runs[0]["error"] == "the processes ended with different weights"
+    rescaled = os.path.join(os.path.dirname(rank1), "rescaled-1.json")   # fp16: one skipped a step the other took
+    json.dump({**record, "final_loss_scale": 1.0}, open(rescaled, "w"))
+    proc, runs = merge(rank0, rescaled)
+    assert proc.returncode == 1 and runs[0]["error"] == "the processes ended at different loss scales"
     garbage = os.path.join(os.path.dirname(rank1), "garbage.json")
     open(garbage, "w").write("{not json")
     proc, _ = merge(rank0, garbage)

@@ -19,6 +19,8 @@ def merge_records(records, fingerprint):
         return {"status": "failed", "error": "a worker saw different data (fingerprint mismatch)"}
     if len({r["digest"] for r in records}) != 1:
         return {"status": "failed", "error": "the processes ended with different weights"}
+    if len({r.get("final_loss_scale") for r in records}) != 1:   # fp16: one skipped a step another took
+        return {"status": "failed", "error": "the processes ended at different loss scales"}
     traces = [r["profile"] for r in records if r.get("profile")]   # --profile: rank 0's trace
     return {"status": "ok", "error": None, "fingerprint": fingerprint, "digest": records[0]["digest"],
             "profile": traces[0] if traces else None,

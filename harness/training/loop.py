@@ -397,7 +397,8 @@ def train(runner, data, spec, optimizer, rank=0, world=1, start=Start(), hooks=H
     record["replica_spread"] = runner.spread()
     record["optimizer_state_bytes_per_device"] = runner.state_bytes()
     record["parameter_bytes_per_device"] = runner.parameter_bytes()
-    record["final_loss_scale"] = runner.loss_scale()   # fp16's scale for a next step (None: no loss scaling)
+    scaler = runner.scaler_state()   # fp16's loss scaler (None: no loss scaling)
+    record["final_loss_scale"] = None if scaler is None else float(scaler.scale)   # a next step would run at it
     record["digest"] = digest(runner.weights())
     record["bn_digests"] = [digest(s) for s in runner.replica_bn_states()]   # one per replica: equal, or not
     return record
@@ -486,4 +487,5 @@ def summarize(records):
         "train_memory_bytes": max((r["train_memory_bytes"] for r in records if r.get("train_memory_bytes")),
                                   default=None),
         "peak_device_memory_bytes": sum(device_peaks) if device_peaks else None,   # each process's own GPUs
+        "final_loss_scale": records[0].get("final_loss_scale"),   # fp16's; merge_records: the same in every process
     }
