@@ -15,7 +15,7 @@ def start(folder):
 
 
 def stop(folder):
-    """Stop recording and write the trace; return the Perfetto file's path."""
+    """Stop recording and write the trace; return the Perfetto file's path (the newest in the folder: each start
+    makes a run of its own there, beside those of an earlier command)."""
     jax.profiler.stop_trace()
-    (path,) = glob.glob(os.path.join(folder, "plugins", "profile", "*", "perfetto_trace.json.gz"))
-    return path
+    return max(glob.glob(os.path.join(folder, "plugins", "profile", "*", "perfetto_trace.json.gz")), key=os.path.getmtime)

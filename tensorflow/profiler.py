@@ -15,7 +15,7 @@ def start(folder):
 
 
 def stop(folder):
-    """Stop recording and write the trace; return its path."""
+    """Stop recording and write the trace; return its path (the newest in the folder: each start makes a run of its
+    own there, beside those of an earlier command)."""
     tf.profiler.experimental.stop()
-    (path,) = glob.glob(os.path.join(folder, "plugins", "profile", "*", "*.xplane.pb"))
-    return path
+    return max(glob.glob(os.path.join(folder, "plugins", "profile", "*", "*.xplane.pb")), key=os.path.getmtime)

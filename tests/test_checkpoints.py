@@ -283,6 +283,23 @@ def test_names_and_suffixes(tmp_path):
         write_weights("tensorflow", init_weights(0), str(tmp_path / "lenet.h5"))
 
 
+def test_every_row_of_a_command_has_a_name_of_its_own():
+    """A row's checkpoints and profile folder are named by run_name: two rows of one command with one name would
+    overwrite each other's files (the later row's checkpoint replacing the earlier's, a profile folder holding two
+    traces). Every option that takes a comma-separated list, with two values each, at once."""
+    import compare
+    from harness.run.plan import run_specs
+    from harness.training.checkpoints import run_name
+    lists = {"--mode": "scratch,builtin,idiomatic", "--devices": "1,2", "--processes": "1,2", "--per-device-batch": "32,64",
+             "--cores": "shared,per-device", "--exec": "default,eager", "--layout": "default,nchw",
+             "--allreduce": "per-tensor,bucketed", "--shard": "none,optimizer", "--accumulate": "1,2",
+             "--precision": "fp32,bf16", "--allreduce-dtype": "fp32,bf16"}
+    for more in (["--frameworks", "pytorch,jax"], ["--frameworks", "jax", "--model", "resnet18", "--bn", "local,sync"]):
+        rows = run_specs(compare.parse_args([*more, *(word for option in lists.items() for word in option)]))
+        names = [run_name(spec) for spec, skip in rows if not skip]
+        assert len(names) > 1000 and len(set(names)) == len(names)
+
+
 # Every optimizer option at once: a warm-up, a schedule that changes the rate every step, decay, clipping
 TRAINING = {"lr_schedule": "cosine", "warmup_epochs": 1, "weight_decay": 5e-4, "clip_norm": 3.5}
 

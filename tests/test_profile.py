@@ -3,7 +3,9 @@ viewer opens (a Chrome trace, or TensorFlow's XSpace for TensorBoard), read back
 traces are those of the session's profiled engine run (conftest.one_host_rows), whose weights the unprofiled
 two-host and restart runs match bit for bit."""
 import gzip
+import os
 import json
+import time
 
 import pytest
 
@@ -55,3 +57,19 @@ def test_the_window_is_exactly_its_steps(tmp_path):
     assert record["status"] == "ok", record.get("error")
     names = event_names("pytorch", record["profile"])
     assert len([n for n in names if n == STEP_EVENT["pytorch"]]) == STEPS * 2 * 2
+
+
+@pytest.mark.parametrize("framework", ["tensorflow", "jax"])   # their profilers write a run of their own per start
+def test_a_second_trace_in_a_folder_is_the_one_returned(framework, tmp_path):
+    """A folder that holds a trace already (an earlier command's, into the same --profile DIR): the profiler's stop
+    returns the trace it has just written, and the earlier one stays. In this process: no worker."""
+    from harness.loader import load_module
+    fw, tool = framework_or_skip(framework), load_module(framework, "profiler")
+    paths = []
+    for _ in range(2):
+        tool.start(str(tmp_path))
+        fw.get_devices(1)   # some work of the framework's
+        paths.append(tool.stop(str(tmp_path)))
+        time.sleep(1.1)   # a run's folder is named by the second it started in
+    assert paths[0] != paths[1] and all(os.path.exists(p) for p in paths)
+    assert os.path.getmtime(paths[1]) >= os.path.getmtime(paths[0])

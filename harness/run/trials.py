@@ -50,7 +50,8 @@ def run_trials(args, env, dataset, specs, labels, trials, wanted):
                     continue
                 shown = label + (f", trial {trial + 1}/{args.repeats}" if args.repeats > 1 else "")
                 print(f"running {shown} ...", file=sys.stderr, flush=True)
-                result = {"status": "skipped", "error": skip} if skip else run_trial(spec, dataset, args, shown)
+                result = ({"status": "skipped", "error": skip} if skip
+                          else run_trial(spec, dataset, args, shown, trial))
                 row_trials.append({"row": label, **spec.row(), **result})
                 runs = save()   # the trial is kept before the measurements that split its step
                 if timing and spec.devices > 1 and result["status"] == "ok":
@@ -117,11 +118,11 @@ def unfinished(args, specs, trials, wanted):
         f", kept in {files}; the same command with --resume runs the rest" if files else "")
 
 
-def run_trial(spec, dataset, args, label):
-    """One trial of one row: its processes launched (this host's, with --hosts), restarted if they die
+def run_trial(spec, dataset, args, label, trial=0):
+    """One trial (counted from 0) of one row: its processes launched (this host's, with --hosts), restarted if they die
     (supervise_restarts), their records merged."""
     if args.profile:
-        spec = spec.replace(profile=trace_folder(args.profile, spec))
+        spec = spec.replace(profile=trace_folder(args.profile, spec, trial + 1 if args.repeats > 1 else None))
     result, records = supervise_restarts(spec, dataset, args, label)
     if args.cluster.nnodes > 1 and result["status"] == "ok":   # see host_sums
         result.update(hosts=list(args.cluster.hosts), node_rank=args.cluster.node_rank, **host_sums(records))

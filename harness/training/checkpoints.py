@@ -34,6 +34,7 @@ from common.precision import needs_loss_scaling
 
 from ..files import replaced_atomically, replacing
 from ..loader import load_module
+from ..spec import default
 
 SUFFIXES = {"pytorch": ".pt", "mxnet": ".params", "tensorflow": ".weights.h5", "jax": ".orbax"}
 FORMATS = {"pytorch": "PyTorch state_dict (torch.save, or Distributed Checkpoint)", "mxnet": "Gluon save_parameters",
@@ -43,9 +44,9 @@ EPOCH = re.compile(r"-epoch(\d+)\.")
 
 def run_name(spec):
     """framework[-model]-mode[-exec][-layout][-bucketed][-zeroS][-accumulateK][-precision][-bf16wire]-<devices>d-
-    <processes>p,
+    <processes>p[-b<batch>][-cores-per-device],
     e.g. mxnet-builtin-2d-1p (the LeNet) or jax-resnet18w8sync-scratch-bf16-2d-1p: a row's files are named so, and rows
-    of one command differ in at least one part."""
+    of one command differ in at least one part (the batch where it is not the default: --per-device-batch's rows)."""
     model = "" if spec.model == "lenet" else f"-{spec.model}w{spec.width}{spec.bn}"
     level = "".join(f"-{value}" for value in (spec.exec, spec.layout) if value != "default")
     level += "" if spec.allreduce == "per-tensor" else f"-{spec.allreduce}"
@@ -53,7 +54,9 @@ def run_name(spec):
     level += "" if spec.accumulate == 1 else f"-accumulate{spec.accumulate}"
     level += "" if spec.precision == "fp32" else f"-{spec.precision}"
     level += "" if spec.allreduce_dtype == "fp32" else f"-{spec.allreduce_dtype}wire"
-    return f"{spec.framework}{model}-{spec.mode}{level}-{spec.devices}d-{spec.processes}p"
+    setting = "" if spec.batch_size == default("batch_size") else f"-b{spec.batch_size}"
+    setting += "" if spec.cores == default("cores") else f"-cores-{spec.cores}"
+    return f"{spec.framework}{model}-{spec.mode}{level}-{spec.devices}d-{spec.processes}p{setting}"
 
 
 def checkpoint_name(spec, epoch):

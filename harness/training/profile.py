@@ -14,10 +14,11 @@ from ..loader import load_module
 FIRST, STEPS = 2, 3
 
 
-def trace_folder(profile_dir, spec):
-    """DIR/<framework>-<mode>[-exec][-layout]-<devices>d-<processes>p: one folder per row."""
+def trace_folder(profile_dir, spec, trial=None):
+    """DIR/<the row's run_name>[-trial<k>] (training/checkpoints.py, e.g. DIR/jax-scratch-2d-1p): one folder per row,
+    and per trial of a row run several times (--repeats), whose traces would otherwise overwrite each other."""
     from .checkpoints import run_name
-    return os.path.join(profile_dir, run_name(spec))
+    return os.path.join(profile_dir, run_name(spec) + ("" if trial is None else f"-trial{trial}"))
 
 
 def profiler(spec, rank, record):
