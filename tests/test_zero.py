@@ -283,6 +283,8 @@ def test_compare_s_sharded_rows_across_processes_are_the_replicated_ones(tmp_pat
     rows = []
     for precision in ("fp16", "fp32"):
         chosen = [name for name in names if (name == "mxnet") == (precision == "fp32")]
+        if not chosen:   # a machine without MXNet (or with MXNet alone)
+            continue
         out = tmp_path / f"{precision}.json"
         outputs = ["--json", str(out)]
         if precision == "fp16":   # the other outputs too, once

@@ -398,7 +398,7 @@ def train(runner, data, spec, optimizer, rank=0, world=1, start=Start(), hooks=H
     record["optimizer_state_bytes_per_device"] = runner.state_bytes()
     record["parameter_bytes_per_device"] = runner.parameter_bytes()
     scaler = runner.scaler_state()   # fp16's loss scaler (None: no loss scaling)
-    record["final_loss_scale"] = None if scaler is None else float(scaler.scale)   # a next step would run at it
+    record["final_loss_scale"] = None if scaler is None else float(scaler.scale)   # the next step's, were there one
     record["digest"] = digest(runner.weights())
     record["bn_digests"] = [digest(s) for s in runner.replica_bn_states()]   # one per replica: equal, or not
     return record
