@@ -62,7 +62,8 @@ def test_the_window_is_exactly_its_steps(tmp_path):
 @pytest.mark.parametrize("framework", ["tensorflow", "jax"])   # their profilers write a run of their own per start
 def test_a_second_trace_in_a_folder_is_the_one_returned(framework, tmp_path):
     """A folder that holds a trace already (an earlier command's, into the same --profile DIR): the profiler's stop
-    returns the trace it has just written, and the earlier one stays. In this process: no worker."""
+    returns the trace it has just written, and the earlier one stays. In this process: no worker, and TensorFlow
+    loaded beside JAX (the suite's test processes hold every framework)."""
     from harness.loader import load_module
     fw, tool = framework_or_skip(framework), load_module(framework, "profiler")
     paths = []
@@ -73,3 +74,6 @@ def test_a_second_trace_in_a_folder_is_the_one_returned(framework, tmp_path):
         time.sleep(1.1)   # a run's folder is named by the second it started in
     assert paths[0] != paths[1] and all(os.path.exists(p) for p in paths)
     assert os.path.getmtime(paths[1]) >= os.path.getmtime(paths[0])
+    framework_or_skip("tensorflow")
+    import tensorflow as tf   # in this process too, still whole: JAX's profiler leaves it so (jax/profiler.py)
+    assert float(tf.Variable(1.0)) == 1.0

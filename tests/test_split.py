@@ -130,7 +130,7 @@ def test_a_trial_stopped_while_its_step_is_split_is_kept_with_what_was_measured(
     monkeypatch.setattr("harness.run.trials.low_matmul_peaks", lambda threads, names: {"fp32": 100.0})
     monkeypatch.setattr("harness.run.trials.machine_lockstep", lambda cores: {   # test_calibration's subject
         "cores": list(cores), "step_seconds": 0.1, "lockstep_seconds": 0.11})
-    monkeypatch.setattr("harness.run.trials.run_trial", lambda spec, dataset, args, label: {
+    monkeypatch.setattr("harness.run.trials.run_trial", lambda spec, dataset, args, label, trial: {
         "status": "ok", "error": None, "images_per_second": 2000.0, "train_seconds": 1.0})
     monkeypatch.setattr("harness.run.trials.allreduce_alone", lambda spec, timeout, cluster: {
         "allreduce_alone_seconds": 0.01, "allreduce_alone_pattern": "per-tensor"})
