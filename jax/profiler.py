@@ -22,7 +22,8 @@ def stop(folder):
     makes a run of its own there, beside those of an earlier command)."""
     with tensorflow_kept():
         jax.profiler.stop_trace()
-    return max(glob.glob(os.path.join(folder, "plugins", "profile", "*", "perfetto_trace.json.gz")), key=os.path.getmtime)
+    traces = glob.glob(os.path.join(folder, "plugins", "profile", "*", "perfetto_trace.json.gz"))
+    return max(traces, key=os.path.getmtime)
 
 
 @contextlib.contextmanager

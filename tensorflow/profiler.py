@@ -18,4 +18,5 @@ def stop(folder):
     """Stop recording and write the trace; return its path (the newest in the folder: each start makes a run of its
     own there, beside those of an earlier command)."""
     tf.profiler.experimental.stop()
-    return max(glob.glob(os.path.join(folder, "plugins", "profile", "*", "*.xplane.pb")), key=os.path.getmtime)
+    traces = glob.glob(os.path.join(folder, "plugins", "profile", "*", "*.xplane.pb"))
+    return max(traces, key=os.path.getmtime)
