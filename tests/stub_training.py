@@ -68,6 +68,9 @@ class Lockstep:
     def scaler_state(self):
         return None
 
+    def loss_scale(self):
+        return None   # no loss scaler
+
     def sync(self):
         pass
 

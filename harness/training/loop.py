@@ -98,7 +98,7 @@ class Scratch:
     def loss_scale(self):
         """The scale the next step runs at (None: no loss scaling)."""
         state = self.scaler_state()
-        return None if state is None else state.scale
+        return None if state is None else float(state.scale)
 
     def optimizer_state(self):
         """The first replica's optimizer state, canonical (common.optim.init_state's form). Sharded (--shard), every
@@ -397,8 +397,7 @@ def train(runner, data, spec, optimizer, rank=0, world=1, start=Start(), hooks=H
     record["replica_spread"] = runner.spread()
     record["optimizer_state_bytes_per_device"] = runner.state_bytes()
     record["parameter_bytes_per_device"] = runner.parameter_bytes()
-    scaler = runner.scaler_state()   # fp16's loss scaler (None: no loss scaling)
-    record["final_loss_scale"] = None if scaler is None else float(scaler.scale)   # the next step's, were there one
+    record["final_loss_scale"] = runner.loss_scale()   # fp16's, the next step's were there one (None: no scaling)
     record["digest"] = digest(runner.weights())
     record["bn_digests"] = [digest(s) for s in runner.replica_bn_states()]   # one per replica: equal, or not
     return record
