@@ -38,7 +38,9 @@ def planned_trials(args, specs, old):
 def run_trials(args, env, dataset, specs, labels, trials, wanted):
     """Every row's missing trials, trial by trial, the files written after each; the rows as last written."""
     timing = timing_view(vars(args))   # the benchmark, or repeated trials: speed is what the run is for
-    load = calibrate(args, env, specs) if timing else None
+    if timing:
+        calibrate(args, env, specs)
+    load = LoadRecord().start()   # every run's speeds are printed: a busy machine's are not to be read as such
 
     def save():
         return write_results(args, env, dataset, specs, labels, trials, wanted)
@@ -65,16 +67,16 @@ def run_trials(args, env, dataset, specs, labels, trials, wanted):
         raise
     if timing:
         env["calibration"]["matmul_peak_gflops_end"] = matmul_peak(args.threads)
-        env["load"] = load.stop()
-        runs = save()
-        if warning(env["load"]):
-            print(warning(env["load"]), file=sys.stderr)
+    env["load"] = load.stop()
+    runs = save()
+    if warning(env["load"]):
+        print(warning(env["load"]), file=sys.stderr)
     return runs
 
 
 def calibrate(args, env, specs):
     """This machine's yardsticks, measured before the first trial (harness/studies/calibration.py): its matmul peak
-    and, for rows of several processes, what lockstep costs with no framework; the load is recorded from here on."""
+    and, for rows of several processes, what lockstep costs with no framework."""
     print(f"calibration: float32 matmul peak at {args.threads} thread(s) ...", file=sys.stderr, flush=True)
     env["calibration"] = {"threads": args.threads, "matmul_peak_gflops_start": matmul_peak(args.threads)}
     low = any(is_low(precision) for precision in args.precision)
@@ -95,7 +97,6 @@ def calibrate(args, env, specs):
         print(f"calibration: numpy steps in lockstep, a process on each of cores {cores} ...", file=sys.stderr,
               flush=True)
         env["calibration"]["lockstep"] = machine_lockstep(cores)
-    return LoadRecord().start()
 
 
 def split_step(trial, spec, args, dataset):

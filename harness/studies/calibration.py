@@ -141,5 +141,5 @@ def warning(load):
     if load["quiet"]:
         return None
     return (f"warning: the machine was not quiet: other processes used {100 * load['other_cpu_share']:.0f}% of its "
-            f"CPU time during the run ({load['other_cpu_seconds']:.0f} CPU s); absolute figures are not "
-            f"comparable, ratios within this run still are")
+            f"CPU time during the run ({load['other_cpu_seconds']:.0f} CPU s); its speeds are not this machine's, "
+            f"and not comparable between frameworks either: they slow unequally (docs/profiling.md)")
