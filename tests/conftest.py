@@ -15,14 +15,23 @@ import warnings
 
 import pytest
 
+# What the suite's processes put in the temporary folder goes into one folder of the session's, removed after it:
+# torchrun's torchelastic_* logs, Chromium's profiles and TensorFlow's __autograph_generated_file*.py, which a process
+# removes only as it exits through atexit (pytest-xdist's workers do not) were left in /tmp, a few hundred a week. The
+# session's first process makes it; every process it starts inherits TMPDIR. pytest's own tmp_path folders stay where
+# they were, the last three runs kept.
+if "ROSETTA_TEST_TMPDIR" not in os.environ:
+    os.environ["ROSETTA_TEST_TMPDIR"] = tempfile.mkdtemp(prefix="rosetta-tests-")
+    atexit.register(shutil.rmtree, os.environ["ROSETTA_TEST_TMPDIR"], True)
+    os.environ["TMPDIR"] = os.environ["ROSETTA_TEST_TMPDIR"]
+
 # Every JAX process of the suite (this one, and every worker it starts: they inherit the environment) shares one
 # persistent compilation cache, so a step is compiled once per shape, not once per process: a 2-epoch JAX row took
 # 43 s cold and 17 s warm here. No test checks compilation itself. Fresh for each session, removed after it.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rosetta-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.environ["ROSETTA_TEST_TMPDIR"], "jax-cache")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
 
 # XLA's CPU backend compiles the suite's JAX programs without LLVM's machine-code optimisation and with its older
 # fusion emitters (LLVM IR written directly, not the MLIR fusion emitters that are 0.7.1's default): the same HLO after

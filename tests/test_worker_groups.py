@@ -1,5 +1,6 @@
 """The suite's shared fixtures are made once: the tests that use them run on one pytest-xdist worker
-(tests/worker_groups.py), checked here on a small suite of its own run the way the README runs ours."""
+(tests/worker_groups.py), checked here on a small suite of its own run the way the README runs ours. And the suite's
+processes leave nothing in the machine's temporary folder (tests/conftest.py)."""
 import os
 import re
 import subprocess
@@ -47,3 +48,12 @@ def test_the_tests_of_a_shared_fixture_run_on_one_worker(tmp_path):
     assert len(ran) == 12, done.stdout[-2000:]
     shared = {(worker, suffix) for worker, name, _, suffix in ran if name == "test_shared"}
     assert len(shared) == 1 and shared.pop()[1] == "@one-worker", ran   # one worker, named with the group
+
+
+def test_what_the_suite_s_processes_put_in_the_temporary_folder_is_the_session_s():
+    """torchrun's logs, Chromium's profiles and TensorFlow's generated sources (removed only by a process that exits
+    through atexit) go to the session's folder, which its first process removes as it ends; they were left in /tmp."""
+    session = os.environ["ROSETTA_TEST_TMPDIR"]
+    child = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                           capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == session and os.path.basename(session).startswith("rosetta-tests-"), session
