@@ -17,9 +17,9 @@ import pytest
 
 # What the suite's processes put in the temporary folder goes into one folder of the session's, removed after it:
 # torchrun's torchelastic_* logs, Chromium's profiles and TensorFlow's __autograph_generated_file*.py, which a process
-# removes only as it exits through atexit (pytest-xdist's workers do not) were left in /tmp, a few hundred a week. The
-# session's first process makes it; every process it starts inherits TMPDIR. pytest's own tmp_path folders stay where
-# they were, the last three runs kept.
+# removes only as it exits through atexit (pytest-xdist's workers do not), were left in /tmp (about 190 of each after
+# two days' runs here). The session's first process makes it; every process it starts inherits TMPDIR. pytest's own
+# tmp_path folders stay where they were, the last three runs kept.
 if "ROSETTA_TEST_TMPDIR" not in os.environ:
     os.environ["ROSETTA_TEST_TMPDIR"] = tempfile.mkdtemp(prefix="rosetta-tests-")
     atexit.register(shutil.rmtree, os.environ["ROSETTA_TEST_TMPDIR"], True)
