@@ -26,9 +26,8 @@ def add_parity(runs):
     """Each ok run's distance from the first-step loss of the first ok run that computes the same first step. The
     first step is the same arithmetic in every framework, mode, exec level and device or process count (the same
     weights, the same first global batch), so anything above float32 round-off is a translation bug. With
-    BatchNorm, the statistics are part of the arithmetic: local BatchNorm on N devices normalises N shards apart,
-    so its rows are compared among rows of N devices; synchronised BatchNorm, and any BatchNorm on 1 device, is
-    the whole batch's. A bf16 row is compared among bf16 rows, whose first steps agree within bf16's rounding
+    BatchNorm, the statistics are part of the arithmetic, and its rows are compared among rows that cut the batch
+    alike (batchnorm_groups). A bf16 row is compared among bf16 rows, whose first steps agree within bf16's rounding
     (common.precision.BOUND), not float32's."""
     ok = [r for r in runs if r["status"] == "ok" and r.get("step_losses") and not r.get("first_epoch")]   # a resumed
     # run's first step is another batch's
@@ -43,9 +42,23 @@ def add_parity(runs):
 def same_first_step(r):
     """What decides a run's first-step loss beyond the weights: the first batch (its size: --per-device-batch rows
     differ), the network, how its BatchNorm cuts the batch and the precision it computes in (add_parity)."""
-    local = r.get("bn") == "local" and r["devices"] > 1
-    return (r.get("batch_size"), r.get("model") or "lenet", r.get("width"), r["devices"] if local else "whole batch",
+    return (r.get("batch_size"), r.get("model") or "lenet", r.get("width"), batchnorm_groups(r),
             r.get("precision") or "fp32")
+
+
+def batchnorm_groups(r):
+    """The parts of the batch a run's BatchNorm normalises apart. Local BatchNorm on N devices: each device's shard;
+    synchronised, or on 1 device: the whole batch. Each forward pass has statistics of its own, so with --accumulate K
+    every micro-batch is one more cut: local, each shard's K micro-batches apart; synchronised, the K micro-batches
+    that each take a slice of every device's shard (not the batch's K contiguous parts that 1 device's are)."""
+    if r.get("bn") is None:   # a network without BatchNorm: a micro-batch's loss adds to the batch's alike
+        return "no BatchNorm"
+    devices, k = r["devices"], r.get("accumulate") or 1
+    if r["bn"] == "local" and devices > 1:
+        return f"{devices} shards" + (f", {k} micro-batches each" if k > 1 else "")
+    if k == 1:
+        return "the whole batch"
+    return f"{k} micro-batches" + (f" across {devices} devices" if devices > 1 else "")
 
 
 def target_cell(r):
