@@ -24,14 +24,18 @@ def test_the_run_s_own_work_does_not_count_as_load():
     assert load["own_cpu_seconds"] >= 1.0, load
 
 
-def test_another_process_s_work_is_load_and_makes_a_warning(tmp_path):
-    done = tmp_path / "done"
-    record = calibration.LoadRecord().start()
-    # a grandchild, orphaned at once: never reaped by us, so its CPU time is someone else's
+def another_process_s_cpu_second(folder):
+    """One CPU second of a grandchild, orphaned at once: never reaped by us, so its CPU time is someone else's."""
+    done = folder / "done"
     subprocess.run(["sh", "-c", f"{sys.executable} -c '{BUSY}open(\"{done}\", \"w\")' &"], check=True)
     deadline = time.monotonic() + 120
     while not done.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
+
+
+def test_another_process_s_work_is_load_and_makes_a_warning(tmp_path):
+    record = calibration.LoadRecord().start()
+    another_process_s_cpu_second(tmp_path)
     time.sleep(0.2)
     load = record.stop()
     assert load["other_cpu_seconds"] >= 0.9, load
@@ -46,13 +50,9 @@ def test_a_plain_run_on_a_busy_machine_says_so(tmp_path, monkeypatch, capsys):
     import json
 
     import compare
-    done = tmp_path / "done"
 
     def busy_trial(spec, dataset, args, label, trial):   # another process's CPU second while the row "trains"
-        subprocess.run(["sh", "-c", f"{sys.executable} -c '{BUSY}open(\"{done}\", \"w\")' &"], check=True)
-        deadline = time.monotonic() + 120
-        while not done.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        another_process_s_cpu_second(tmp_path)
         return {"status": "ok", "error": None, "images_per_second": 2000.0, "train_seconds": 1.0}
     monkeypatch.setattr(compare, "raise_on_signals", lambda: None)
     monkeypatch.setattr("harness.run.trials.run_trial", busy_trial)

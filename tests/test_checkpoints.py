@@ -292,8 +292,8 @@ def test_every_row_of_a_command_has_a_name_of_its_own():
     from harness.training.checkpoints import run_name
     lists = {"--mode": "scratch,builtin,idiomatic", "--devices": "1,2", "--processes": "1,2",
              "--per-device-batch": "32,64", "--cores": "shared,per-device", "--exec": "default,eager",
-             "--layout": "default,nchw", "--allreduce": "per-tensor,bucketed", "--shard": "none,optimizer", "--accumulate": "1,2",
-             "--precision": "fp32,bf16", "--allreduce-dtype": "fp32,bf16"}
+             "--layout": "default,nchw", "--allreduce": "per-tensor,bucketed", "--shard": "none,optimizer",
+             "--accumulate": "1,2", "--precision": "fp32,bf16", "--allreduce-dtype": "fp32,bf16"}
     for more in (["--frameworks", "pytorch,jax"], ["--frameworks", "jax", "--model", "resnet18", "--bn", "local,sync"]):
         rows = run_specs(compare.parse_args([*more, *(word for option in lists.items() for word in option)]))
         names = [run_name(spec) for spec, skip in rows if not skip]

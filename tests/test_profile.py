@@ -3,8 +3,8 @@ viewer opens (a Chrome trace, or TensorFlow's XSpace for TensorBoard), read back
 traces are those of the session's profiled engine run (conftest.one_host_rows), whose weights the unprofiled
 two-host and restart runs match bit for bit."""
 import gzip
-import os
 import json
+import os
 import time
 
 import pytest
