@@ -18,6 +18,30 @@ STEP_SECONDS = 0.05
 # The rank named here aborts as its interpreter exits, after its record is written: as PyTorch 2.13's gloo can abort
 # a process at exit (tests/test_distributed_checkpoints.py)
 ABORT_AT_EXIT_VARIABLE = "ROSETTA_STUB_ABORT_AT_EXIT"
+# A folder named here gets a file from each rank's atexit handler and one from an object freed only by the
+# interpreter's teardown of its modules (as TensorFlow's are, for a second after the run), and each rank's stdout a
+# line that C code wrote into its buffer (harness.run.worker.end)
+EXIT_MARKERS_VARIABLE = "ROSETTA_STUB_EXIT_MARKERS"
+
+
+class FreedAtTeardown:
+    """Held by a module of sys.modules: its __del__ runs as the interpreter tears the modules down, after atexit."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __del__(self):
+        open(self.path, "w").close()
+
+
+def mark_the_exit(folder, rank):
+    import ctypes
+    import sys
+    import types
+    atexit.register(lambda: open(os.path.join(folder, f"atexit-{rank}"), "w").close())
+    module = sys.modules["stub_teardown"] = types.ModuleType("stub_teardown")
+    module.held = FreedAtTeardown(os.path.join(folder, f"teardown-{rank}"))
+    ctypes.CDLL(None).printf(b"written by C, rank %d\n", rank)   # stays in C's buffer: stdout is a file
 
 
 class Lockstep:
@@ -102,6 +126,8 @@ def run(spec, started):
     rank, world = int(os.environ.get("RANK", 0)), spec.processes   # the variables of PyTorch's engine (torchrun's)
     if os.environ.get(ABORT_AT_EXIT_VARIABLE) == str(rank):
         atexit.register(os.abort)
+    if os.environ.get(EXIT_MARKERS_VARIABLE):
+        mark_the_exit(os.environ[EXIT_MARKERS_VARIABLE], rank)
     runner = Lockstep(rank, world, os.environ.get(LOGS_VARIABLE, "."))
     optimizer = spec.canonical_optimizer(steps_per_epoch(len(data.y_train), spec.batch_size, spec.devices))
     startup_seconds = time.perf_counter() - started
