@@ -52,6 +52,7 @@ if ROOT not in sys.path:
 
 from common import FRAMEWORKS, Unavailable  # noqa: E402
 from harness.loader import load_framework  # noqa: E402
+from worker_exit import end_after_sending_results  # noqa: E402
 from worker_groups import keep_together  # noqa: E402
 
 # .ci/run sets this: CI installs every framework, so there a framework that is not installed fails the suite.
@@ -237,6 +238,12 @@ SLOW_REPEATS = {
 # hosts' network namespaces, fixed names) or that are worth running once (compare.py's one-host rows, a few minutes;
 # the shrunk benchmark, which two files check) keep every test that uses them on one worker.
 SHARED_BY_ONE_WORKER = {"two_hosts", "one_host_rows", "benchmark_run"}
+
+
+@pytest.hookimpl(tryfirst=True)   # before pytest's own, which collect the garbage a worker can no longer report
+def pytest_unconfigure(config):
+    """A pytest-xdist worker's process ends here, its results sent (tests/worker_exit.py)."""
+    end_after_sending_results(config)
 
 
 @pytest.hookimpl(tryfirst=True)   # before -m deselects
