@@ -22,6 +22,9 @@ ABORT_AT_EXIT_VARIABLE = "ROSETTA_STUB_ABORT_AT_EXIT"
 # interpreter's teardown of its modules (as TensorFlow's are, for a second after the run), and each rank's stdout a
 # line that C code wrote into its buffer (harness.run.worker.end)
 EXIT_MARKERS_VARIABLE = "ROSETTA_STUB_EXIT_MARKERS"
+# Set: a rank waiting for a peer that is gone fails at once, as a collective does when its peer's connection closes
+# (gloo's "Read error", TensorFlow's UnavailableError)
+PEER_LOSS_VARIABLE = "ROSETTA_STUB_FAIL_ON_A_LOST_PEER"
 
 
 class FreedAtTeardown:
@@ -50,6 +53,8 @@ class Lockstep:
 
     def __init__(self, rank, world, folder):
         self.rank, self.world, self.folder, self.steps = rank, world, folder, 0
+        with open(os.path.join(folder, f"stub-pid{rank}"), "w") as f:
+            f.write(str(os.getpid()))
 
     def initial_weights(self, seed, init):
         return {"steps": np.zeros(1, np.float32)}
@@ -71,6 +76,19 @@ class Lockstep:
         except (OSError, ValueError):
             return 0
 
+    def gone(self, rank):
+        """Whether rank's process has ended, a zombie too (its parent has not reaped it yet)."""
+        try:
+            with open(os.path.join(self.folder, f"stub-pid{rank}")) as f:
+                pid = int(f.read())
+        except (OSError, ValueError):
+            return False   # not started yet
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        except OSError:
+            return True   # reaped
+
     def step(self, batch, lr, batch_size):
         time.sleep(STEP_SECONDS)
         self.steps += 1
@@ -80,6 +98,8 @@ class Lockstep:
                 f.write(str(self.steps))
             os.replace(path + ".part", path)
             while min(self.done(r) for r in range(self.world)) < self.steps:
+                if os.environ.get(PEER_LOSS_VARIABLE) and any(self.gone(r) for r in range(self.world)):
+                    raise RuntimeError("a peer's connection closed")
                 time.sleep(0.01)
         return 2.3 * 0.97 ** self.steps
 

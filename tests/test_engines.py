@@ -136,6 +136,20 @@ def test_a_dead_worker_stops_the_run_within_seconds(tag, stub_workers):
     assert result["value"][0]["status"] == "failed" and "killed by signal 9" in result["value"][0]["error"]
 
 
+def test_a_killed_worker_is_named_as_the_cause_when_its_peer_fails_at_once(tag, stub_workers, monkeypatch):
+    """A worker SIGKILLed: its peer's collective breaks and the peer fails cleanly, with its record, at once (gloo's
+    read error, TensorFlow's UnavailableError), so both are found dead together. The run's error is the kill."""
+    from stub_training import PEER_LOSS_VARIABLE
+    monkeypatch.setenv(PEER_LOSS_VARIABLE, "1")
+    thread, result = in_background(lambda: run_workers(long_spec(), timeout=120))
+    workers = wait_for_training(tag, 2)
+    os.kill(workers[-1], signal.SIGKILL)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert result["value"][0]["status"] == "failed" and "killed by signal 9" in result["value"][0]["error"], \
+        result["value"][0]["error"]
+
+
 def test_a_worker_that_aborts_after_writing_its_record_loses_no_result(tag, stub_workers, monkeypatch, capsys):
     """A process may crash as its interpreter exits, after the worker wrote its record (PyTorch's gloo can: a race at
     exit). Its record is whole: the others are not stopped, every rank's record comes back, and a note says how the
