@@ -18,9 +18,9 @@ STEP_SECONDS = 0.05
 # The rank named here aborts as its interpreter exits, after its record is written: as PyTorch 2.13's gloo can abort
 # a process at exit (tests/test_distributed_checkpoints.py)
 ABORT_AT_EXIT_VARIABLE = "ROSETTA_STUB_ABORT_AT_EXIT"
-# A folder named here gets a file from each rank's atexit handler and one from an object freed only by the
-# interpreter's teardown of its modules (as TensorFlow's are, for a second after the run), and each rank's stdout a
-# line that C code wrote into its buffer (harness.run.worker.end)
+# A folder named here gets a file from each rank's atexit handler, one from its open thread pool's last work, and one
+# from an object freed only by the interpreter's teardown of its modules (as TensorFlow's are, for a second after the
+# run); each rank's stdout a line that C code wrote into its buffer (harness.run.worker.end)
 EXIT_MARKERS_VARIABLE = "ROSETTA_STUB_EXIT_MARKERS"
 # Set: a rank waiting for a peer that is gone fails at once, as a collective does when its peer's connection closes
 # (gloo's "Read error", TensorFlow's UnavailableError)
@@ -41,9 +41,14 @@ def mark_the_exit(folder, rank):
     import ctypes
     import sys
     import types
+    from concurrent.futures import ThreadPoolExecutor
     atexit.register(lambda: open(os.path.join(folder, f"atexit-{rank}"), "w").close())
     module = sys.modules["stub_teardown"] = types.ModuleType("stub_teardown")
     module.held = FreedAtTeardown(os.path.join(folder, f"teardown-{rank}"))
+    # A thread pool left open, as torch.compile's is (its threads end when the interpreter tells them to), with work
+    # still to do, which the interpreter waits for
+    module.pool = ThreadPoolExecutor(1)
+    module.pool.submit(lambda: (time.sleep(0.5), open(os.path.join(folder, f"pool-{rank}"), "w").close()))
     ctypes.CDLL(None).printf(b"written by C, rank %d\n", rank)   # stays in C's buffer: stdout is a file
 
 
