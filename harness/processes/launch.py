@@ -184,7 +184,7 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=O
             reported, reported_at, kept = None, started, set()
             while True:
                 codes = [p.poll() for p in procs]
-                # a worker that wrote its record and then crashed as its interpreter exited (PyTorch's gloo can)
+                # a worker that wrote its record and then crashed as it ended (in an atexit handler, MXNet's teardown)
                 # finished its run: its record is kept and the others go on
                 for i in range(n, len(procs)):
                     if codes[i] not in (None, 0) and i not in kept and wrote_ok(outs[i - n]):

@@ -266,8 +266,8 @@ def end(code):
     """End the process once its record is written, as the interpreter begins to end it: its thread pools finish their
     work and its threads end (torch.compile's pool waits for that), its atexit handlers run (TensorFlow's removes
     AutoGraph's generated files, JAX's frees its backends), every buffered output is flushed; but the interpreter's
-    teardown of every module and C++ object is skipped: it ran after the run had
-    finished and took 1.3 s of a TensorFlow row here (2.5 s of one across 2 processes), 0.4 s of a JAX or PyTorch one.
+    teardown of every module and C++ object is skipped: it ran after the run had finished and took 1.3 s of a
+    TensorFlow row here (2.5 s of one across 2 processes), 0.4 s of a JAX or PyTorch one (docs/profiling.md).
     An MXNet process ends as ever: its kvstore's workers meet at a barrier as the store is freed at exit."""
     if "mxnet" in sys.modules:
         sys.exit(code)
