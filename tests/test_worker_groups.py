@@ -53,7 +53,7 @@ class FreedAtTeardown:   # as a framework's objects are, by the interpreter's te
         open(self.path, "w").close()
 
 
-def test_one_that_a_teardown_would_free(tmp_path_factory, worker_id):
+def test_one_that_a_teardown_would_free(worker_id):
     import types
     module = sys.modules["freed_at_teardown"] = types.ModuleType("freed_at_teardown")
     module.held = FreedAtTeardown(os.path.join(os.environ["TEARDOWN_MARKS"], worker_id))
