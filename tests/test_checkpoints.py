@@ -11,8 +11,8 @@ import pytest
 
 from common import FRAMEWORKS
 from common import optim
-from harness.training.checkpoints import SUFFIXES, checkpoint_name, read_state, read_weights, state_path, write_state, \
-    write_weights
+from harness.training.checkpoints import STATE_SUFFIXES, SUFFIXES, checkpoint_name, read_state, read_weights, \
+    state_path, write_state, write_weights
 from harness.training.convert import main as convert
 from common.interface import RosettaError
 from harness.loader import load_module
@@ -66,6 +66,7 @@ def saved_with_state(framework, folder, name, state=None, file="lenet"):
 def test_an_optimizer_state_is_saved_natively_and_read_back_exactly(fw, name, tmp_path):
     path = saved_with_state(fw.name, tmp_path, name)
     assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in (path, state_path(fw.name, path)))
+    assert state_path(fw.name, path).endswith(STATE_SUFFIXES[fw.name])   # as named for compare.py's check
     state = read_state(fw.name, path, KINDS[name])
     want = a_state(name)
     assert sorted(state) == sorted(want) and state["step"] == want["step"]

@@ -97,6 +97,11 @@ def test_missing_frameworks_show_as_skipped_not_fabricated(tmp_path):
     (["--resume"], "--resume continues a training run: it needs the --json PATH"),
     (["--dataset", "synthetic", "--n-synthetic", "5"], "has 5 images, fewer than one batch of 256"),
     (["--batch-size", "2000"], "the digits training set has 1437 images, fewer than one batch of 2000"),
+    (["--resume-from", "ck/pytorch-scratch-2d-1p-epoch1.optimizer.pt"],   # the states of PyTorch and JAX end as
+     "pytorch's optimizer state, read beside its checkpoint: give the checkpoint, pytorch-scratch-2d-1p-epoch1.pt"),
+    (["--resume-from", "ck/jax-scratch-2d-1p-epoch1.optimizer.orbax"],    # their checkpoints do
+     "jax's optimizer state, read beside its checkpoint: give the checkpoint, jax-scratch-2d-1p-epoch1.orbax"),
+    (["--resume-from", "ck/mxnet-scratch-2d-1p-epoch1.loss-scale.json"], "the loss scaler's state, read beside"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
     proc = compare(*args)

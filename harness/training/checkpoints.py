@@ -40,6 +40,10 @@ SUFFIXES = {"pytorch": ".pt", "mxnet": ".params", "tensorflow": ".weights.h5", "
 FORMATS = {"pytorch": "PyTorch state_dict (torch.save, or Distributed Checkpoint)", "mxnet": "Gluon save_parameters",
            "tensorflow": "Keras save_weights", "jax": "Orbax (Flax nnx.state)"}
 EPOCH = re.compile(r"-epoch(\d+)\.")
+# What lies beside a checkpoint: each framework module's STATE_SUFFIX (the optimizer's state), named here without
+# importing the framework (tests/test_checkpoints.py checks that they agree), and the loss scaler's file (SCALER_SUFFIX)
+STATE_SUFFIXES = {"pytorch": ".optimizer.pt", "mxnet": ".states", "tensorflow": ".optimizer.ckpt",
+                  "jax": ".optimizer.orbax"}
 
 
 def run_name(spec):
@@ -74,7 +78,15 @@ def writes_shards(spec):
 
 def framework_of(path, hint=""):
     """The framework whose native checkpoint `path` is, from its suffix; a directory holding DCP's .metadata is
-    PyTorch's Distributed Checkpoint, whatever its name."""
+    PyTorch's Distributed Checkpoint, whatever its name. A file that lies beside a checkpoint (the optimizer's state,
+    the loss scaler's) is refused with the checkpoint's name: PyTorch's and JAX's states end as checkpoints do."""
+    for name, suffix in STATE_SUFFIXES.items():
+        if path.rstrip("/").endswith(suffix):
+            checkpoint = os.path.basename(path.rstrip("/")[:-len(suffix)] + SUFFIXES[name])
+            raise RosettaError(f"{path}: {name}'s optimizer state, read beside its checkpoint: give the checkpoint, "
+                               f"{checkpoint}")
+    if path.endswith(SCALER_SUFFIX):
+        raise RosettaError(f"{path}: the loss scaler's state, read beside its checkpoint: give the checkpoint")
     for name, suffix in SUFFIXES.items():
         if path.rstrip("/").endswith(suffix):
             return name
