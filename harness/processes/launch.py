@@ -193,10 +193,12 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=O
                               file=sys.stderr)
                 dead = [i for i in [*range(n, len(procs)), *range(n)] if codes[i] not in (None, 0) and i not in kept]
                 if dead:   # the others would wait for it (a collective, the server) forever: stop them all now
+                    def said_why(i):   # a worker that failed cleanly and wrote its record
+                        return i >= n and os.path.exists(outs[i - n])
                     # Found dead together, one that died without saying why (a signal, a crash) is the cause: a peer's
                     # clean failure is most often its collective breaking on the dead one (gloo's read error)
-                    i = min(dead, key=lambda i: i >= n and os.path.exists(outs[i - n]))
-                    if i >= n and os.path.exists(outs[i - n]):   # a worker that failed cleanly and said why
+                    i = min(dead, key=said_why)
+                    if said_why(i):
                         with open(outs[i - n]) as f:
                             return [{**json.load(f), "log": log_tail(i)}]
                     return [{"status": "failed", "log": log_tail(i),

@@ -80,20 +80,21 @@ def framework_of(path, hint=""):
     """The framework whose native checkpoint `path` is, from its suffix; a directory holding DCP's .metadata is
     PyTorch's Distributed Checkpoint, whatever its name. A file that lies beside a checkpoint (the optimizer's state,
     the loss scaler's) is refused with the checkpoint's name: PyTorch's and JAX's states end as checkpoints do."""
+    given = path.rstrip("/")
     for name, suffix in STATE_SUFFIXES.items():
-        if path.rstrip("/").endswith(suffix):
-            checkpoint = os.path.basename(path.rstrip("/")[:-len(suffix)] + SUFFIXES[name])
+        if given.endswith(suffix):
+            checkpoint = os.path.basename(given[:-len(suffix)] + SUFFIXES[name])
             raise RosettaError(f"{path}: {name}'s optimizer state, read beside its checkpoint: give the checkpoint, "
                                f"{checkpoint}")
-    if path.endswith(SCALER_SUFFIX):
+    if given.endswith(SCALER_SUFFIX):
         raise RosettaError(f"{path}: the loss scaler's state, read beside its checkpoint: give the checkpoint")
     for name, suffix in SUFFIXES.items():
-        if path.rstrip("/").endswith(suffix):
+        if given.endswith(suffix):
             return name
     for name in SHARDED_CHECKPOINTS:
         checkpoint = load_module(name, "checkpoint")
         distributed = getattr(checkpoint, "is_distributed", lambda path: False)
-        if path.rstrip("/").endswith(checkpoint.SHARDED_SUFFIX) or distributed(path):
+        if given.endswith(checkpoint.SHARDED_SUFFIX) or distributed(path):
             return name
     known = ", ".join(f"{suffix} {name}" for name, suffix in SUFFIXES.items())
     raise RosettaError(f"{path}: cannot tell its framework from the name ({known}){hint}")
