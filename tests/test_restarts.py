@@ -62,7 +62,9 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(framework, start_
 @pytest.mark.timeout(420)
 def test_torchrun_restarts_the_group_and_it_resumes_from_the_latest_checkpoint(tag, one_host_rows, tmp_path):
     """torchrun's own restarts: the workers are started again with the same command line; resume_from "latest"
-    makes them start from the newest complete checkpoint, as compare.py's restarts do. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1:
+    makes them start from the newest complete checkpoint, as compare.py's restarts do. Which of the two torchrun names
+    as the group's failure is a race (the killed one, or its peer whose collective broke, both in one second), so the
+    proof it restarted is its own log line at LOGLEVEL=INFO and the row resumed. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1:
     torchrun 2.13 otherwise hands the restarted workers its rendezvous store with the dead group's gloo addresses
     still in it ("Gloo connectFullMesh failed ... Connection refused"; pytorch/pytorch#135712), measured here."""
     framework_or_skip("pytorch")
@@ -71,7 +73,8 @@ def test_torchrun_restarts_the_group_and_it_resumes_from_the_latest_checkpoint(t
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     proc = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node=2", "--max-restarts=1", "-m",
                              "harness.run.worker", spec.to_json(), str(tmp_path / "out-{rank}.json")], cwd=ROOT,
-                            env={**os.environ, "ROSETTA_TEST_TAG": tag, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, stdout=subprocess.DEVNULL,
+                            env={**os.environ, "ROSETTA_TEST_TAG": tag, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                                 "LOGLEVEL": "INFO"}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         kill_a_worker_after_the_first_checkpoint(str(tmp_path), tag, lambda env: "LOCAL_RANK" in env, "torchrun")
@@ -80,7 +83,7 @@ def test_torchrun_restarts_the_group_and_it_resumes_from_the_latest_checkpoint(t
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err[-3000:]
-    assert "killed by signal 9" in err.lower() or "exitcode: -9" in err, err[-3000:]   # torchrun saw it, and restarted
+    assert "1/1 attempts left; will restart worker group" in err, err[-3000:]
     _, (row,) = merge_files(sorted(glob.glob(str(tmp_path / "out-*.json"))))
     assert row["status"] == "ok" and row["first_epoch"] in (1, 2)
     assert row["digest"] == one_host_rows["pytorch"]["digest"]
