@@ -181,6 +181,17 @@ def test_a_worker_ends_once_its_record_is_written_with_its_exit_handlers_run(tag
         assert f"written by C, rank {rank}" in (logs / f"worker{rank}.log").read_text()
 
 
+def test_a_row_comes_back_as_its_last_worker_ends_not_a_poll_later(tag, stub_workers, monkeypatch):
+    """The launcher looks at a run's progress, stall and timeout every POLL_SECONDS, but wakes as soon as a worker
+    ends: with a poll of a minute, a two-process row of under a second still comes back in seconds."""
+    from harness.processes import launch
+    monkeypatch.setattr(launch, "POLL_SECONDS", 60)
+    start = time.monotonic()
+    results = run_workers({**long_spec(), "epochs": 2}, timeout=120)
+    assert [r["status"] for r in results] == ["ok", "ok"], results[0].get("error")
+    assert time.monotonic() - start < 20
+
+
 def test_a_timeout_ends_every_process(tag, stub_workers):
     start = time.monotonic()
     (result,) = run_workers(long_spec(), timeout=8)

@@ -8,6 +8,7 @@ launcher would set (torchrun, TF_CONFIG, DMLC_*, JAX_*), so the same workers can
 """
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from .cores import CPUS_VARIABLE, worker_cpus
 from ..loader import ROOT
 from ..spec import RunSpec
 
-POLL_SECONDS = 0.2
+POLL_SECONDS = 0.2   # how often a run's progress, stall and timeout are looked at
 
 
 def process_per_device(framework, mode, processes, gpus=None):
@@ -128,6 +129,26 @@ def last_progress(path):
     return int(step), int(steps)
 
 
+def wait_for_an_end(procs, codes, seconds):
+    """Wait up to `seconds`, but no longer than until one of the processes still running (`codes` None) ends: a row's
+    result comes back as its last worker ends, not up to a poll later (Linux's pidfd; elsewhere the whole wait)."""
+    fds = []
+    try:
+        for proc, code in zip(procs, codes):
+            if code is None:
+                fds.append(os.pidfd_open(proc.pid))
+    except (AttributeError, OSError):   # no pidfd_open (not Linux, a kernel before 5.3)
+        for fd in fds:
+            os.close(fd)
+        time.sleep(seconds)
+        return
+    try:
+        select.select(fds, [], [], seconds)   # a pidfd reads as ready once its process has ended
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=ONE_HOST, copies=1):
     """Run one spec in its `processes` fresh `python -m harness.run.worker` processes (this host's share of them,
     on a `cluster` of several hosts); return their result dicts in rank order, or one failed result. Never raises for a failed run: a crash, a dead worker or helper
@@ -217,7 +238,7 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=O
                              "error": f"stalled {where}: no progress for {stall_timeout:g} s"}]
                 if progress and reported:
                     progress(*reported)
-                time.sleep(POLL_SECONDS)
+                wait_for_an_end(procs, codes, POLL_SECONDS)
         finally:
             kill_all(procs)   # also on Ctrl-C, SIGTERM, SIGHUP: Interrupted propagates after the kill
         results = []
