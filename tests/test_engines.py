@@ -192,6 +192,25 @@ def test_a_row_comes_back_as_its_last_worker_ends_not_a_poll_later(tag, stub_wor
     assert time.monotonic() - start < 20
 
 
+def test_a_launcher_with_many_files_open_still_wakes_as_a_worker_ends(tag, stub_workers, monkeypatch):
+    """A process that imported four frameworks may hold over a thousand files; its workers' pidfds are numbered past
+    1024, which select.select cannot watch."""
+    import resource
+    from harness.processes import launch
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, max(1200, resource.getrlimit(resource.RLIMIT_NOFILE)[1])))
+    monkeypatch.setattr(launch, "POLL_SECONDS", 60)
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        start = time.monotonic()
+        results = run_workers({**long_spec(), "epochs": 1}, timeout=120)
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert [r["status"] for r in results] == ["ok", "ok"], results[0].get("error")
+    assert time.monotonic() - start < 20
+
+
 def test_a_timeout_ends_every_process(tag, stub_workers):
     start = time.monotonic()
     (result,) = run_workers(long_spec(), timeout=8)

@@ -143,7 +143,10 @@ def wait_for_an_end(procs, codes, seconds):
         time.sleep(seconds)
         return
     try:
-        select.select(fds, [], [], seconds)   # a pidfd reads as ready once its process has ended
+        waiting = select.poll()   # not select.select: a process with many files open may hold fds past its 1024
+        for fd in fds:
+            waiting.register(fd, select.POLLIN)   # a pidfd reads as ready once its process has ended
+        waiting.poll(seconds * 1000)
     finally:
         for fd in fds:
             os.close(fd)
