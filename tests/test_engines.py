@@ -197,8 +197,8 @@ def test_a_launcher_with_many_files_open_still_wakes_as_a_worker_ends(tag, stub_
     1024, which select.select cannot watch."""
     import resource
     from harness.processes import launch
-    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, max(1200, resource.getrlimit(resource.RLIMIT_NOFILE)[1])))
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(1200, limits[0]), max(1200, limits[1])))
     monkeypatch.setattr(launch, "POLL_SECONDS", 60)
     held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
@@ -207,6 +207,7 @@ def test_a_launcher_with_many_files_open_still_wakes_as_a_worker_ends(tag, stub_
     finally:
         for fd in held:
             os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
     assert [r["status"] for r in results] == ["ok", "ok"], results[0].get("error")
     assert time.monotonic() - start < 20
 
