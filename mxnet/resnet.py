@@ -443,9 +443,9 @@ def build_model(weights, bn_state, bn=CANONICAL_BN, static_shape=False, sync_dev
     weighs the running value) and epsilon, on the CPU, hybridized; with sync_devices=n, Gluon's
     contrib.nn.SyncBatchNorm over the n contexts of this process instead. Training mode is autograd.record(); the
     BatchNorm layers move their running statistics in the BACKWARD pass (a forward alone leaves them).
-    Not static_shape, unlike lenet.py: with hybridize(static_alloc=True, static_shape=True), MXNet 1.9.1's graph
-    normalises by updated running statistics while the Parameters (running_mean.data(), what a checkpoint saves)
-    keep their initial values (tests/test_resnet.py)."""
+    Not static_shape, unlike lenet.py: with hybridize(static_alloc=True, static_shape=True), MXNet 1.9.1's engine
+    does not order a read of the running statistics (running_mean.data(), what a checkpoint saves) after the
+    backward pass that moves them, so the read may see the old values (tests/test_resnet.py)."""
     bn_args = layer_arguments("mxnet", bn)
     if sync_devices is None:
         norm = lambda c: gluon.nn.BatchNorm(in_channels=c, **bn_args)   # noqa: E731
