@@ -334,7 +334,7 @@ def test_gluon_static_shape_lets_a_read_of_the_running_statistics_overtake_their
     backward pass that moves them, so the read races the update and may see the old values. Read right after an
     unordered backward, 26 to 34 of the 34 were old here, and none when other tests ran first: a race. Made
     certain with a backward held back by half a second (its head gradient a late op): with static_shape the read
-    returns at once with every old value; without, it waits for the backward and reads every moved one. The
+    returns at once with old values (all 34 here); without, it waits for the backward and reads every moved one. The
     gradients are ordered either way (a read waits for them), which is why lenet.py, with no running statistics,
     keeps static_shape."""
     framework_or_skip("mxnet")
@@ -351,8 +351,8 @@ def test_gluon_static_shape_lets_a_read_of_the_running_statistics_overtake_their
         parameters = module.gluon_parameters(net)
         gradients = {name: parameters[name].grad().asnumpy() for name in PARAM_NAMES}
         nd.waitall()
-        for name, value in new_state.items():
-            assert differs(read[name], value) == static_shape, (static_shape, name)   # read: old, or waited for
+        old = [name for name, value in new_state.items() if differs(read[name], value)]
+        assert bool(old) == static_shape, (static_shape, old)   # some read old, or every one waited for
         for name, gradient in gradients.items():                                        # waited for, either way
             assert np.array_equal(gradient, parameters[name].grad().asnumpy()), name
         assert any(np.abs(g).max() > 0 for g in gradients.values())
