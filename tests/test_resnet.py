@@ -353,16 +353,16 @@ def test_gluon_static_shape_lets_a_read_of_the_running_statistics_overtake_their
         nd.waitall()
         old = [name for name, value in new_state.items() if differs(read[name], value)]
         assert bool(old) == static_shape, (static_shape, old)   # some read old, or every one waited for
-        for name, gradient in gradients.items():                                        # waited for, either way
+        for name, gradient in gradients.items():                 # the gradients waited for, either way
             assert np.array_equal(gradient, parameters[name].grad().asnumpy()), name
         assert any(np.abs(g).max() > 0 for g in gradients.values())
-        assert_state_close(module.model_to_numpy(net)[1], new_state)                       # the update did happen
+        assert_state_close(module.model_to_numpy(net)[1], new_state)   # the update did happen
         assert_close(run_idiomatic("mxnet", net, X, False), spec.forward(weights, new_state, X, False))   # and is used
 
 
 def test_stock_gluon_code_hybridized_with_static_shape_saves_its_running_statistics_right_after_waitall(tmp_path):
     """What that race does to a user's checkpoint: stock Gluon code (a HybridSequential with a BatchNorm, hybridized
-    with static_alloc and static_shape as the performance guides advise, a Trainer) that calls save_parameters right
+    with static_alloc and static_shape for speed, a Trainer) that calls save_parameters right
     after its last step writes the weights of that step but running statistics older than the net's (made certain by
     holding the last backward back; in a plain loop, saved at once, a step or more behind here, or their initial
     values); after mx.nd.waitall(), or hybridized without static_shape, the file holds the net's own."""
