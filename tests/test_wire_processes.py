@@ -39,7 +39,8 @@ def test_two_processes_sum_in_bf16_as_two_devices_do(tmp_path, framework, allred
     for name, value in in_process.items():
         np.testing.assert_array_equal(across[name], value, err_msg=name)
     fp32 = RunSpec(**{**SPEC, "framework": framework, "devices": 2, "allreduce": allreduce, "allreduce_dtype": "fp32"})
-    fp32_weights, _, _ = recipe_runs(fp32, fp32.canonical_optimizer(steps_per_epoch(len(digits.y_train), SPEC["batch_size"], 2)))
+    per_epoch = steps_per_epoch(len(digits.y_train), SPEC["batch_size"], 2)
+    fp32_weights, _, _ = recipe_runs(fp32, fp32.canonical_optimizer(per_epoch))
     moved = max(np.max(np.abs(fp32_weights[name] - value)) for name, value in in_process.items())
     assert moved > 1e-5, moved
 
