@@ -29,14 +29,14 @@ def get_bn_state(state, device):
 
 def conv(p, name, h, layout=DEFAULT_LAYOUT, precision="fp32"):
     """At `precision` (lenet.compute). Explicit symmetric padding: padding="SAME" with stride 2 on an even input
-    pads bottom/right only. At bf16 and fp16 it is a tf.pad before a "VALID" convolution: the CPU runs the backward
-    of an explicitly padded convolution outside oneDNN, in Eigen's kernel, 50 times slower in bf16 and not at all in
-    NCHW (fp32 keeps it, bit for bit as before). Its 1x1 stride-2 projections are then oneDNN's too, whose backward
-    corrupts the heap (subsampled)."""
+    pads bottom/right only. In NCHW, and at bf16 and fp16, it is a tf.pad before a "VALID" convolution: the CPU runs
+    the backward of an explicitly padded convolution outside oneDNN, in Eigen's kernel, which is 50 times slower in
+    bf16 and refuses NCHW ("Conv2DCustomBackpropInputOp only supports NHWC"); NHWC at fp32 keeps it, bit for bit as
+    before. Its 1x1 stride-2 projections are then oneDNN's too, whose backward corrupts the heap (subsampled)."""
     kernel, stride, pad = CONVS[name]
     padding = [[0, 0], [pad, pad], [pad, pad], [0, 0]] if layout == "nhwc" else [[0, 0], [0, 0], [pad, pad], [pad, pad]]
     h, w, b = compute(precision, h, p[f"{name}.weight"], p[f"{name}.bias"])
-    if precision != "fp32":
+    if precision != "fp32" or layout == "nchw":
         h, padding = tf.pad(h, padding), "VALID"
         if kernel == 1 and stride > 1:
             h, stride = subsampled(h, stride, layout), 1

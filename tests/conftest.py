@@ -188,7 +188,7 @@ SLOW_REPEATS = {
     "test_jax.py::test_both_builtin_forms_compute_the_scratch_step[shard_map-4-64]",
     "test_jax.py::test_both_builtin_forms_compute_the_scratch_step[jit-3-101]",
     # the JAX ResNet's forward and its training step are fast; its gradients and Flax model compile two more
-    "test_resnet.py::test_gradients_match_pytorch[jax]",
+    "test_resnet.py::test_gradients_match_pytorch_in_every_layout[jax]",
     "test_resnet.py::test_idiomatic_model_equals_the_spec[jax]",
     # the ResNet's conversions (the LeNet's, its optimizer states included, are fast)
     "test_resnet_checkpoints.py::test_every_conversion_runs_in_inference_mode_with_the_same_logits",
