@@ -72,6 +72,13 @@ def is_stream(path):
     return os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)
 
 
+def unwritable_directory(path):
+    """Why files cannot be written in the directory `path` (made if missing, as the run would), or None."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return "it is a file, not a directory"
+    return unwritable(os.path.join(path, ".rosetta-directory-check"))
+
+
 def unwritable(path):
     """Why `path` cannot be written, or None. Checked before the first row: a typo in an output path
     should cost seconds, not a finished run."""

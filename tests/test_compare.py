@@ -156,6 +156,21 @@ def test_unwritable_outputs_fail_before_any_training(option, path, message, tmp_
     assert not (tmp_path / "ok.csv").exists()
 
 
+@pytest.mark.parametrize("option,path,message", [
+    ("--checkpoint-dir", "{file}", "it is a file, not a directory"),
+    ("--profile", "/proc/traces", "cannot create a file in /proc/traces"),
+])
+def test_a_directory_the_rows_write_into_is_checked_before_any_row(option, path, message, tmp_path, capsys):
+    """In process, as compare.main runs it: a row that cannot write its checkpoints or traces would fail each row
+    with an OSError after its data loaded."""
+    import compare
+    (tmp_path / "file").write_text("a regular file")
+    code = compare.main(["--frameworks", "pytorch", option, path.format(file=tmp_path / "file")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: cannot write into {option}") and message in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_merge_says_when_a_file_is_not_a_worker_record(tmp_path):
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"environment": {}, "dataset": {}, "runs": []}))

@@ -102,6 +102,9 @@ def test_rmsprop_s_options_reach_the_spec_s_optimizer_and_momentum_defaults_by_o
     (["--lr-schedule", "step", "--lr-power", "3"], "--lr-power is the poly schedule's, not --lr-schedule step's"),
     (["--lr-schedule", "step", "--warmup-epochs", "1", "--lr-decay-at", "0.5"], "--lr-decay-at: increasing epochs"),
     (["--lr-schedule", "factor", "--lr-decay-factor", "2"], "--lr-decay-factor in (0, 1]"),
+    (["--lr-schedule", "cosine", "--lr-final", "1"], "--lr-final 1 is above the rate the cosine decays from, 0.2"),
+    (["--lr-schedule", "cosine", "--lr-final", "0.1", "--lr-scaling", "linear", "--per-device-batch", "32,64"],
+     "--lr-final 0.1 is above the rate the cosine decays from, 0.05 (the smallest global batch's"),
 ])
 def test_a_schedule_option_that_does_nothing_or_cannot_be_is_one_line(options, says, capsys):
     import compare

@@ -9,7 +9,7 @@ from common.data import DATASETS
 from common.interface import FRAMEWORKS, RosettaError
 from common.lenet import INITS
 from common.models import BN_MODES, DEFAULT_WIDTH, MODELS, RESNET_SGD_LR, check
-from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, SCHEDULES, default_momentum
+from common.optim import DEFAULT_LR, LR_SCALINGS, OPTIMIZERS, SCHEDULES, default_momentum, scaled_lr
 from common.precision import PRECISIONS, WIRE_DTYPES
 from common.zero import SHARDS
 
@@ -17,7 +17,7 @@ from ..cli import HelpFormatter, Parser, float_list, host_list, int_list, name_l
 from ..processes.cluster import DEFAULT_PORT, ONE_HOST, Cluster
 from ..processes.cores import CORES
 from .plan import BENCHMARK, BENCHMARK_IMAGES, EXEC_OPTIONS, LAYOUT_OPTIONS, benchmark_plan, grid
-from ..spec import default, default_epochs
+from ..spec import default, default_epochs, default_lr
 from ..training.loop import MODES
 
 
@@ -239,6 +239,18 @@ def check_schedule(p, args):
         p.error(f"--lr-decay-at: increasing epochs from the warm-up's end, before --epochs {args.epochs}")
     if args.lr_decay_every < 0 or not 0 < args.lr_decay_factor <= 1 or args.lr_power <= 0 or args.lr_final < 0:
         p.error("--lr-decay-every >= 0, --lr-decay-factor in (0, 1], --lr-power > 0, --lr-final >= 0")
+    lowest = lowest_lr(args)
+    if args.lr_final > lowest:
+        p.error(f"--lr-final {args.lr_final:g} is above the rate the cosine decays from, {lowest:g}"
+                + (" (the smallest global batch's, --lr-scaling linear)" if args.lr_scaling == "linear" else ""))
+
+
+def lowest_lr(args):
+    """The smallest rate a row starts its schedule from: --lr (or the optimizer's default), scaled at the smallest
+    global batch under --lr-scaling linear (common.optim.scaled_lr)."""
+    lr = args.lr if args.lr is not None else default_lr(args.model, args.optimizer)
+    smallest = min(args.per_device_batch) * min(args.devices) if args.per_device_batch else args.batch_size
+    return scaled_lr(lr, smallest, args.lr_scaling, args.reference_batch)
 
 
 def check_model(p, args):

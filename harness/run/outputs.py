@@ -5,7 +5,7 @@ import json
 from common.interface import RosettaError
 
 from ..studies.benchmark import ROW_KEY, add_peak_fraction, add_scaling, aggregate, write_csv
-from ..files import is_stream, replaced_atomically, unwritable
+from ..files import is_stream, replaced_atomically, unwritable, unwritable_directory
 from .plan import BENCHMARK_MD
 from ..publishing.provenance import environment_line
 from ..publishing.tables import add_parity, format_scaling, format_split, format_table
@@ -20,6 +20,12 @@ def output_paths(args):
     return {option: path for option, path in paths.items() if path}
 
 
+def output_directories(args):
+    """Every directory the rows write into (checkpoints, profiler traces), by the option that names it."""
+    paths = {"--checkpoint-dir": getattr(args, "checkpoint_dir", None), "--profile": getattr(args, "profile", None)}
+    return {option: path for option, path in paths.items() if path}
+
+
 def check_outputs(args):
     """Every output writable (and the plot's format one matplotlib writes) before the first row and
     before the data loads: a bad path costs seconds, not a finished run."""
@@ -27,6 +33,10 @@ def check_outputs(args):
         problem = unwritable(path)
         if problem:
             raise RosettaError(f"cannot write {option} {path}: {problem}")
+    for option, path in output_directories(args).items():
+        problem = unwritable_directory(path)
+        if problem:
+            raise RosettaError(f"cannot write into {option} {path}: {problem}")
     if args.plot:
         from ..publishing.plots import image_format
         image_format(args.plot)
