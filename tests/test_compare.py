@@ -171,6 +171,28 @@ def test_a_directory_the_rows_write_into_is_checked_before_any_row(option, path,
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow   # two worker processes, under a second each: neither imports a framework
+def test_a_hand_launched_worker_checks_its_record_s_path_first_and_says_why_it_failed(tmp_path):
+    """usage.md's hand launch: an OUT it cannot write ends it before training (it trained to the end, then lost its
+    record in a traceback); a spec it refuses is one line on stderr as well as in OUT (it said nothing)."""
+    from harness.run.worker import STUB_VARIABLE
+
+    def worker(spec, out, stub=True):   # the real one refuses the framework before importing any
+        return subprocess.run([sys.executable, "-m", "harness.run.worker", json.dumps(spec), out], cwd=ROOT, text=True,
+                              capture_output=True, timeout=60,
+                              env={**os.environ, **({STUB_VARIABLE: STUB_TRAINING} if stub else {})})
+    (tmp_path / "file").write_text("a regular file")
+    proc = worker({"framework": "pytorch", "epochs": 1}, str(tmp_path / "file" / "out-{rank}.json"))
+    assert proc.returncode == 2 and "progress" not in proc.stdout
+    assert proc.stderr.strip().splitlines() == [f"error: cannot write {tmp_path}/file/out-{{rank}}.json: "
+                                                f"{tmp_path}/file is a file, not a directory"]
+    out = tmp_path / "out.json"
+    proc = worker({"framework": "torch", "epochs": 1}, str(out), stub=False)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        "failed: unknown framework 'torch'; choose from pytorch, mxnet, tensorflow, jax"]
+    assert json.load(open(out))["error"] == proc.stderr.strip().removeprefix("failed: ")
+
+
 def test_merge_says_when_a_file_is_not_a_worker_record(tmp_path):
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"environment": {}, "dataset": {}, "runs": []}))

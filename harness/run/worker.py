@@ -233,11 +233,18 @@ def training():
 
 
 def main(spec_json, out_path):
+    """Exit code 0 (ok or skipped), 1 (failed: the reason in OUT and on stderr), 2 (OUT cannot be written: checked
+    first, for a hand-launched worker would otherwise train to the end and lose its record)."""
     started = time.perf_counter()
     exit_with_parent()
     from common.interface import RosettaError, Unavailable
+    from ..files import unwritable
     from ..processes import slurm
     from ..spec import RunSpec
+    problem = unwritable(out_path.replace("{rank}", "0"))
+    if problem:
+        print(f"error: cannot write {out_path}: {problem}", file=sys.stderr)
+        return 2
     try:
         spec = RunSpec.of(spec_json)
         if slurm.started_by_srun():   # srun started this task: its engine's variables come from the job
@@ -249,8 +256,9 @@ def main(spec_json, out_path):
             set_virtual_devices(spec.per_process)
         role = os.environ.get("DMLC_ROLE", "worker")
         result = {"status": "ok", "error": None, **(training()(spec, started) if role == "worker" else serve(spec))}
-    except RosettaError as err:
+    except RosettaError as err:   # one line on stderr too: a hand-launched worker's user reads no OUT first
         result = {"status": "skipped" if isinstance(err, Unavailable) else "failed", "error": str(err)}
+        print(f"{result['status']}: {err}", file=sys.stderr)
     except Exception as err:   # a crash in one framework must not take the others' results with it
         traceback.print_exc()
         result = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
@@ -280,4 +288,6 @@ def end(code):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m harness.run.worker SPEC_JSON OUT_JSON ({rank} in OUT_JSON becomes the rank)")
     end(main(sys.argv[1], sys.argv[2]))
