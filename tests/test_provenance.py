@@ -47,3 +47,4 @@ def test_every_csv_row_carries_the_provenance(tmp_path):
     assert [r["framework"] for r in table] == ["pytorch", "jax"]
     for r in table:
         assert {k: r[k] for k in CSV_COLUMNS} == {k: str(env[k]) for k in CSV_COLUMNS}
+    assert [k for k in table[0] if not any(r[k] for r in table)] == []   # no column that no row fills (usage.md)

@@ -62,13 +62,12 @@ CSV_FIELDS = (
     ("step1_loss_diff", lambda r: r.get("step1_loss_diff"), "e"),
     ("error", lambda r: r.get("error"), None),
 )
-# Left out of a file when no row has a value: device memory exists only on GPUs, errors only when a row failed.
-# So are the hosts (only a run over several has them) and the restarts (only with --max-restarts).
+# A column no row has a value for is left out of a file (write_csv): device memory exists only on GPUs, errors only
+# when a row failed, the hosts only in a run over several, the share of peak only in a timed run. These columns are
+# also left out where every row has the value a run without their option gives:
 MODEL_CSV_FIELDS = ("model", "width", "bn", "bn_states", "bn_replicas")   # only in a file with a ResNet row
 ALLREDUCE_CSV_FIELDS = ("allreduce",)   # only in a file with a bucketed row
 DEFAULTED_CSV_FIELDS = {"accumulate": 1, "precision": "fp32", "allreduce_dtype": "fp32"}   # only where a row sets one
-OPTIONAL_CSV_FIELDS = ("scaling_efficiency_min", "scaling_efficiency_max", "allreduce_bytes",
-                       "allreduce_ms", "compute_ms", "input_ms", "sharing_ms", "lockstep_ms", "rest_ms", "target_accuracy", "seconds_to_target", "epochs_to_target", "peak_device_memory_mib", "error", "scaling_base", "hosts", "restarts", "lost_seconds")
 
 
 def mib(n):
@@ -148,8 +147,8 @@ def write_csv(path, rows, env):
     """One line a row, each with the run's provenance (`env`'s CSV_COLUMNS): a CSV travels without its JSON."""
     where = {name: env.get(name) for name in CSV_COLUMNS}
     table = [{**{name: rounded(value(r), decimals) for name, value, decimals in CSV_FIELDS}, **where} for r in rows]
-    columns = [name for name, _, _ in CSV_FIELDS
-               if (name not in OPTIONAL_CSV_FIELDS or any(t[name] is not None for t in table))
+    columns = [name for name, _, _ in CSV_FIELDS   # a column no row fills is left out (GPU memory on a CPU, ...)
+               if any(t[name] is not None for t in table)
                and (name not in MODEL_CSV_FIELDS or has_resnet(rows))
                and (name not in ALLREDUCE_CSV_FIELDS or has_buckets(rows))
                and (name not in DEFAULTED_CSV_FIELDS or any(t[name] != DEFAULTED_CSV_FIELDS[name] for t in table))
