@@ -80,12 +80,31 @@ def any_weights(width=None):
 
 
 def read(path):
-    """The file's arrays by their HDF5 path, as stored (h5py, which Keras itself writes them with)."""
+    """The model's arrays by their HDF5 path, as stored (h5py, which Keras itself writes them with): all but the
+    compiled optimizer's variables that Keras 3's save_weights adds under OPTIMIZER (not_carried says so)."""
     arrays = {}
     with h5py.File(path, "r") as f:
         f.visititems(lambda key, item: arrays.update({key: np.asarray(item)}) if isinstance(item, h5py.Dataset)
-                     else None)
+                     and not key.startswith(f"{OPTIMIZER}/") else None)
     return arrays
+
+
+OPTIMIZER = "optimizer"   # Keras 3's save_weights of a compiled model: its optimizer's variables, optimizer/vars/<i>
+
+
+def not_carried(path):
+    """A line naming the compiled optimizer's variables that a stock program's save_weights put into the weights
+    file (Keras 3 does once model.fit has built them), which the converter does not carry, or None. The file keys them
+    by position only (optimizer/vars/0: the step count, then the rate, then the buffers in Keras's order, each
+    optimizer its own) and keeps no hyperparameter: nothing says whose parameter or which slot a buffer is. The
+    optimizer state is read from a tf.train.Checkpoint of the optimizer (STATE_SUFFIX, or --state), which names them."""
+    with h5py.File(path, "r") as f:
+        group = f.get(f"{OPTIMIZER}/vars")
+        if not isinstance(group, h5py.Group) or not len(group):
+            return None
+        name = group.attrs.get("name", "")
+        return (f"{len(group)} variables of its compiled optimizer{f' ({name})' if name else ''}, which Keras's "
+                "save_weights keys by position only")
 
 
 def save_state(state, optimizer, path):

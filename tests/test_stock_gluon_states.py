@@ -502,6 +502,41 @@ def test_a_stock_keras_checkpoint_is_one_line(batches, tmp_path, networks, capsy
     assert not list(tmp_path.glob("*.pt"))
 
 
+def test_a_stock_keras_weights_file_of_a_fitted_model_converts_its_weights(tmp_path, networks, capsys):
+    """Keras 3's save_weights of a compiled and fitted model keeps the optimizer's variables in the weights file too
+    (optimizer/vars/<i>, by position: the step count, the rate, the buffers), which say nothing of their parameters
+    or slots: the weights convert and verify, and one note says the optimizer's variables are not carried. Stock
+    torch code loading the file computes the Keras model's logits."""
+    framework_or_skip("tensorflow")
+    framework_or_skip("pytorch")
+    import keras
+    import torch
+    from pytorch_lenet import build_model
+    layers = keras.layers
+    model = keras.Sequential([keras.Input((28, 28, 1)), layers.Conv2D(20, 3, activation="relu"),
+                              layers.AveragePooling2D(2), layers.Conv2D(50, 5, activation="relu"),
+                              layers.AveragePooling2D(2), layers.Flatten(), layers.Dense(128, activation="relu"),
+                              layers.Dense(10)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    X = rng.random((8, 28, 28, 1), np.float32)
+    model.fit(X, rng.integers(0, 10, 8), epochs=1, batch_size=8, verbose=0)
+    model.save_weights(tmp_path / "model.weights.h5")
+    capsys.readouterr()
+    assert convert.main([str(tmp_path / "model.weights.h5"), str(tmp_path / "model.pt"), "--verify"]) == 0
+    captured = capsys.readouterr()
+    assert "verify on digits" in captured.out
+    note = captured.err.strip()
+    assert len(note.splitlines()) == 1 and note.startswith("note: model.weights.h5 also holds 10 variables of its "
+                                                           "compiled optimizer (sgd") and "not carried" in note, note
+    net = build_model(init_weights())
+    net.load_state_dict(torch.load(tmp_path / "model.pt"))
+    with torch.no_grad():
+        logits = net(torch.from_numpy(X.transpose(0, 3, 1, 2))).numpy()
+    np.testing.assert_allclose(logits, np.asarray(model(X)), atol=1e-5)
+
+
 @pytest.mark.parametrize("optimizer, params, scheduler, says", [
     ("adam", {"learning_rate": 1e-3}, None, "stock Adam adds epsilon to the uncorrected sqrt(v)"),
     ("rmsprop", {"learning_rate": 1e-3}, None, "inside the square root"),

@@ -189,6 +189,16 @@ def checked(framework, path, arrays, keys, shapes, model, extras):
     return found
 
 
+def not_carried(framework, path):
+    """What the native checkpoint `path` holds beside the model that the converter does not carry (a stock Keras
+    weights file's compiled optimizer's variables: tensorflow/checkpoint.not_carried), in a few words, or None."""
+    found = getattr(load_module(framework, "checkpoint"), "not_carried", None)
+    try:
+        return found(path) if found is not None and os.path.isfile(path) else None
+    except Exception:   # read_model has read the file: nothing more to say about it
+        return None
+
+
 def read_weights(framework, path):
     """The canonical weights of a native checkpoint (read_model)."""
     return read_model(framework, path)[0]

@@ -81,8 +81,8 @@ def main(argv=None):
 
     from common.resnet import width_of
 
-    from .checkpoints import (FORMATS, framework_of, has_state, other_states, read_model, read_optimizer, read_scaler,
-                              read_state, state_path, write_scaler, write_state, write_weights)
+    from .checkpoints import (FORMATS, framework_of, has_state, not_carried, other_states, read_model, read_optimizer,
+                              read_scaler, read_state, state_file, state_path, write_scaler, write_state, write_weights)
     try:
         source = args.source or framework_of(args.src, "; give --from")
         target = args.target or framework_of(args.dst, "; give --to")
@@ -103,6 +103,13 @@ def main(argv=None):
             print(f"note: no optimizer state under {os.path.basename(state_path(source, args.src))}, but "
                   f"{', '.join(others)} beside it: the weights alone are converted (--state PATH carries a state of "
                   "another name)", file=sys.stderr)
+        left = not_carried(source, args.src)
+        if left:
+            beside = os.path.basename(state_path(source, args.src))
+            carried = f"the state is {os.path.basename(state_file(source, args.src, given))}'s" if state is not None \
+                else f"a state is carried from {beside} beside it, or --state PATH"
+            print(f"note: {os.path.basename(args.src)} also holds {left}: not carried, the weights are converted "
+                  f"({carried})", file=sys.stderr)
         scaler = read_scaler(source, args.src)   # fp16's loss scaler, kept the same way in every framework
         if gap:
             print(f"note: {gap}", file=sys.stderr)
