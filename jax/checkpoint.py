@@ -71,14 +71,27 @@ def stored(weights, bn_state=None):
 
 def load(path, width=None):
     """The idiomatic model (the ResNet of `width`, else the LeNet) with the file's weights, in inference mode: nothing
-    but Flax's and Orbax's own calls."""
+    but Flax's and Orbax's own calls, each file restored as its writer's recipe restores it: Orbax restores only into
+    a target of the file's structure. A pure dict (this project's files, nnx.to_pure_dict) into the state's pure dict,
+    then nnx.replace_by_pure_dict; the nnx.State itself (Flax's checkpointing guide saves `state` of nnx.split(model):
+    each variable a {"value": array}) into the model's nnx.State, as the guide restores it."""
     model = idiomatic(*any_weights(width))   # any weights: restoring into its state replaces every one
-    state = nnx.state(model)
+    state, path = nnx.state(model), os.path.abspath(path)
     with checkpointer() as restorer:
-        nnx.replace_by_pure_dict(state, restorer.restore(os.path.abspath(path), nnx.to_pure_dict(state)))
+        if holds_whole_state(getattr(restorer.metadata(path).item_metadata, "tree", None)):
+            state = restorer.restore(path, state)
+        else:
+            nnx.replace_by_pure_dict(state, restorer.restore(path, nnx.to_pure_dict(state)))
     nnx.update(model, state)
     model.eval()   # BatchNorm by its running statistics (the LeNet has none)
     return model
+
+
+def holds_whole_state(tree):
+    """Whether a saved tree (or its metadata) is an nnx.State saved whole: its variables {"value": array}, where a pure
+    dict has the arrays themselves."""
+    return isinstance(tree, dict) and any(set(value) == {"value"} if isinstance(value, dict) and "value" in value
+                                          else holds_whole_state(value) for value in tree.values())
 
 
 def any_weights(width=None):

@@ -95,6 +95,50 @@ def test_every_conversion_loads_natively_and_computes_the_same_logits(digits, tm
             np.testing.assert_allclose(logits, reference, atol=1e-4, err_msg=f"{source} -> {target}")
 
 
+def test_a_flax_checkpoint_saved_as_flax_s_guide_converts_and_verifies(tmp_path, capsys):
+    """Flax's checkpointing guide saves the nnx.State of nnx.split(model) itself with Orbax (each variable a
+    {"value": array}), not its pure dict: such a file converts, and --verify's JAX side restores it as the guide
+    does. Stock torch code finds the Flax model's weights in the converted file."""
+    framework_or_skip("jax")
+    framework_or_skip("pytorch")
+    import orbax.checkpoint as ocp
+    import torch
+    from flax import nnx
+
+    class LeNet(nnx.Module):   # a user's own, as Flax's tutorials write one
+        def __init__(self, rngs):
+            self.conv1 = nnx.Conv(1, 20, (3, 3), padding="VALID", rngs=rngs)
+            self.conv2 = nnx.Conv(20, 50, (5, 5), padding="VALID", rngs=rngs)
+            self.fc1 = nnx.Linear(800, 128, rngs=rngs)
+            self.fc2 = nnx.Linear(128, 10, rngs=rngs)
+
+    model = LeNet(nnx.Rngs(0))
+    _, state = nnx.split(model)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save((tmp_path / "state.orbax").absolute(), state)
+    checkpointer.wait_until_finished()
+    capsys.readouterr()
+    assert convert([str(tmp_path / "state.orbax"), str(tmp_path / "model.pt"), "--verify"]) == 0, \
+        capsys.readouterr().err
+    assert "verify on digits" in capsys.readouterr().out
+    weights = torch.load(tmp_path / "model.pt")
+    np.testing.assert_array_equal(weights["conv1.weight"].numpy(), np.transpose(model.conv1.kernel.value, (3, 2, 0, 1)))
+    np.testing.assert_array_equal(weights["fc2.weight"].numpy(), np.asarray(model.fc2.kernel.value).T)
+
+
+def test_a_failed_verify_says_the_output_is_written_but_untrusted(tmp_path, monkeypatch, capsys):
+    """--verify runs after the output is written: where it fails, its one error line says the file is there and
+    did not pass."""
+    import harness.training.convert as command
+    framework_or_skip("pytorch")
+    src = saved("pytorch", tmp_path)
+    monkeypatch.setattr(command, "TOLERANCE", -1.0)   # no difference passes
+    capsys.readouterr()
+    assert convert([src, str(tmp_path / "copy.pt"), "--verify"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and "copy.pt is written, but did not pass --verify" in line, line
+
+
 def test_every_conversion_carries_the_optimizer_state(tmp_path, available, capsys):
     """Adam's moments and step count, from each framework's native file to each other's, exactly."""
     want = a_state("adam")

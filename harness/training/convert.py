@@ -83,6 +83,7 @@ def main(argv=None):
 
     from .checkpoints import (FORMATS, framework_of, has_state, not_carried, other_states, read_model, read_optimizer,
                               read_scaler, read_state, state_file, state_path, write_scaler, write_state, write_weights)
+    written = False   # once DST is written, a failed --verify says so: the file stays, untrusted
     try:
         source = args.source or framework_of(args.src, "; give --from")
         target = args.target or framework_of(args.dst, "; give --to")
@@ -120,6 +121,7 @@ def main(argv=None):
         if scaler is not None:
             write_scaler(target, *scaler, args.dst)
         write_weights(target, weights, args.dst, bn_state)
+        written = True
         print(f"wrote {args.dst} ({FORMATS[target]}) from {args.src} ({FORMATS[source]})"
               + (f", with {optimizer.name}'s state after {state['step']} steps ({hyperparameters(optimizer)}) in "
                  f"{os.path.basename(state_path(target, args.dst))}" if state is not None else "")
@@ -139,7 +141,8 @@ def main(argv=None):
             if difference > TOLERANCE:
                 raise RosettaError(f"{args.dst}: logits differ from {args.src}'s by {difference:.2e} (> {TOLERANCE:g})")
     except RosettaError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {err}" + (f" ({args.dst} is written, but did not pass --verify: do not trust it)" if written
+                                 and args.verify else ""), file=sys.stderr)
         return 1
     return 0
 
