@@ -129,6 +129,9 @@ def saved_updater(path):
         updater.set_states(file.read())
     if updater.optimizer is fresh or not isinstance(updater.optimizer, mx.optimizer.Optimizer):
         raise ValueError("no optimizer in it (save_states saves one; get_states without dump_optimizer does not)")
+    if updater.states and len(updater.states) not in (len(PARAM_NAMES), len(resnet.PARAM_NAMES)):
+        raise ValueError(f"states for {len(updater.states)} parameters: neither the LeNet's {len(PARAM_NAMES)} nor "
+                         f"a ResNet-18's {len(resnet.PARAM_NAMES)} (another network's Trainer saved it)")
     return updater
 
 

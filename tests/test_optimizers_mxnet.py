@@ -418,3 +418,24 @@ def test_a_canonical_state_continues_a_stock_trainer_on_the_spec_s_trajectory(na
     assert back.keys() == spec.keys() and back["step"] == spec["step"] == 6
     for key in set(spec) - {"step"}:
         assert_close(back[key], spec[key], 1e-5, key)
+
+
+def test_another_network_s_stock_states_file_is_refused_for_what_it_is(tmp_path):
+    """A stock Gluon MLP's Adam states (6 parameters) given with a LeNet: one line that says the file is another
+    network's, before any convention gap of its optimizer is weighed (it blamed Adam's epsilon, then counted 76)."""
+    framework_or_skip("mxnet")
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    checkpoint = load_module("mxnet", "checkpoint")
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(16, activation="relu"), gluon.nn.Dense(16, activation="relu"), gluon.nn.Dense(10))
+    net.initialize(mx.init.Xavier())
+    trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": 1e-3})
+    X, y = mx.nd.random.normal(shape=(8, 64)), mx.nd.array(np.arange(8) % 10)
+    with autograd.record():
+        loss = gluon.loss.SoftmaxCrossEntropyLoss()(net(X), y)
+    loss.backward()
+    trainer.step(8)
+    trainer.save_states(str(tmp_path / "mlp.states"))
+    with pytest.raises(ValueError, match=r"^states for 6 parameters: neither the LeNet's 8 nor a ResNet-18's 76 "):
+        checkpoint.read_optimizer(str(tmp_path / "mlp.states"))
