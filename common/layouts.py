@@ -1,21 +1,21 @@
-"""The one weight-layout conversion this repo needs: canonical (PyTorch's: NCHW, OIHW kernels, dense
-(out, in), flatten in C, H, W order) <-> channels-last (TensorFlow/Keras and Flax: NHWC, HWIO kernels,
-dense (in, out), flatten in H, W, C order). MXNet Gluon uses the canonical layout exactly."""
+"""The one weight-layout conversion this repo needs: canonical (PyTorch's: NCHW, OIHW kernels (OIL, OIDHW for 1-
+and 3-D convs), dense (out, in), flatten in C, H, W order) <-> channels-last (TensorFlow/Keras and Flax: NHWC, HWIO
+kernels, dense (in, out), flatten in H, W, C order). MXNet Gluon uses the canonical layout exactly."""
 from .lenet import layer_outputs
 
 FLAT_CHW = dict(layer_outputs())["pool after conv2"]   # (C, H, W) = (50, 4, 4): what fc1 sees
+SPATIAL = {3: "L", 4: "HW", 5: "DHW"}   # a 1-, 2- or 3-D conv's kernel: its number of axes -> its spatial axes
 
 
 def channels_last(a, flat=None):
-    """A canonical tensor in the channels-last layout: conv kernels (out, in, kh, kw) -> HWIO (kh, kw, in, out); dense
-    weights (out, in) -> (in, out); vectors (biases, BatchNorm's) as they are. The first dense layer after a flatten
-    also reorders its inputs, `flat` = (C, H, W) of what it flattens: a channels-last flatten is H, W, C, the
-    canonical one C, H, W. Viewed as (out, C, H, W), it is transposed like a conv kernel, then flattened to
-    (H*W*C, out). Forget this and every shape still fits while the logits differ by O(1): the classic silent trap."""
-    if a.ndim == 4:
-        return a.transpose(2, 3, 1, 0)
+    """A canonical tensor in the channels-last layout: conv kernels (out, in, *spatial) -> (*spatial, in, out), for
+    1-, 2- and 3-D convs alike; dense weights (out, in) -> (in, out); vectors (biases, BatchNorm's) as they are. The
+    first dense layer after a flatten reorders its rows too, `flat` = (C, *spatial) of what it flattens (C, *spatial
+    canonically, *spatial, C channels-last): without it every shape fits and the logits differ by O(1), silently."""
+    if a.ndim in SPATIAL:
+        return a.transpose(*range(2, a.ndim), 1, 0)
     if a.ndim == 2 and flat is not None:
-        return a.reshape(a.shape[0], *flat).transpose(2, 3, 1, 0).reshape(-1, a.shape[0])
+        return channels_last(a.reshape(a.shape[0], *flat)).reshape(-1, a.shape[0])
     if a.ndim == 2:
         return a.T
     return a
@@ -23,11 +23,11 @@ def channels_last(a, flat=None):
 
 def canonical(a, flat=None):
     """The inverse of channels_last."""
-    if a.ndim == 4:
-        return a.transpose(3, 2, 0, 1)
+    if a.ndim in SPATIAL:
+        return a.transpose(a.ndim - 1, a.ndim - 2, *range(a.ndim - 2))
     if a.ndim == 2 and flat is not None:
-        c, h, w = flat
-        return a.reshape(h, w, c, -1).transpose(3, 2, 0, 1).reshape(a.shape[1], -1)
+        channels, *spatial = flat
+        return canonical(a.reshape(*spatial, channels, a.shape[1])).reshape(a.shape[1], -1)
     if a.ndim == 2:
         return a.T
     return a

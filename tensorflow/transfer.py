@@ -9,19 +9,37 @@ NAMES = {"kernel": "weight", "bias": "bias", "gamma": "gamma", "beta": "beta", "
 
 
 def layers(model):
-    """[(layer path, {role: (the variable's path, numpy array)})], in model.weights' order."""
-    found = {}
+    """[(layer path, {role: (the variable's path, numpy array)})], in model.weights' order. A depthwise conv's kernel
+    (*spatial, C, multiplier) is given as the grouped conv it is, (*spatial, 1, C * multiplier): Gluon's and
+    PyTorch's depthwise conv (groups = C) laid out channels-last, output channel c * multiplier + j either way."""
+    found, depthwise = {}, depthwise_kernels(model)
     for variable in model.weights:
         layer, _, name = variable.path.rpartition("/")
-        found.setdefault(layer, {})[NAMES[name]] = (variable.path, variable.numpy())
+        if name not in NAMES:
+            raise ValueError(f"{variable.path}: a Keras {name} is none of the variables moved here "
+                             f"({', '.join(NAMES)})")
+        value = variable.numpy()
+        if variable.path in depthwise:
+            value = value.reshape(*value.shape[:-2], 1, -1)
+        found.setdefault(layer, {})[NAMES[name]] = (variable.path, value)
     return [(layer, ordered(tensors)) for layer, tensors in found.items()]
 
 
+def depthwise_kernels(model):
+    """The paths of the model's depthwise convs' kernels."""
+    from keras import layers as keras_layers
+    return {layer.kernel.path for layer in model._flatten_layers(include_self=False)
+            if isinstance(layer, (keras_layers.DepthwiseConv1D, keras_layers.DepthwiseConv2D))}
+
+
 def assign(model, arrays):
-    """Sets the model's variables from {variable path: numpy array}; assign checks each shape."""
+    """Sets the model's variables from {variable path: numpy array} (a depthwise kernel as layers gives it); assign
+    checks each shape."""
+    depthwise = depthwise_kernels(model)
     for variable in model.weights:
         if variable.path in arrays:
-            variable.assign(arrays[variable.path])
+            value = arrays[variable.path]
+            variable.assign(value.reshape(variable.shape) if variable.path in depthwise else value)
 
 
 def save(model, path):

@@ -1,8 +1,10 @@
 """A user's own network, moved from Gluon into hand-written PyTorch, Keras and Flax models through
-harness.training.transfer: an MLP with BatchNorm and Dropout, and a small convnet with a flatten before its dense
-layers (whose rows a channels-last target orders H, W, C). Each network is written as the framework's tutorials
-write one, nothing of the project in it; the Gluon one trains a few steps, so its weights and running statistics
-are its own. The target's logits on the user's inputs, in inference mode, are the source's within 1e-4."""
+harness.training.transfer: an MLP with BatchNorm and Dropout, a small convnet with a flatten before its dense
+layers (whose rows a channels-last target orders H, W, C), 1-D and 3-D convnets with a flatten (C, L and C, D, H, W),
+and a transposed conv before a depthwise one. Each network is written as the framework's tutorials write one,
+nothing of the project in it; the Gluon one trains a few steps, so its weights and running statistics are its own.
+The target's logits on the user's inputs, in inference mode, are the source's within 1e-4 (1e-5 for the tiny
+convnets)."""
 import os
 
 import numpy as np
@@ -16,6 +18,9 @@ TOLERANCE = 1e-4
 RNG = np.random.default_rng(0)
 MLP_INPUTS = RNG.normal(size=(64, 20)).astype(np.float32)
 IMAGES = RNG.normal(size=(64, 1, 14, 14)).astype(np.float32)   # NCHW, as Gluon and PyTorch take them
+SIGNALS = RNG.normal(size=(8, 3, 10)).astype(np.float32)   # NCL
+VOLUMES = RNG.normal(size=(8, 2, 4, 4, 4)).astype(np.float32)   # NCDHW
+MAPS = RNG.normal(size=(8, 4, 5, 5)).astype(np.float32)
 
 
 def gluon_mlp(nn):
@@ -33,6 +38,31 @@ def gluon_convnet(nn):
     return net
 
 
+def gluon_conv1d(nn):
+    """Channels equal to the kernel's size: a (3, 3, 3) kernel fits the target's shape however it is laid out."""
+    net = nn.HybridSequential()
+    net.add(nn.Conv1D(3, 3, in_channels=3, activation="relu"), nn.Flatten(), nn.Dense(10, in_units=24))
+    return net
+
+
+def gluon_conv3d(nn):
+    net = nn.HybridSequential()
+    net.add(nn.Conv3D(2, 2, in_channels=2, activation="relu"), nn.Flatten(), nn.Dense(10, in_units=54))
+    return net
+
+
+def gluon_upsampler(nn):
+    """A transposed conv, then a depthwise conv (groups = channels) with 2 filters per channel."""
+    net = nn.HybridSequential()
+    net.add(nn.Conv2DTranspose(4, 3, in_channels=4, activation="relu"), nn.Conv2D(8, 3, groups=4, in_channels=4),
+            nn.GlobalAvgPool2D(), nn.Dense(10, in_units=8))
+    return net
+
+
+NETS = {"mlp": (gluon_mlp, MLP_INPUTS), "convnet": (gluon_convnet, IMAGES), "conv1d": (gluon_conv1d, SIGNALS),
+        "conv3d": (gluon_conv3d, VOLUMES), "upsampler": (gluon_upsampler, MAPS)}
+
+
 @pytest.fixture(scope="module")
 def gluon(tmp_path_factory):
     """Each Gluon network trained 5 steps of SGD on random labels, saved with save_parameters: (file, logits)."""
@@ -40,7 +70,7 @@ def gluon(tmp_path_factory):
     import mxnet as mx
     from mxnet import autograd, gluon
     folder, trained = tmp_path_factory.mktemp("gluon"), {}
-    for name, build, X in (("mlp", gluon_mlp, MLP_INPUTS), ("convnet", gluon_convnet, IMAGES)):
+    for name, (build, X) in NETS.items():
         mx.random.seed(1)
         net = build(gluon.nn)
         net.initialize(mx.init.Xavier())
@@ -67,6 +97,14 @@ def torch_models():
     return mlp, convnet
 
 
+def torch_convnets():
+    from torch import nn
+    return {"conv1d": nn.Sequential(nn.Conv1d(3, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(24, 10)),
+            "conv3d": nn.Sequential(nn.Conv3d(2, 2, 2), nn.ReLU(), nn.Flatten(), nn.Linear(54, 10)),
+            "upsampler": nn.Sequential(nn.ConvTranspose2d(4, 4, 3), nn.ReLU(), nn.Conv2d(4, 8, 3, groups=4),
+                                       nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))}
+
+
 def torch_logits(model, X):
     import torch
     model.eval()
@@ -87,8 +125,20 @@ def keras_models():
     return mlp, convnet
 
 
+def keras_convnets():
+    import keras
+    from keras import layers
+    return {"conv1d": keras.Sequential([keras.Input((10, 3)), layers.Conv1D(3, 3, activation="relu"),
+                                        layers.Flatten(), layers.Dense(10)]),
+            "conv3d": keras.Sequential([keras.Input((4, 4, 4, 2)), layers.Conv3D(2, 2, activation="relu"),
+                                        layers.Flatten(), layers.Dense(10)]),
+            "upsampler": keras.Sequential([keras.Input((5, 5, 4)), layers.Conv2DTranspose(4, 3, activation="relu"),
+                                           layers.DepthwiseConv2D(3, depth_multiplier=2),
+                                           layers.GlobalAveragePooling2D(), layers.Dense(10)])}
+
+
 def keras_logits(model, X):
-    return model(X if X.ndim == 2 else X.transpose(0, 2, 3, 1), training=False).numpy()   # Keras's images: NHWC
+    return model(np.moveaxis(X, 1, -1), training=False).numpy()   # Keras's images: NHWC (NLC, NDHWC)
 
 
 def flax_models():
@@ -105,19 +155,35 @@ def flax_models():
     return mlp, convnet
 
 
+def flax_convnets():
+    """Flax's ConvTranspose as its docs write it: the default kernel layout, not transpose_kernel's."""
+    from flax import nnx
+    rngs = nnx.Rngs(0)
+    flatten = lambda x: x.reshape(x.shape[0], -1)
+    return {"conv1d": nnx.Sequential(nnx.Conv(3, 3, (3,), padding="VALID", rngs=rngs), nnx.relu, flatten,
+                                     nnx.Linear(24, 10, rngs=rngs)),
+            "conv3d": nnx.Sequential(nnx.Conv(2, 2, (2, 2, 2), padding="VALID", rngs=rngs), nnx.relu, flatten,
+                                     nnx.Linear(54, 10, rngs=rngs)),
+            "upsampler": nnx.Sequential(nnx.ConvTranspose(4, 4, (3, 3), padding="VALID", rngs=rngs), nnx.relu,
+                                        nnx.Conv(4, 8, (3, 3), padding="VALID", feature_group_count=4, rngs=rngs),
+                                        lambda x: x.mean(axis=(1, 2)), nnx.Linear(8, 10, rngs=rngs))}
+
+
 def flax_logits(model, X):
     model.eval()   # BatchNorm by its running statistics, no dropout
-    return np.asarray(model(X if X.ndim == 2 else X.transpose(0, 2, 3, 1)))
+    return np.asarray(model(np.moveaxis(X, 1, -1)))
 
 
 TARGETS = {"pytorch": (torch_models, torch_logits), "tensorflow": (keras_models, keras_logits),
            "jax": (flax_models, flax_logits)}
+CONVNETS = {"pytorch": torch_convnets, "tensorflow": keras_convnets, "jax": flax_convnets}
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_user_s_own_networks_move_into_their_hand_written_ports(target, gluon):
     build, logits = TARGETS[target]
-    for (name, (path, want)), model in zip(gluon.items(), build()):
+    for name, model in zip(("mlp", "convnet"), build()):
+        path, want = gluon[name]
         rows = transfer(path, model)
         assert len(rows) == {"mlp": 8, "convnet": 12}[name]   # every weight, bias, gamma, beta and statistic
         X = MLP_INPUTS if name == "mlp" else IMAGES
@@ -171,3 +237,44 @@ def test_the_command_writes_the_user_s_model_natively(gluon, tmp_path, capsys):
     assert main([str(user), str(tmp_path / "x.pt"), "--model", f"{user}:build"]) == 1   # not a Gluon file
     assert capsys.readouterr().err.strip() == f"error: {user}: a source file must be a Gluon save_parameters file " \
                                               "(.params)"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_1d_3d_transposed_and_depthwise_convs_move_laid_out(target, gluon):
+    """Every conv kernel goes (out, in, *spatial) <-> (*spatial, in, out), the flatten's rows C, L and C, D, H, W
+    too; a Flax ConvTranspose's default kernel is flipped, a Keras depthwise kernel is (*spatial, C, multiplier).
+    The table says a change only where one was made."""
+    logits = TARGETS[target][1]
+    for name, model in CONVNETS[target]().items():
+        path, want = gluon[name]
+        rows = transfer(path, model)
+        np.testing.assert_allclose(logits(model, NETS[name][1]), want, atol=1e-5, err_msg=f"{name} -> {target}")
+        changes = [change for *_, change in rows]
+        if target == "pytorch":
+            assert not any(changes)
+        elif name != "upsampler":
+            flat = {"conv1d": "rows C,L <-> L,C of a 3x8 map", "conv3d": "rows C,D,H,W <-> D,H,W,C of a 2x3x3x3 map"}
+            assert changes == [{"conv1d": "OIL <-> LIO", "conv3d": "OIDHW <-> DHWIO"}[name], "",
+                               f"transposed, {flat[name]}", ""]
+
+
+def test_a_flattened_map_of_unequal_sides_is_an_error_until_its_shape_is_given(gluon):
+    """A 3-D conv's map of 3x3x4 is no cube: its shape is asked for, not guessed, and then it moves exactly."""
+    import keras
+    import mxnet as mx
+    from keras import layers
+    from mxnet.gluon import nn
+    net = nn.HybridSequential()
+    net.add(nn.Conv3D(2, 2, in_channels=2), nn.Flatten(), nn.Dense(10, in_units=72))
+    net.initialize(mx.init.Xavier())
+    X = RNG.normal(size=(2, 2, 4, 4, 5)).astype(np.float32)
+    want = net(mx.nd.array(X)).asnumpy()
+    model = keras.Sequential([keras.Input((4, 4, 5, 2)), layers.Conv3D(2, 2), layers.Flatten(), layers.Dense(10)])
+    with pytest.raises(ValueError, match=r"^layer 1: a dense layer of 72 inputs after a 3-D conv of 2 channels: the "
+                                         r"flattened map is not cubic; give its shape, C,D,H,W"):
+        transfer(net, model)
+    with pytest.raises(ValueError, match=r"the flattened shape 2,36 is not a 3-D map of 72 values"):
+        transfer(net, model, flat_shape=(2, 36))
+    transfer(net, model, flat_shape=(2, 3, 3, 4))
+    np.testing.assert_allclose(keras_logits(model, X), want, atol=1e-5)
+

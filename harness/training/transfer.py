@@ -58,19 +58,16 @@ def transfer(source, target, flat_shape=None):
             raise ValueError(f"layer {i}: the source's {a} has {', '.join(a_roles)}; the target's {b} has "
                              f"{', '.join(b_roles)}")
     flat = flattened_shapes([{r: a for r, (_, a) in roles.items()} for _, roles in theirs], src.CHANNELS_LAST,
-                            flat_shape)
+                            flat_shape) if src.CHANNELS_LAST != dst.CHANNELS_LAST else {}   # same order: kept
     arrays, rows = {}, []
     for i, ((_, a_roles), (_, b_roles)) in enumerate(zip(theirs, ours)):
         for role, (name, array) in a_roles.items():
             key, current = b_roles[role]
-            value = converted(array, role, flat.get(i), src.CHANNELS_LAST, dst.CHANNELS_LAST)
+            value, change = converted(array, role, flat.get(i), src.CHANNELS_LAST, dst.CHANNELS_LAST)
             if value.shape != current.shape:
                 raise ValueError(f"{name} {array.shape} -> {key} needs {current.shape}, not {value.shape} "
                                  f"(layer {i}: is the target's layer order the source's?)")
             arrays[key] = value.astype(current.dtype)
-            change = "" if src.CHANNELS_LAST == dst.CHANNELS_LAST or role != "weight" else \
-                "OIHW <-> HWIO" if array.ndim == 4 else "transposed, rows C,H,W <-> H,W,C" if i in flat else \
-                "transposed"
             rows.append((name, array.shape, key, current.shape, change))
     dst.assign(target, arrays)
     return rows
@@ -96,19 +93,29 @@ def user_function(spec):
     return getattr(module, name)
 
 
+def flat_shape(text):
+    """--flat-shape's C,L or C,H,W or C,D,H,W as a tuple of positive ints."""
+    try:
+        shape = tuple(int(n) for n in text.split(","))
+    except ValueError:
+        shape = ()
+    if not 2 <= len(shape) <= 4 or min(shape) < 1:
+        raise RosettaError(f"--flat-shape {text}: give C,L, C,H,W or C,D,H,W (positive whole numbers)")
+    return shape
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m harness.training.transfer", description=__doc__.split("\n\n")[0])
     p.add_argument("src", help="a Gluon save_parameters file (.params)")
     p.add_argument("dst", help="where to save the target model (.pt, .weights.h5, a directory for Flax, .params)")
     p.add_argument("--model", required=True, help="FILE.py:FUNCTION that builds the target model (built, for Keras)")
-    p.add_argument("--flat-shape", help="C,H,W of the feature map the first dense layer after a conv flattens "
-                                        "(default: square, C from the conv)")
+    p.add_argument("--flat-shape", help="C,H,W (C,L after a 1-D conv, C,D,H,W after a 3-D one) of the feature map "
+                                        "the first dense layer after a conv flattens (default: equal sides, C from "
+                                        "the conv)")
     p.error = lambda message: p.exit(2, f"error: {message} (see python -m harness.training.transfer --help)\n")
     args = p.parse_args(argv)
     try:
-        flat = tuple(int(n) for n in args.flat_shape.split(",")) if args.flat_shape else None
-        if flat is not None and len(flat) != 3:
-            raise RosettaError(f"--flat-shape {args.flat_shape}: give C,H,W")
+        flat = flat_shape(args.flat_shape) if args.flat_shape else None
         if not os.path.exists(args.src):
             raise RosettaError(f"{args.src}: no such file")
         load_module(framework_of(args.src), "transfer")   # MXNet first, through the loader's numpy shim
