@@ -15,7 +15,7 @@ a shape that does not fit is one ValueError naming both sides, and nothing is ch
     python -m harness.training.transfer SRC.params DST --model mynet.py:build_model [--flat-shape C,H,W]
 
 builds the target model by calling build_model() from the user's file, transfers, prints the table, and saves the
-model natively (a .pt state_dict, a Keras .weights.h5, an Orbax directory for Flax: DST's name says which)."""
+model natively, named for its framework as convert reads names (.pt state_dict, Keras .weights.h5, Flax .orbax)."""
 import argparse
 import importlib.util
 import os
@@ -104,10 +104,22 @@ def flat_shape(text):
     return shape
 
 
+def named_for(dst, framework):
+    """Refuses a DST whose name is another framework's (convert's framework_of reads it): the name says the format."""
+    from .checkpoints import SUFFIXES, framework_of as framework_of_name
+    suffix = SUFFIXES[framework]
+    named = framework_of_name(dst, f"; name it *{suffix}, as the model is {framework}'s")
+    if named != framework:
+        raise RosettaError(f"{dst}: a {named} name, but the model is {framework}'s: name it *{suffix}")
+    if not dst.rstrip("/").endswith(suffix):   # PyTorch's sharded checkpoint (.dcp): not what torch.save writes
+        raise RosettaError(f"{dst}: a sharded checkpoint's name; the model is saved whole: name it *{suffix}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m harness.training.transfer", description=__doc__.split("\n\n")[0])
     p.add_argument("src", help="a Gluon save_parameters file (.params)")
-    p.add_argument("dst", help="where to save the target model (.pt, .weights.h5, a directory for Flax, .params)")
+    p.add_argument("dst", help="where to save the target model, named for its framework (.pt, .weights.h5, .orbax "
+                               "for Flax, .params)")
     p.add_argument("--model", required=True, help="FILE.py:FUNCTION that builds the target model (built, for Keras)")
     p.add_argument("--flat-shape", help="C,H,W (C,L after a 1-D conv, C,D,H,W after a 3-D one) of the feature map "
                                         "the first dense layer after a conv flattens (default: equal sides, C from "
@@ -120,6 +132,7 @@ def main(argv=None):
             raise RosettaError(f"{args.src}: no such file")
         load_module(framework_of(args.src), "transfer")   # MXNet first, through the loader's numpy shim
         model = user_function(args.model)()
+        named_for(args.dst, framework_of(model))
         try:
             rows = transfer(args.src, model, flat)
         except ValueError as err:
