@@ -150,19 +150,21 @@ def get_trainer(optimizer, port="canonical"):
     port="stock" (idiomatic.py's, for the conventions table): what a straightforward port from torch.optim builds,
     the same hyperparameters in the same stock classes (optax.rmsprop(lr, alpha, eps, centered=, momentum=),
     optax.adagrad(lr, eps=)); Optax's usual warm-up (schedule), and its rmsprop's and adagrad's own arithmetic (the
-    rmsprop trace holds the rate: checkpoint.save_state puts -lr * the canonical buffer in it)."""
+    rmsprop trace holds the rate: checkpoint.save_state puts -lr * the canonical buffer in it), each optimizer alone
+    where nothing is chained before it (stock_chain)."""
     o, rate = optimizer, get_schedule(optimizer, port)
     clip = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm is not None else []
+    chain = stock_chain if port == "stock" else optax.chain
     if o.decoupled:
-        return optax.chain(*clip, optax.adamw(rate, *o.betas, o.eps, weight_decay=o.weight_decay, mask=None))
+        return chain(*clip, optax.adamw(rate, *o.betas, o.eps, weight_decay=o.weight_decay, mask=None))
     decay = [optax.add_decayed_weights(o.weight_decay)] if o.weight_decay else []
     if o.name == "adam":
-        return optax.chain(*clip, *decay, optax.adam(rate, *o.betas, o.eps))
+        return chain(*clip, *decay, optax.adam(rate, *o.betas, o.eps))
     if port == "stock" and o.name == "rmsprop":   # momentum None, not 0: no trace at all, as torch keeps no buffer
-        return optax.chain(*clip, *decay, optax.rmsprop(rate, o.alpha, o.eps, centered=o.centered,
-                                                        momentum=o.momentum or None))
+        return chain(*clip, *decay, optax.rmsprop(rate, o.alpha, o.eps, centered=o.centered,
+                                                  momentum=o.momentum or None))
     if port == "stock" and o.name == "adagrad":
-        return optax.chain(*clip, *decay, optax.adagrad(rate, eps=o.eps))
+        return chain(*clip, *decay, optax.adagrad(rate, eps=o.eps))
     if o.name == "rmsprop":
         scale = (optax.scale_by_stddev if o.centered else optax.scale_by_rms)(o.alpha, o.eps, eps_in_sqrt=False)
         trace = [optax.trace(o.momentum)] if o.momentum else []
@@ -170,7 +172,15 @@ def get_trainer(optimizer, port="canonical"):
     if o.name == "adagrad":
         return optax.chain(*clip, *decay, scale_by_rss_torch(o.eps), optax.scale_by_learning_rate(rate))
     momentum = None if o.name == "sgd" else o.momentum
-    return optax.chain(*clip, *decay, optax.sgd(rate, momentum, nesterov=o.name == "nesterov"))
+    return chain(*clip, *decay, optax.sgd(rate, momentum, nesterov=o.name == "nesterov"))
+
+
+def stock_chain(*transformations):
+    """The stock port's transformation as Optax's tutorials write it: the optimizer alone (optax.sgd(lr,
+    momentum=0.9)) where nothing goes before it, a chain where something does (clip_by_global_norm, then
+    add_decayed_weights, then the optimizer). Orbax restores a state only into one of the file's structure, and a
+    chain's state is a tuple around its members': the state file (checkpoint.save_state) restores into exactly this."""
+    return transformations[0] if len(transformations) == 1 else optax.chain(*transformations)
 
 
 def scale_by_rss_torch(eps):

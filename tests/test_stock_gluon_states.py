@@ -153,7 +153,8 @@ def optax_program(batches, folder, params, weight_decay, kind=None):
     from flax import nnx
     from jax_lenet import build_model
     model = build_model(init_weights())
-    tx = optax.chain(*([optax.add_decayed_weights(weight_decay)] if weight_decay else []), (kind or optax.sgd)(**params))
+    tx = (kind or optax.sgd)(**params)   # as Optax's tutorials write it: alone, or after the decay where there is one
+    tx = optax.chain(optax.add_decayed_weights(weight_decay), tx) if weight_decay else tx
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     restore_as_flax_guide(model, optimizer, folder / "lenet-epoch1.orbax")
 
@@ -213,6 +214,18 @@ def test_stock_torch_keras_and_optax_code_continue_a_stock_gluon_trainer(case, c
     np.testing.assert_allclose(keras_losses, mxnet_losses, rtol=1e-5, err_msg=f"{case}: Keras's continued losses")
     optax_losses = optax_program(batches[BEFORE:], tmp_path, keras_params, gluon_params["wd"])
     np.testing.assert_allclose(optax_losses, mxnet_losses, rtol=1e-5, err_msg=f"{case}: Optax's continued losses")
+
+
+def test_stock_optax_sgd_alone_continues_a_gluon_momentum_without_weight_decay(batches, tmp_path, networks, capsys):
+    """With no wd there is nothing to chain before the optimizer: the state file restores into the tutorials'
+    optax.sgd(lr, momentum=0.9) itself (Orbax restores only into a state of the file's structure, and a chain's is a
+    tuple around its members'), which goes on as MXNet's run does."""
+    params = {"learning_rate": 0.005, "momentum": 0.9}
+    mxnet_losses = gluon_program(batches[:BEFORE + 2], tmp_path, "sgd", params)   # two steps on: enough to tell
+    assert convert.main([str(tmp_path / "lenet-epoch1.params"), str(tmp_path / "lenet-epoch1.orbax")]) == 0
+    assert "weight decay 0" in capsys.readouterr().out
+    optax_losses = optax_program(batches[BEFORE:BEFORE + 2], tmp_path, params, 0)
+    np.testing.assert_allclose(optax_losses, mxnet_losses, rtol=1e-5, err_msg="Optax's continued losses")
 
 
 def test_stock_adam_goes_across_its_epsilon_gap_when_told(batches, tmp_path, networks, capsys):
