@@ -10,10 +10,11 @@ class Parser(argparse.ArgumentParser):
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help shows every default, except those that say nothing (no value, a flag that is off)."""
+    """--help shows every default, except those that say nothing (no value, a flag that is off) and those its help
+    already says in words ("default: ..."), which the value would contradict (an empty list, 0: computed later)."""
 
     def _get_help_string(self, action):
-        if action.default is None or action.default is False:
+        if action.default is None or action.default is False or "(default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 
