@@ -225,13 +225,17 @@ def test_the_command_writes_the_user_s_model_natively(gluon, tmp_path, capsys):
     model.load_state_dict(torch.load(tmp_path / "mlp.pt"))
     np.testing.assert_allclose(torch_logits(model, MLP_INPUTS), want, atol=TOLERANCE)
     assert not capsys.readouterr().err
-    states = os.path.join(os.path.dirname(path), "trainer.states")   # a Trainer's state beside it: said, not carried
-    open(states, "wb").close()
+    folder = os.path.dirname(path)   # the Trainer's state saved with it: said, not carried; another network's: not
+    states = [os.path.join(folder, name) for name in ("mlp.states", "lenet.states")]
+    for name in states:
+        open(name, "wb").close()
     try:
         assert main([path, str(tmp_path / "mlp.pt"), "--model", f"{user}:build"]) == 0
     finally:
-        os.remove(states)
-    assert capsys.readouterr().err.startswith("note: trainer.states beside it not carried")
+        for name in states:
+            os.remove(name)
+    err = capsys.readouterr().err
+    assert err.startswith("note: mlp.states beside it not carried") and "lenet" not in err
     assert main([path, str(tmp_path / "x.pt"), "--model", f"{user}:nothing"]) == 1
     assert capsys.readouterr().err.strip() == f"error: {user} has no function nothing"
     assert main([str(user), str(tmp_path / "x.pt"), "--model", f"{user}:build"]) == 1   # not a Gluon file

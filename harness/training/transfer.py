@@ -140,11 +140,11 @@ def main(argv=None):
         print("\n".join(table(rows)))
         load_module(framework_of(model), "transfer").save(model, args.dst)
         print(f"wrote {args.dst}")
-        folder = os.path.dirname(os.path.abspath(args.src))
-        states = sorted(f for f in os.listdir(folder) if f.endswith(".states"))
-        if states:   # a Trainer's states beside the weights: said, not left behind without a word
-            print(f"note: {', '.join(states)} beside it not carried: this moves a network's weights and BatchNorm "
-                  "statistics; its optimizer state goes across only for this repo's networks "
+        from .checkpoints import state_path
+        states = state_path("mxnet", args.src)
+        if os.path.exists(states):   # the Trainer's states saved with these weights: said, not left without a word
+            print(f"note: {os.path.basename(states)} beside it not carried: this moves a network's weights and "
+                  "BatchNorm statistics; its optimizer state goes across only for this repo's networks "
                   "(python -m harness.training.convert)", file=sys.stderr)
     except (RosettaError, ValueError) as err:   # ValueError: a source that is not a Gluon .params file
         print(f"error: {err}", file=sys.stderr)
