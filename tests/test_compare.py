@@ -175,12 +175,14 @@ def test_a_directory_the_rows_write_into_is_checked_before_any_row(option, path,
 def test_a_hand_launched_worker_checks_its_record_s_path_first_and_says_why_it_failed(tmp_path):
     """usage.md's hand launch: an OUT it cannot write ends it before training (it trained to the end, then lost its
     record in a traceback); a spec it refuses is one line on stderr as well as in OUT (it said nothing)."""
+    from harness.processes.launch import LOGS_VARIABLE
     from harness.run.worker import STUB_VARIABLE
 
     def worker(spec, out, stub=True):   # the real one refuses the framework before importing any
         return subprocess.run([sys.executable, "-m", "harness.run.worker", json.dumps(spec), out], cwd=ROOT, text=True,
                               capture_output=True, timeout=60,
-                              env={**os.environ, **({STUB_VARIABLE: STUB_TRAINING} if stub else {})})
+                              env={**os.environ, LOGS_VARIABLE: str(tmp_path),   # the stub's files, if it ran
+                                   **({STUB_VARIABLE: STUB_TRAINING} if stub else {})})
     (tmp_path / "file").write_text("a regular file")
     proc = worker({"framework": "pytorch", "epochs": 1}, str(tmp_path / "file" / "out-{rank}.json"))
     assert proc.returncode == 2 and "progress" not in proc.stdout
