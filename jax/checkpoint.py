@@ -76,12 +76,12 @@ def load(path, width=None):
     then nnx.replace_by_pure_dict; the nnx.State itself (Flax's checkpointing guide saves `state` of nnx.split(model):
     each variable a {"value": array}) into the model's nnx.State, as the guide restores it."""
     model = idiomatic(*any_weights(width))   # any weights: restoring into its state replaces every one
-    state, path = nnx.state(model), os.path.abspath(path)
+    state = nnx.state(model)
     with checkpointer() as restorer:
-        if holds_whole_state(getattr(restorer.metadata(path).item_metadata, "tree", None)):
-            state = restorer.restore(path, state)
+        if holds_whole_state(getattr(restorer.metadata(os.path.abspath(path)).item_metadata, "tree", None)):
+            state = restorer.restore(os.path.abspath(path), state)
         else:
-            nnx.replace_by_pure_dict(state, restorer.restore(path, nnx.to_pure_dict(state)))
+            nnx.replace_by_pure_dict(state, restorer.restore(os.path.abspath(path), nnx.to_pure_dict(state)))
     nnx.update(model, state)
     model.eval()   # BatchNorm by its running statistics (the LeNet has none)
     return model
