@@ -139,6 +139,18 @@ def test_a_failed_verify_says_the_output_is_written_but_untrusted(tmp_path, monk
     assert line.startswith("error: ") and "copy.pt is written, but did not pass --verify" in line, line
 
 
+def test_verify_fails_on_logits_that_are_not_numbers(tmp_path, capsys):
+    """A diverged run's NaN weights convert to NaN weights; --verify must not pass them (NaN > 1e-4 is False)."""
+    framework_or_skip("pytorch")
+    weights = init_weights(3)
+    weights["fc2.bias"] = np.full_like(weights["fc2.bias"], np.nan)   # every logit NaN
+    src = saved("pytorch", tmp_path, weights)
+    capsys.readouterr()
+    assert convert([src, str(tmp_path / "copy.pt"), "--verify"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "logits or" in line and "are not finite" in line and "did not pass --verify" in line, line
+
+
 def test_every_conversion_carries_the_optimizer_state(tmp_path, available, capsys):
     """Adam's moments and step count, from each framework's native file to each other's, exactly."""
     want = a_state("adam")

@@ -138,8 +138,10 @@ def main(argv=None):
             difference, src_accuracy, dst_accuracy = verify(source, args.src, target, args.dst, data, width)
             print(f"verify on {data.name} test ({len(data.y_test)} images): largest |logit difference| "
                   f"{difference:.2e}; accuracy {source} {src_accuracy:.4f}, {target} {dst_accuracy:.4f}")
-            if difference > TOLERANCE:
-                raise RosettaError(f"{args.dst}: logits differ from {args.src}'s by {difference:.2e} (> {TOLERANCE:g})")
+            if not difference <= TOLERANCE:   # NaN too: logits that are not numbers prove no two files equal
+                raise RosettaError(f"{args.dst}: logits differ from {args.src}'s by {difference:.2e} (> {TOLERANCE:g})"
+                                   if np.isfinite(difference) else f"{args.dst}: its logits or {args.src}'s are not "
+                                   "finite (NaN or inf: weights of a run that diverged?); --verify proves nothing")
     except RosettaError as err:
         print(f"error: {err}" + (f" ({args.dst} is written, but did not pass --verify: do not trust it)" if written
                                  and args.verify else ""), file=sys.stderr)
