@@ -50,6 +50,16 @@ def assert_follows_the_spec(fw, data, optimizer, n_devices, trace, what):
     assert error <= TOLERANCE, f"{what}: {where} differs from the spec's step by {error:.2e} > {TOLERANCE:.0e}"
 
 
+def test_a_step_that_made_nan_weights_is_infinitely_far_from_the_spec_s(digits):
+    """max() passes over a NaN (nan > x is False): a run whose weights became NaN matched every step."""
+    fw = framework_or_skip("pytorch")
+    weights = init_weights(0)
+    nan = {name: np.full_like(w, np.nan) for name, w in weights.items()}
+    (error, where), _ = step_errors(fw, digits, optim.Optimizer(), [weights, nan], EPOCHS, BATCH, SEED, max_steps=1,
+                                    model=scratch(fw.name)[0])
+    assert (error, where) == (np.inf, "step 0, conv1.weight")
+
+
 # ---- the spec itself (numpy only) ----
 
 def test_the_schedule_warms_up_then_follows_cosine_and_step():

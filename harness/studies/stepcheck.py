@@ -76,5 +76,6 @@ def step_errors(fw, data, optimizer, trace, epochs, batch_size, seed=0, min_size
             if names is not None and name not in names:
                 continue
             error = float(np.max(np.abs(trace[k + 1][name] - value)))
+            error = np.inf if np.isnan(error) else error   # max() would pass over a NaN: a step that made none is off
             worst = max(worst, (error, f"step {k}, {name}"), key=lambda e: e[0])
     return worst, coefficients
