@@ -7,7 +7,7 @@ of common/optim.py the step sums them itself, before the Keras optimizer clips t
 
 import tensorflow as tf
 
-from common.interface import Model, Network, RosettaError
+from common.interface import Model, Network, Unavailable
 from common.precision import check as check_precision
 
 from . import distributed as dist, resnet
@@ -44,9 +44,9 @@ def get_model(weights, devices, optimizer=None, state=None, network=Network()):
     else:
         strategy = tf.distribute.MirroredStrategy(devices, tf.distribute.ReductionToOneDevice(devices[0]))
     replicas = len(strategy.extended.worker_devices)
-    if replicas != len(devices):
-        raise RosettaError(f"MultiWorkerMirroredStrategy runs {replicas} replica(s) per process here, "
-                           f"not {len(devices)}: use as many processes as devices")
+    if replicas != len(devices):   # MultiWorkerMirroredStrategy takes a worker's GPUs, but one CPU device only
+        raise Unavailable(f"MultiWorkerMirroredStrategy runs {replicas} replica(s) per process here, not "
+                          f"{len(devices)} (on a CPU, one): run TensorFlow's engine with as many processes as devices")
     with strategy.scope():   # everything that makes variables: the model and the optimizer's state
         net = build(weights, network, synchronized=network.sync)
         if optimizer is not None and not optimizer.is_recipe:

@@ -101,6 +101,18 @@ def test_tensorflow_refuses_a_worker_that_sees_other_workers_gpus(tf_gpus, monke
         module.init_process([1])
 
 
+def test_tensorflow_s_engine_skips_more_devices_than_its_cpu_workers_replicate(monkeypatch):
+    """On a CPU, MultiWorkerMirroredStrategy makes one replica per worker whatever it is given: 4 devices on 2
+    processes is a framework limit (a skipped row, as MXNet's fp16), not a failure of the run."""
+    import tensorflow as tf
+    from common.interface import Unavailable
+    from common.lenet import init_weights
+    framework_or_skip("tensorflow")
+    monkeypatch.setattr(distributed("tensorflow"), "STRATEGY", tf.distribute.OneDeviceStrategy("/cpu:0"))
+    with pytest.raises(Unavailable, match=r"runs 1 replica\(s\) per process here, not 2 \(on a CPU, one\)"):
+        load_module("tensorflow", "builtin").get_model(init_weights(0), ["/cpu:0", "/cpu:1"])
+
+
 # MXNet
 
 def test_mxnet_sums_on_the_gpus_across_processes(monkeypatch):
