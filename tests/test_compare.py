@@ -137,6 +137,21 @@ def test_parity_column_compares_across_frameworks_modes_and_exec_levels():
     assert [r.get("step1_loss_diff") for r in runs] == [0.0, pytest.approx(1e-4), pytest.approx(0.1), None]
 
 
+def test_a_failed_row_s_error_is_one_line_of_the_table():
+    """TensorFlow's graph errors hold the Python stack of the failing op's definition: in the status cell it broke
+    the markdown table across 30 lines. The cell keeps the first line and the cause."""
+    from harness.publishing.tables import format_table
+    error = ("InvalidArgumentError: Graph execution error:\n\nDetected at node gradient_tape/Conv2DBackpropInput "
+             "defined at (most recent call last):\n  File \"<frozen runpy>\", line 198, in _run_module_as_main\n\n"
+             "  File \"tensorflow/resnet.py\", line 197, in loss_and_grads\n\nConv2DCustomBackpropInputOp only "
+             "supports NHWC.\n\t [[{{node gradient_tape/Conv2DBackpropInput}}]] [Op:__inference_step_on_shards_6211]")
+    runs = [{"framework": "tensorflow", "mode": "scratch", "devices": 1, "processes": 1, "epochs": 1,
+             "status": "failed", "error": error}]
+    header, _, row = format_table(runs).splitlines()
+    assert row.split("|")[-2].strip() == ("failed: InvalidArgumentError: Graph execution error: "
+                                          "Conv2DCustomBackpropInputOp only supports NHWC.")
+
+
 @pytest.mark.parametrize("option,path,message", [
     ("--json", "{file}/out.json", "is a file, not a directory"),
     ("--csv", "/proc/out.csv", "cannot create a file in /proc"),

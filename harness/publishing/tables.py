@@ -106,8 +106,19 @@ def fmt(value, spec):
     return "-" if value is None else format(value, spec)
 
 
+def one_line(error):
+    """A row's error as one line of the table (the JSON keeps it whole): TensorFlow's graph errors carry the Python
+    stack of every op's definition ("Detected at node ... File ...") and the node between their first line and their
+    cause; those lines are left out."""
+    if error is None:
+        return None
+    frames = ("File ", "Detected at node", "Traceback", "[[")
+    return " ".join(line.strip() for line in str(error).splitlines()
+                    if line.strip() and not line.strip().startswith(frames))
+
+
 def status(r):
-    text = r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error')}"
+    text = r["status"] if r["status"] == "ok" else f"{r['status']}: {one_line(r.get('error'))}"
     if r.get("restarts"):   # --max-restarts: the run came back from its last checkpoint
         lost = f", {r['lost_seconds']:.1f} s lost" if r.get("lost_seconds") is not None else ""
         text += f" after {r['restarts']} restart(s){lost}"

@@ -9,11 +9,11 @@ import sys
 import time
 
 from common.interface import RosettaError
-from common.precision import is_low
+from common.precision import PRECISIONS, is_low
 
 from ..loader import installed_version
 from ..processes.launch import run_workers, say
-from ..publishing.tables import progress_bar, timing_view
+from ..publishing.tables import one_line, progress_bar, timing_view
 from ..studies.calibration import LoadRecord, low_matmul_peaks, machine_lockstep, matmul_peak, warning
 from ..studies.split import allreduce_alone, alongside
 from ..training.checkpoints import latest_checkpoint
@@ -59,7 +59,7 @@ def run_trials(args, env, dataset, specs, labels, trials, wanted):
                 if timing and spec.devices > 1 and result["status"] == "ok":
                     split_step(row_trials[-1], spec, args, dataset)
                     runs = save()
-                print(f"  {result['status']}" + (f": {result['error']}" if result.get("error") else ""),
+                print(f"  {result['status']}" + (f": {one_line(result['error'])}" if result.get("error") else ""),
                       file=sys.stderr, flush=True)
     except KeyboardInterrupt as err:   # the running row's processes are gone already (run_workers)
         save()   # again: the signal may have cut the last save short (further signals are ignored now)
@@ -79,17 +79,20 @@ def calibrate(args, env, specs):
     and, for rows of several processes, what lockstep costs with no framework."""
     print(f"calibration: float32 matmul peak at {args.threads} thread(s) ...", file=sys.stderr, flush=True)
     env["calibration"] = {"threads": args.threads, "matmul_peak_gflops_start": matmul_peak(args.threads)}
-    low = any(is_low(precision) for precision in args.precision)
+    lows = tuple(precision for precision in PRECISIONS if is_low(precision) and precision in args.precision)
+    low = bool(lows)
     if low or installed_version("pytorch"):   # numpy's BLAS may not know the CPU: PyTorch's fp32 peak beside it
-        names = ("fp32", "bf16", "fp16") if low else ("fp32",)
+        names = ("fp32", *lows)   # the run's own precisions: fp16's is slow to measure where the CPU has no kernel
         print(f"calibration: {', '.join(names)} matmul peak{'s' if low else ''} (PyTorch) at {args.threads} "
               f"thread(s) ...", file=sys.stderr, flush=True)
         try:
             env["calibration"]["low_matmul_peaks_gflops"] = low_matmul_peaks(args.threads, names)
         except (subprocess.SubprocessError, ValueError) as err:   # a broken PyTorch: fp32 rows keep numpy's yardstick
             if low:
-                raise RosettaError(f"PyTorch's bf16 and fp16 matmul peaks, the yardstick of --precision's rows, could "
-                                   f"not be measured ({type(err).__name__}): check that `import torch` works") from err
+                hint = "it took too long" if isinstance(err, subprocess.TimeoutExpired) else "check that `import torch` works"
+                raise RosettaError(f"PyTorch's {' and '.join(lows)} matmul peak{'s' if len(lows) > 1 else ''}, the "
+                                   f"yardstick of --precision's rows, could not be measured ({type(err).__name__}: "
+                                   f"{hint})") from err
             print(f"note: PyTorch's fp32 matmul peak could not be measured ({type(err).__name__}); the rows' "
                   f"fractions of peak are of numpy's", file=sys.stderr, flush=True)
     cores = sorted(os.sched_getaffinity(0))[:max((spec.processes for spec, skip in specs if not skip), default=1)]

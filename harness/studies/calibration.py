@@ -25,14 +25,20 @@ if library == "torch":
     import torch
     torch.set_num_threads(threads)
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    make = lambda name: torch.ones((n, n), dtype=dtypes[name])
+    make = lambda name, size: torch.ones((size, size), dtype=dtypes[name])
 else:
     import numpy as np
-    make = lambda name: np.ones((n, n), np.float32)
+    make = lambda name, size: np.ones((size, size), np.float32)
 out = {}
 for name in names:
-    a = b = make(name)
-    a @ b
+    a = make(name, 256)
+    a @ a
+    t = time.perf_counter()
+    a @ a
+    slow = (time.perf_counter() - t) * (n / 256) ** 3 > seconds   # no fast kernel: fp16 without AVX512-FP16
+    a = b = make(name, n)
+    if not slow:   # a warm-up; a slow kernel's one timed matmul takes a minute, its start-up nothing beside it
+        a @ b
     best, start = 0.0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         t = time.perf_counter()
@@ -70,7 +76,7 @@ def matmul_peaks(threads, library="numpy", names=("fp32",), n=2048, seconds=2.0)
     """{precision: best GFLOP/s of an n x n matmul}, by `library`, in a fresh process whose threads are fixed before
     it starts its BLAS."""
     out = subprocess.run([sys.executable, "-c", MATMUL, str(n), str(seconds), library, ",".join(names), str(threads)],
-                         env=blas_env(threads), capture_output=True, text=True, timeout=120, check=True).stdout
+                         env=blas_env(threads), capture_output=True, text=True, timeout=300, check=True).stdout
     return json.loads(out)
 
 
@@ -82,7 +88,9 @@ def matmul_peak(threads, n=2048, seconds=2.0):
 def low_matmul_peaks(threads, names=("fp32", "bf16", "fp16"), n=2048, seconds=1.5):
     """The matmul peaks in `names` by PyTorch's CPU kernels: in bf16 and fp16 the yardstick of --precision's rows and
     what the hardware gives them over fp32; in fp32 the yardstick where numpy's BLAS does not know the CPU
-    (benchmark.add_peak_fraction)."""
+    (benchmark.add_peak_fraction). A precision the CPU has no fast kernel for is timed once, with no warm-up: PyTorch's
+    fp16 matmul on the AMD EPYC (no AVX512-FP16) makes 0.3-0.4 GFLOP/s at 2048, 45-65 s for one (3 GFLOP/s on a
+    matrix of 256 or 512, which fits in its caches; every precision's peak is taken at the same n)."""
     return matmul_peaks(threads, "torch", names, n, seconds)
 
 
