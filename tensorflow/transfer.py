@@ -32,6 +32,22 @@ def depthwise_kernels(model):
             if isinstance(layer, (keras_layers.DepthwiseConv1D, keras_layers.DepthwiseConv2D))}
 
 
+def flattened_map(model):
+    """(C, *spatial) of the one map the model flattens, as its Flatten layer was built (channels-last: its rows go
+    *spatial, C), or None (no Flatten, several, or one of no known shape). The weights cannot tell it: a map of 2x8 and
+    one of 4x4, of as many channels, make dense layers of one shape."""
+    from keras import layers as keras_layers
+    flattens = [layer for layer in model._flatten_layers(include_self=False)
+                if isinstance(layer, keras_layers.Flatten)]
+    if len(flattens) != 1 or flattens[0].data_format != "channels_last":
+        return None
+    try:
+        *spatial, channels = flattens[0].input.shape[1:]
+    except (AttributeError, ValueError):   # never called, or called on several inputs
+        return None
+    return None if not spatial or None in (*spatial, channels) else (channels, *spatial)
+
+
 def assign(model, arrays):
     """Sets the model's variables from {variable path: numpy array} (a depthwise kernel as layers gives it); assign
     checks each shape."""

@@ -262,25 +262,33 @@ def test_1d_3d_transposed_and_depthwise_convs_move_laid_out(target, gluon):
                                f"transposed, {flat[name]}", ""]
 
 
-def test_a_flattened_map_of_unequal_sides_is_an_error_until_its_shape_is_given(gluon):
-    """A 3-D conv's map of 3x3x4 is no cube: its shape is asked for, not guessed, and then it moves exactly."""
+def test_a_flattened_map_of_unequal_sides_is_read_off_a_keras_model_and_else_asked_for(gluon):
+    """A 2-D conv's map of 2x8 has 16 values a channel, as a 4x4 one: taken as square, it moved silently wrong into
+    Keras. A Keras model's Flatten knows its map; a 3-D map of 3x3x4, with no model to tell it, is asked for."""
     import keras
     import mxnet as mx
     from keras import layers
     from mxnet.gluon import nn
-    net = nn.HybridSequential()
-    net.add(nn.Conv3D(2, 2, in_channels=2), nn.Flatten(), nn.Dense(10, in_units=72))
-    net.initialize(mx.init.Xavier())
-    X = RNG.normal(size=(2, 2, 4, 4, 5)).astype(np.float32)
-    want = net(mx.nd.array(X)).asnumpy()
-    model = keras.Sequential([keras.Input((4, 4, 5, 2)), layers.Conv3D(2, 2), layers.Flatten(), layers.Dense(10)])
-    with pytest.raises(ValueError, match=r"^layer 1: a dense layer of 72 inputs after a 3-D conv of 2 channels: the "
-                                         r"flattened map is not cubic; give its shape, C,D,H,W"):
-        transfer(net, model)
+    from common.transfer import flattened_shapes
+    for conv, size, units in ((nn.Conv2D, (4, 10), 48), (nn.Conv3D, (4, 4, 5), 72)):
+        net = nn.HybridSequential()
+        net.add(conv(3 if conv is nn.Conv2D else 2, 3 if conv is nn.Conv2D else 2, in_channels=2), nn.Flatten(),
+                nn.Dense(10, in_units=units))
+        net.initialize(mx.init.Xavier())
+        X = RNG.normal(size=(2, 2, *size)).astype(np.float32)
+        keras_conv = layers.Conv2D(3, 3) if conv is nn.Conv2D else layers.Conv3D(2, 2)
+        model = keras.Sequential([keras.Input((*size, 2)), keras_conv, layers.Flatten(), layers.Dense(10)])
+        rows = transfer(net, model)
+        assert rows[2][-1] == ("transposed, rows C,H,W <-> H,W,C of a 3x2x8 map" if conv is nn.Conv2D else
+                               "transposed, rows C,D,H,W <-> D,H,W,C of a 2x3x3x4 map")
+        np.testing.assert_allclose(keras_logits(model, X), net(mx.nd.array(X)).asnumpy(), atol=1e-5)
     with pytest.raises(ValueError, match=r"the flattened shape 2,36 is not a 3-D map of 72 values"):
         transfer(net, model, flat_shape=(2, 36))
-    transfer(net, model, flat_shape=(2, 3, 3, 4))
-    np.testing.assert_allclose(keras_logits(model, X), want, atol=1e-5)
+    arrays = [{r: p.data().asnumpy() for r, p in zip(("weight", "bias"), layer.collect_params().values())}
+              for layer in (net[0], net[2])]
+    with pytest.raises(ValueError, match=r"^layer 1: a dense layer of 72 inputs after a 3-D conv of 2 channels: the "
+                                         r"flattened map is not cubic; give its shape, C,D,H,W"):
+        flattened_shapes(arrays, channels_last=False)
 
 
 def test_dst_must_be_named_for_the_model_s_framework(gluon, tmp_path, capsys):

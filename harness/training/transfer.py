@@ -57,6 +57,8 @@ def transfer(source, target, flat_shape=None):
         if list(a_roles) != list(b_roles):
             raise ValueError(f"layer {i}: the source's {a} has {', '.join(a_roles)}; the target's {b} has "
                              f"{', '.join(b_roles)}")
+    for module, model in ((dst, target), (src, source)):   # a Keras model knows the map its Flatten takes
+        flat_shape = flat_shape or getattr(module, "flattened_map", lambda model: None)(model)
     flat = flattened_shapes([{r: a for r, (_, a) in roles.items()} for _, roles in theirs], src.CHANNELS_LAST,
                             flat_shape) if src.CHANNELS_LAST != dst.CHANNELS_LAST else {}   # same order: kept
     arrays, rows = {}, []
