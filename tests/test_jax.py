@@ -13,8 +13,10 @@ def jax_fw():
 
 
 SHAPES = [(1, 97), (2, 97), (3, 101), (4, 64)]   # (devices, batch): uneven shards but the last
-SLOW_JIT = {(2, 97), (4, 64)}   # the jit form compiles for seconds a shape: the fast tier keeps one and three devices
-FORMS = [pytest.param(form, n, batch, marks=(pytest.mark.slow,) if form == "jit" and (n, batch) in SLOW_JIT else ())
+# The fast tier keeps one device of each form and shard_map's three (uneven shards, the padding masked); the others
+# repeat those cases at a compile of seconds a shape (jit's three and shard_map's four: conftest.SLOW_REPEATS)
+SLOW = {"jit": {(2, 97), (4, 64)}, "shard_map": {(2, 97)}}
+FORMS = [pytest.param(form, n, batch, marks=(pytest.mark.slow,) if (n, batch) in SLOW[form] else ())
          for form in ("jit", "shard_map") for n, batch in SHAPES]
 
 
