@@ -396,6 +396,10 @@ def stock_gap(mx_optimizer, optimizer, states=None):
         gaps.append("MXNet's stock Adam adds epsilon to the uncorrected sqrt(v) (torch's epsilon times "
                     f"sqrt(1 - beta2^t), smaller in early steps): continued by torch's or Optax's Adam, the next "
                     f"update differs{size} (Keras's Adam computes MXNet's)")
+    if getattr(o, "clip_gradient", None) is not None:   # Trainer(..., {"clip_gradient": c}): GluonNLP's usual option
+        gaps.append(f"MXNet's {type(o).__name__} clips every gradient element to +-{o.clip_gradient:g} after its "
+                    "rescale (clip_gradient), which the converted optimizer does not: continue it with "
+                    "torch.nn.utils.clip_grad_value_, optax.clip or Keras's clipvalue")
     gaps += [*convention_gaps(o, states), schedule_gap(o, optimizer), rate_change_gap(o, optimizer)]
     return "; ".join(gap for gap in gaps if gap) or None
 

@@ -439,3 +439,17 @@ def test_another_network_s_stock_states_file_is_refused_for_what_it_is(tmp_path)
     trainer.save_states(str(tmp_path / "mlp.states"))
     with pytest.raises(ValueError, match=r"^states for 6 parameters: neither the LeNet's 8 nor a ResNet-18's 76 "):
         checkpoint.read_optimizer(str(tmp_path / "mlp.states"))
+
+
+def test_a_stock_trainer_s_clip_gradient_is_refused_then_named_when_told(digits, tmp_path):
+    """Gluon's clip_gradient clips each gradient element (GluonNLP's usual Trainer option): the canonical update has no
+    such step, so a continuation without it drifts (0.12 in loss after 5 steps, measured); it was dropped silently."""
+    framework_or_skip("mxnet")
+    checkpoint = load_module("mxnet", "checkpoint")
+    trainer, _ = stock_gluon_run(digits, "sgd", {"learning_rate": 0.05, "momentum": 0.9, "clip_gradient": 0.01})
+    path = str(tmp_path / "lenet.states")
+    trainer.save_states(path)
+    with pytest.raises(ValueError, match=r"clips every gradient element to \+-0.01 .*clip_grad_value_.*--accept-gap"):
+        checkpoint.read_optimizer(path)
+    optimizer, gap = checkpoint.read_optimizer(path, accept_gap=True)
+    assert optimizer.name == "momentum" and "clip_gradient" in gap
