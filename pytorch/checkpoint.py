@@ -189,10 +189,15 @@ def entry(saved, path):
 
 def numbered(optimizer_state):
     """torch.optim's state_dict from one keyed by parameter names (get_state_dict's, as FSDP2 programs save it): the
-    buffers numbered in the param_groups' order, the names kept in "names" without a wrapped model's prefix."""
+    buffers numbered in the param_groups' order, the names kept in "names" without a wrapped model's prefix. An
+    optimizer given named_parameters() (torch 2.6+) keeps each group's "param_names": its buffers' names too, which
+    tell the parameter of each number whatever order the groups put them in."""
     groups = optimizer_state["param_groups"]
     names = [name for group in groups for name in group["params"]]
     if not all(isinstance(name, str) for name in names):
+        if all("param_names" in group for group in groups):
+            named = [name for group in groups for name in group["param_names"]]
+            return {**optimizer_state, "names": [name.removeprefix(WRAPPED) for name in named]}
         return optimizer_state
     number = {name: i for i, name in enumerate(names)}
     return {"state": {number[name]: buffers for name, buffers in optimizer_state["state"].items()},
@@ -241,9 +246,13 @@ def read_state(path):
     if found is None:
         return canonical_state(loaded(path))
     optimizer = {key: found["optimizer"][key] for key in ("state", "param_groups")}
-    names = found["optimizer"].get("names")   # the buffers' own names where they are the network's canonical ones
-    canonical = names if names and set(names) in ({*PARAM_NAMES}, {*resnet.PARAM_NAMES}) else None
+    canonical = canonical_names(found["optimizer"].get("names"))
     return canonical_state({"optimizer": optimizer, "scheduler": {"last_epoch": steps_of(found)}}, canonical)
+
+
+def canonical_names(names):
+    """The buffers' own names where they are the network's canonical ones (the LeNet's or the ResNet's), else None."""
+    return names if names and set(names) in ({*PARAM_NAMES}, {*resnet.PARAM_NAMES}) else None
 
 
 def steps_of(found):
@@ -267,10 +276,15 @@ def read_optimizer(path, accept_gap=False):
         raise ValueError("its learning-rate scheduler's state is not carried (a general checkpoint converts at a "
                          "constant rate); save it without the scheduler and set the schedule again in the target")
     groups = found["optimizer"]["param_groups"]
-    settings = [{k: v for k, v in group.items() if k != "params"} for group in groups]
+    settings = [{k: v for k, v in group.items() if k not in ("params", "param_names")} for group in groups]
     if any(s != settings[0] for s in settings):
-        raise ValueError(f"{len(groups)} parameter groups with different settings; the target's stock optimizer is "
-                         "converted with one")
+        raise ValueError(f"{len(groups)} parameter groups with different settings (as no weight decay on the biases "
+                         "makes); the target's stock optimizer is converted with one: save the state of one group, or "
+                         "the model's state_dict alone to convert the weights")
+    if len(groups) > 1 and canonical_names(found["optimizer"].get("names")) is None:
+        raise ValueError(f"{len(groups)} parameter groups: torch numbers the buffers in the groups' order, which the "
+                         "file does not tie to the model's parameters; give the optimizer model.named_parameters() "
+                         "(torch 2.6+ saves their names) or one group")
     group = settings[0]
     for key, fine in (("maximize", False), ("dampening", 0), ("amsgrad", False)):
         if group.get(key, fine) != fine:
