@@ -275,6 +275,10 @@ def test_resume_continues_a_file_written_before_a_setting_existed(tmp_path):
     assert previous_run(args)["settings"] == written
     with pytest.raises(RosettaError, match=r"accumulate \[1\] there, \[4\] here"):
         previous_run(compare.parse_args(["--json", str(path), "--resume", "--accumulate", "4"]))
+    # rows trained on from a checkpoint are another run's than rows trained from the start: never mixed
+    args.resume_from = str(tmp_path / "pytorch-scratch-2d-1p-epoch3.pt")
+    with pytest.raises(RosettaError, match=r"resume_from None there, '.*epoch3.pt' here"):
+        previous_run(args)
 
 
 def test_one_step_has_no_steady_state_throughput():

@@ -109,7 +109,51 @@ def test_the_time_a_restart_loses_is_the_work_after_the_checkpoint_and_the_resta
     monkeypatch.setattr(trials, "merge_records", lambda records, fingerprint: {
         "status": "failed", "error": "killed by signal 9"} if records == "killed" else {
         "status": "ok", "first_epoch": 2, "startup_seconds": 0.5, "epoch_seconds_median": 100.0})
-    monkeypatch.setattr(trials, "latest_checkpoint", lambda spec, warn: str(checkpoint))
+    asked = []
+    monkeypatch.setattr(trials, "latest_checkpoint", lambda spec, warn, written_since: asked.append(written_since)
+                        or str(checkpoint))
+    began = time.time()
     args = Namespace(timeout=60, stall_timeout=None, cluster=None, max_restarts=1)
     result, _ = trials.supervise_restarts(RunSpec("pytorch", dataset="digits", epochs=3), {"fingerprint": ""}, args, "row")
     assert result["restarts"] == 1 and 0.3 + 0.5 <= result["lost_seconds"] < 0.3 + 0.5 + 0.15
+    assert began <= asked[0] < began + 0.1   # only what this row wrote since it began
+
+
+def test_a_restart_resumes_only_a_checkpoint_the_row_wrote(tmp_path):
+    """A checkpoint's name says the row, not its rate, seed or data: another run's file in the same folder, of the same
+    name, was resumed from, and the row ended "ok" with that run's weights trained one epoch more."""
+    from common.lenet import init_weights
+    from harness.training.checkpoints import checkpoint_name, latest_checkpoint, write_weights
+    spec = RunSpec("pytorch", dataset="digits", epochs=4, checkpoint_dir=str(tmp_path))
+    paths = [str(tmp_path / checkpoint_name(spec, epoch)) for epoch in (1, 2, 3)]
+    for path in paths:
+        write_weights("pytorch", init_weights(0), path)
+    began = time.time()
+    os.utime(paths[2], (began - 60, began - 60))   # epoch 3: another run's, a minute ago
+    os.utime(paths[1], (began + 1, began + 1))     # epoch 2: this row's
+    assert latest_checkpoint(spec, print) == paths[2]
+    assert latest_checkpoint(spec, print, written_since=began) == paths[1]
+    os.utime(paths[1], (began - 60, began - 60))
+    os.utime(paths[0], (began - 60, began - 60))
+    assert latest_checkpoint(spec, print, written_since=began) is None   # none of its own: from the start
+
+
+def test_a_row_that_used_up_its_timeout_is_not_restarted(monkeypatch):
+    """--timeout is the row's whole budget: a hang restarted --max-restarts times ran for that many timeouts."""
+    from argparse import Namespace
+
+    from harness.run import trials
+    budgets = []
+
+    def run_workers(attempt, timeout, **kwargs):
+        budgets.append(timeout)
+        time.sleep(0.2)
+        return [{"status": "failed", "error": f"timed out after {timeout:g} s", "timed_out": True}] if len(
+            budgets) > 1 else [{"status": "failed", "error": "worker 0 of 2 killed by signal 9"}]
+    monkeypatch.setattr(trials, "run_workers", run_workers)
+    monkeypatch.setattr(trials, "merge_records", lambda records, fingerprint: records[0])
+    monkeypatch.setattr(trials, "latest_checkpoint", lambda spec, warn, written_since: None)
+    args = Namespace(timeout=7.0, stall_timeout=None, cluster=None, max_restarts=3)
+    result, _ = trials.supervise_restarts(RunSpec("pytorch", dataset="digits", epochs=3), {"fingerprint": ""}, args, "row")
+    assert result["status"] == "failed" and result["restarts"] == 1 and len(budgets) == 2
+    assert budgets[0] == pytest.approx(7.0, abs=0.01) and 6.6 < budgets[1] <= 6.8   # the second: what the first left

@@ -231,7 +231,8 @@ def run_workers(spec, timeout=None, progress=None, stall_timeout=None, cluster=O
                     break
                 now = time.monotonic()
                 if timeout is not None and now - started > timeout:
-                    return [{"status": "failed", "error": f"timed out after {timeout:g} s", "log": log_tail(n)}]
+                    return [{"status": "failed", "error": f"timed out after {timeout:g} s", "log": log_tail(n),
+                             "timed_out": True}]
                 latest = last_progress(logs[n])
                 if latest != reported:
                     reported, reported_at = latest, now

@@ -14,11 +14,11 @@ SETTINGS = ("frameworks", "model", "width", "bn", "mode", "exec", "layout", "all
             "loss_scale_interval", "devices", "processes", "cores", "dataset", "n_synthetic",
             "epochs", "batch_size", "lr", "seed", "init", "threads", "repeats", "benchmark", "optimizer", "momentum",
             *RMSPROP_FIELDS, "weight_decay", "lr_schedule", "warmup_epochs", *SCHEDULE_FIELDS, "clip_norm", "lr_scaling",
-            "reference_batch", "per_device_batch", "target_accuracy")
+            "reference_batch", "per_device_batch", "target_accuracy", "resume_from")
 
 # Settings added since files were first written, and the value a file without one ran with.
 ADDED = {"accumulate": [1], "shard": ["none"], "precision": ["fp32"], "allreduce_dtype": ["fp32"], "loss_scale": 2.0 ** 16,
-         "loss_scale_interval": 2000,
+         "loss_scale_interval": 2000, "resume_from": None,
          **{name: json.loads(json.dumps(default(name))) for name in (*SCHEDULE_FIELDS, *RMSPROP_FIELDS)}}
 
 

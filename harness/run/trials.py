@@ -136,19 +136,22 @@ def run_trial(spec, dataset, args, label, trial=0):
 def supervise_restarts(spec, dataset, args, label):
     """(the merged result, the last attempt's records) of a row's processes. With --max-restarts, a run whose process
     died is stopped whole and started again from its last complete checkpoint, as torchrun restarts a group: the
-    result counts the restarts and the time they cost (lost_seconds)."""
-    restarts, attempt, thrown_away = 0, spec, 0.0
+    result counts the restarts and the time they cost (lost_seconds). Only a checkpoint this row wrote is resumed
+    from (another run's in the same folder has the same name: other settings, other data); --timeout is the row's
+    whole budget, restarts included, and a row that used it up is not restarted."""
+    restarts, attempt, thrown_away, started = 0, spec, 0.0, time.time()
     while True:
         attempt_started = time.time()
-        records = run_workers(attempt, args.timeout, progress=progress_bar(label), stall_timeout=args.stall_timeout,
+        timeout = None if args.timeout is None else max(1.0, args.timeout - (attempt_started - started))
+        records = run_workers(attempt, timeout, progress=progress_bar(label), stall_timeout=args.stall_timeout,
                               cluster=args.cluster)
         if sys.stdout.isatty():
             print("\r\033[K", end="", flush=True)   # the bar's line, cleared for the table
         result = merge_records(records, dataset["fingerprint"])
-        if result["status"] != "failed" or restarts == args.max_restarts:
+        if result["status"] != "failed" or restarts == args.max_restarts or result.get("timed_out"):
             break
         restarts += 1
-        attempt = spec.replace(resume_from=latest_checkpoint(spec, say))
+        attempt = spec.replace(resume_from=latest_checkpoint(spec, say, written_since=started))
         thrown_away += time.time() - max(attempt_started, saved_at(attempt.resume_from))
         print(f"  failed: {result['error']}\n  restart {restarts} of {args.max_restarts}, from "
               f"{os.path.basename(attempt.resume_from) if attempt.resume_from else 'the start'}", file=sys.stderr)

@@ -450,17 +450,18 @@ def resume_point(spec, optimizer, steps_per_epoch):
 LATEST = "latest"   # resume_from: the newest complete checkpoint in checkpoint_dir, if any (a group restarted by torchrun)
 
 
-def latest_checkpoint(spec, warn):
+def latest_checkpoint(spec, warn, written_since=None):
     """The newest checkpoint of this run in its checkpoint_dir that is complete and reads back (weights, and the
     optimizer's state for anything but the recipe's SGD), or the run's own resume_from if none is newer, or None:
     where a restarted run starts again. One that is incomplete or corrupt is never chosen: `warn` gets a line
-    naming it, and the one before it is tried."""
+    naming it, and the one before it is tried. `written_since` (a time.time()): only files written since count, the
+    run's own; a name says the row, not its rate, seed or data, and another run's file of the same name is older."""
     given = None if spec.resume_from == LATEST else spec.resume_from
     start = epoch_of(given) if given else 0
     optimizer = Optimizer(spec.optimizer)
     for epoch in range(spec.epochs - 1, start, -1):
         path = os.path.join(spec.checkpoint_dir, checkpoint_name(spec, epoch))
-        if not os.path.exists(path):
+        if not os.path.exists(path) or (written_since is not None and os.path.getmtime(path) < written_since):
             continue
         try:
             weights = read_weights(spec.framework, path)
