@@ -112,11 +112,19 @@ def restored(restorer, path):
     return restorer.restore(path, jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), saved))
 
 
+def unwrapped(tree):
+    """A restored tree as its pure dict (nnx.to_pure_dict's): an nnx.State saved whole (Flax's checkpointing guide
+    saves nnx.state(model) and nnx.state(optimizer) so) holds each variable as {"value": array}, here the array."""
+    if not isinstance(tree, dict):
+        return tree
+    if set(tree) == {"value"}:
+        return tree["value"]
+    return {key: unwrapped(value) for key, value in tree.items()}
+
+
 def flatten(tree, prefix=""):
-    """(key, array) of a restored tree (an nnx.State saved whole holds each Param as {"value": array})."""
-    for key, value in tree.items():
-        if isinstance(value, dict) and set(value) == {"value"}:
-            value = value["value"]
+    """(key, array) of a restored tree, a pure dict or an nnx.State saved whole (unwrapped)."""
+    for key, value in unwrapped(tree).items():
         if isinstance(value, dict):
             yield from flatten(value, f"{prefix}{key}/")
         else:
@@ -211,7 +219,7 @@ def read_state(path):
     not depend on the width)."""
     path = os.path.abspath(path)
     with checkpointer() as restorer:
-        tree = restored(restorer, path)
+        tree = unwrapped(restored(restorer, path))   # the guide's nnx.state(optimizer) too, each leaf {"value": x}
         kept = restored(restorer, os.path.join(path, CANONICAL)) if os.path.isdir(os.path.join(path, CANONICAL)) \
             else None
     opt_state = tree.get("opt_state", {}) if isinstance(tree, dict) else {}

@@ -98,12 +98,15 @@ def test_every_conversion_loads_natively_and_computes_the_same_logits(digits, tm
 def test_a_flax_checkpoint_saved_as_flax_s_guide_converts_and_verifies(tmp_path, capsys):
     """Flax's checkpointing guide saves the nnx.State of nnx.split(model) itself with Orbax (each variable a
     {"value": array}), not its pure dict: such a file converts, and --verify's JAX side restores it as the guide
-    does. Stock torch code finds the Flax model's weights in the converted file."""
+    does. Stock torch code finds the Flax model's weights in the converted file. The guide saves the nnx.Optimizer's
+    nnx.State so too, beside the weights: its Adam moments reach torch.optim's exactly."""
     framework_or_skip("jax")
     framework_or_skip("pytorch")
+    import optax
     import orbax.checkpoint as ocp
     import torch
     from flax import nnx
+    from common.data import load_dataset
 
     class LeNet(nnx.Module):   # a user's own, as Flax's tutorials write one
         def __init__(self, rngs):
@@ -112,10 +115,23 @@ def test_a_flax_checkpoint_saved_as_flax_s_guide_converts_and_verifies(tmp_path,
             self.fc1 = nnx.Linear(800, 128, rngs=rngs)
             self.fc2 = nnx.Linear(128, 10, rngs=rngs)
 
+        def __call__(self, x):
+            x = nnx.max_pool(nnx.relu(self.conv1(x)), (2, 2), (2, 2))
+            x = nnx.max_pool(nnx.relu(self.conv2(x)), (2, 2), (2, 2))
+            return self.fc2(nnx.relu(self.fc1(x.reshape(x.shape[0], -1))))
+
     model = LeNet(nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+    digits = load_dataset("digits")
+
+    def loss_fn(model, X, y):
+        return optax.softmax_cross_entropy_with_integer_labels(model(X), y).mean()
+    X, y = digits.X_train[:32].transpose(0, 2, 3, 1), digits.y_train[:32]   # Flax's NHWC
+    optimizer.update(model, nnx.grad(loss_fn)(model, X, y))
     _, state = nnx.split(model)
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save((tmp_path / "state.orbax").absolute(), state)
+    checkpointer.save((tmp_path / "state.optimizer.orbax").absolute(), nnx.state(optimizer))
     checkpointer.wait_until_finished()
     capsys.readouterr()
     assert convert([str(tmp_path / "state.orbax"), str(tmp_path / "model.pt"), "--verify"]) == 0, \
@@ -124,6 +140,12 @@ def test_a_flax_checkpoint_saved_as_flax_s_guide_converts_and_verifies(tmp_path,
     weights = torch.load(tmp_path / "model.pt")
     np.testing.assert_array_equal(weights["conv1.weight"].numpy(), np.transpose(model.conv1.kernel.value, (3, 2, 0, 1)))
     np.testing.assert_array_equal(weights["fc2.weight"].numpy(), np.asarray(model.fc2.kernel.value).T)
+    saved = torch.load(tmp_path / "model.optimizer.pt")["optimizer"]
+    adam = optimizer.opt_state[0]   # optax.adam's ScaleByAdamState
+    assert [s["step"] for s in saved["state"].values()] == [1.0] * 8
+    np.testing.assert_array_equal(saved["state"][0]["exp_avg"].numpy(),
+                                  np.transpose(adam.mu["conv1"]["kernel"].value, (3, 2, 0, 1)))
+    np.testing.assert_array_equal(saved["state"][7]["exp_avg_sq"].numpy(), np.asarray(adam.nu["fc2"]["bias"].value))
 
 
 def test_a_failed_verify_says_the_output_is_written_but_untrusted(tmp_path, monkeypatch, capsys):
