@@ -17,6 +17,8 @@ def test_the_seconds_are_the_epochs_up_to_the_first_one_at_the_target():
     assert time_to_accuracy(seconds, accuracies, 0.9) == {"target_accuracy": 0.9, "seconds_to_target": None,
                                                           "epochs_to_target": None}
     assert time_to_accuracy(seconds, accuracies, None) == {}
+    # resumed after 3 epochs: the same accuracies are epochs 4 to 7, the seconds the resumed run's own
+    assert time_to_accuracy(seconds, accuracies, 0.85, first_epoch=3)["epochs_to_target"] == 6
 
 
 def test_the_table_says_how_long_or_that_it_never_got_there():
@@ -28,6 +30,10 @@ def test_the_table_says_how_long_or_that_it_never_got_there():
         lines = format_table(rows, timing=timing).splitlines()
         at = [c.strip() for c in lines[0].split("|")].index("s to 0.85 acc")
         assert [[c.strip() for c in line.split("|")][at] for line in lines[2:]] == ["7.5 (3 ep)", "not in 4 ep"]
+    resumed = {**rows[0], "epochs": 6, "first_epoch": 3, "seconds_to_target": 7.1, "epochs_to_target": 6}
+    header, _, line = format_table([resumed]).splitlines()
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in line.split("|")]))
+    assert cells["epochs"] == "6 (from 3)" and cells["s to 0.85 acc"] == "7.1 (6 ep, timed from epoch 3)"
 
 
 def test_a_target_outside_0_1_is_one_line():

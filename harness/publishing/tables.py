@@ -68,7 +68,13 @@ def target_cell(r):
         return "-"
     if r.get("seconds_to_target") is None:
         return f"not in {r['epochs']} ep"
-    return f"{r['seconds_to_target']:.1f} ({r['epochs_to_target']} ep)"
+    since = f", timed from epoch {r['first_epoch']}" if r.get("first_epoch") else ""   # resumed: the rest not its own
+    return f"{r['seconds_to_target']:.1f} ({r['epochs_to_target']} ep{since})"
+
+
+def epochs_cell(r):
+    """The run's epochs; a run resumed from a checkpoint trained (and timed) those after it only."""
+    return f"{r['epochs']} (from {r['first_epoch']})" if r.get("first_epoch") else str(r["epochs"])
 
 
 def has_resnet(runs):
@@ -134,7 +140,7 @@ def processes_cell(r):
 def row_cells(r):
     ok = r["status"] == "ok"
     return [r["framework"], r["mode"], r.get("exec") or "-", r.get("layout") or "-", str(r["devices"]),
-            processes_cell(r), str(r["epochs"]),
+            processes_cell(r), epochs_cell(r),
             fmt(r.get("train_seconds"), ".1f"), fmt(r.get("images_per_second"), ",.0f"),
             fmt(r.get("test_accuracy"), ".4f"),
             fmt(r["epoch_losses"][-1] if ok and r.get("epoch_losses") else None, ".4f"),

@@ -427,15 +427,17 @@ def fed_rows(runner, data, epochs, batch_size, seed=0, rank=0, world=1, min_size
             for epoch in range(epochs)]
 
 
-def time_to_accuracy(epoch_seconds, accuracies, target):
+def time_to_accuracy(epoch_seconds, accuracies, target, first_epoch=0):
     """The training seconds (the epochs' own, evaluation left out) and epochs until the test accuracy first reached
-    `target` (checked after every epoch), or None and None where it never did; {} without a target."""
+    `target` (checked after every epoch), or None and None where it never did; {} without a target. A run resumed
+    after `first_epoch` epochs counts its epochs from the start and its seconds from there: the time before the
+    checkpoint is not this run's (first_epoch says so beside them)."""
     if target is None or not accuracies:
         return {}
     reached = next((i for i, accuracy in enumerate(accuracies) if accuracy >= target), None)
     seconds = None if reached is None else float(np.sum(epoch_seconds[:reached + 1]))
     return {"target_accuracy": target, "seconds_to_target": seconds,
-            "epochs_to_target": None if reached is None else reached + 1}
+            "epochs_to_target": None if reached is None else first_epoch + reached + 1}
 
 
 def most(records, key):
@@ -469,7 +471,7 @@ def summarize(records):
         "evaluated_by": records[0].get("evaluated_by"),   # how many processes shared the test split (shared_accuracy)
         "epoch_test_accuracies": records[0].get("epoch_test_accuracies") or None,
         **time_to_accuracy(epoch_seconds, records[0].get("epoch_test_accuracies"),
-                           (records[0].get("spec") or {}).get("target_accuracy")),
+                           (records[0].get("spec") or {}).get("target_accuracy"), records[0].get("first_epoch", 0)),
         "replica_spread": max(spreads) if spreads else None,
         # the optimizer's state one device holds (the most any holds; under --shard its slices): None for an engine
         "optimizer_state_bytes_per_device": most(records, "optimizer_state_bytes_per_device"),
