@@ -27,7 +27,7 @@ from harness.run.options import parse_args as parse_options
 from harness.run.outputs import check_outputs, output_paths, write_files
 from harness.run.plan import check_data, run_specs
 from harness.run.resume import check_same_data, previous_run
-from harness.run.trials import planned_trials, run_trials
+from harness.run.trials import all_done, planned_trials, run_trials
 from harness.studies.benchmark import add_scaling
 from harness.training.checkpoints import check_resume
 
@@ -62,7 +62,7 @@ def compare(args):
           f"fingerprint {dataset['fingerprint']}", file=sys.stderr)
     specs = list(run_specs(args))
     labels, trials, wanted = planned_trials(args, specs, old)
-    env = environment()
+    env = old["environment"] if old and all_done(trials, wanted) else environment()   # a finished run keeps its own
     runs = run_trials(args, env, dataset, specs, labels, trials, wanted)
     return report(args, env, dataset, runs)
 

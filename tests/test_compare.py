@@ -275,10 +275,26 @@ def test_resume_continues_a_file_written_before_a_setting_existed(tmp_path):
     assert previous_run(args)["settings"] == written
     with pytest.raises(RosettaError, match=r"accumulate \[1\] there, \[4\] here"):
         previous_run(compare.parse_args(["--json", str(path), "--resume", "--accumulate", "4"]))
+    # rows of another version of the code: every row of a file carries its one commit
+    path.write_text(json.dumps({"settings": written, "runs": [], "environment": {"commit": "0000000"}}))
+    with pytest.raises(RosettaError, match=r"written at commit 0000000, this checkout is at [0-9a-f]+: rows of two"):
+        previous_run(args)
+    path.write_text(json.dumps({"settings": written, "runs": []}))
     # rows trained on from a checkpoint are another run's than rows trained from the start: never mixed
     args.resume_from = str(tmp_path / "pytorch-scratch-2d-1p-epoch3.pt")
     with pytest.raises(RosettaError, match=r"resume_from None there, '.*epoch3.pt' here"):
         previous_run(args)
+
+
+def test_resuming_a_finished_run_measures_nothing_and_keeps_its_environment(monkeypatch):
+    """Nothing is left to run: the file's load record (where it ran, how busy) stays. A 15 ms window of load replaced
+    it, and its warning said the run was not quiet, which the site then published."""
+    from harness.run import trials
+    monkeypatch.setattr(trials, "LoadRecord", lambda: pytest.fail("load measured for a run with nothing to run"))
+    monkeypatch.setattr(trials, "write_results", lambda *args: "the rows as kept")
+    env = {"load": {"other_cpu_seconds": 1.0}}
+    assert trials.run_trials(None, env, None, [], ["r"], [[{"status": "ok"}]], [1]) == "the rows as kept"
+    assert env == {"load": {"other_cpu_seconds": 1.0}}
 
 
 def test_one_step_has_no_steady_state_throughput():
@@ -311,3 +327,85 @@ def test_every_bar_of_the_plot_names_its_row():
     names = [label(r) for r in variants]
     assert len(set(names)) == 8 and names[0] == names[2]
     assert names[1] == "jax scratch jax.jit NHWC/HWIO 2d/2p, bucketed, core per device"
+
+
+def test_the_csv_holds_every_column_the_table_shows(tmp_path):
+    """usage.md: "--csv PATH holds every column of the printed tables". Rows of --per-device-batch 8,64 --devices 1,2
+    (a batch column) and of --shard none,parameters (shard, params/device, opt. state/device columns) wrote CSV lines
+    the same but for their speed: the file had none of those columns."""
+    from harness.publishing.tables import OPTIONAL_COLUMNS, table_cells
+    base = {"framework": "pytorch", "mode": "scratch", "exec": "eager", "layout": "NHWC", "processes": 1, "epochs": 1,
+            "status": "ok", "images_per_second": 1000.0}
+    batches = [{**base, "batch_size": b * d, "devices": d} for b in (8, 64) for d in (1, 2)]
+    shards = [{**base, "batch_size": 256, "devices": 2, "shard": shard, "parameter_bytes_per_device": p,
+               "optimizer_state_bytes_per_device": o}
+              for shard, p, o in (("none", 246824, 246824), ("parameters", 123412, 123412))]
+    fields = {heading: fields for *_, headings, _, fields in OPTIONAL_COLUMNS for heading in headings}
+    for rows, headings in ((batches, ["batch"]), (shards, ["shard", "params/device", "opt. state/device"])):
+        read = read_csv(tmp_path, rows)
+        assert all(h in table_cells(rows)[0] for h in headings)
+        assert all(f in read[0] for h in headings for f in fields[h]), list(read[0])
+        assert len({tuple(line.values()) for line in read}) == len(rows)   # no two lines alike
+    assert [line["batch_size"] for line in read_csv(tmp_path, batches)] == ["8", "16", "64", "128"]
+    assert [(line["shard"], line["parameter_bytes_per_device"]) for line in read_csv(tmp_path, shards)] == [
+        ("none", "246824"), ("parameters", "123412")]
+    for rows, field in ((batches[:1], "batch_size"), (shards[:1], "shard")):   # a column only where the table has it
+        assert field not in read_csv(tmp_path, rows)[0] and field not in table_cells(rows)[0]
+
+
+def read_csv(tmp_path, rows):
+    """The lines write_csv writes for `rows`, read back."""
+    import csv
+    from harness.studies.benchmark import write_csv
+    write_csv(tmp_path / "rows.csv", rows, {})
+    with open(tmp_path / "rows.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_bars_of_rows_of_several_batches_are_told_apart():
+    """--per-device-batch 8,64: the plot labelled the 1-device rows of batch 8 and 64 alike."""
+    from harness.publishing.plots import label
+    row = {"framework": "pytorch", "mode": "scratch", "exec": "eager", "layout": "NHWC (channels_last)", "devices": 1,
+           "processes": 1, "cores": "shared", "trials": 1}
+    names = [label({**row, "batch_size": b}) for b in (8, 64, 256)]
+    assert len(set(names)) == 3 and names[2] == label(row) == "pytorch scratch eager NHWC 1d/1p, 1 trial"
+    assert names[0] == "pytorch scratch eager NHWC 1d/1p, batch 8, 1 trial"
+    resnet = {**row, "model": "resnet18", "width": 8}
+    assert label({**resnet, "bn": "local"}) != label({**resnet, "bn": "sync"})
+
+
+def test_the_json_and_the_csv_may_not_name_one_file(tmp_path, capsys):
+    """--json and --csv naming the same file: the CSV was written over the JSON, and --resume could not read it."""
+    import compare
+    from common.interface import RosettaError
+    from harness.run.outputs import check_outputs
+    same = str(tmp_path / "same.out")
+    args = compare.parse_args(["--frameworks", "pytorch", "--json", same, "--csv", same])
+    with pytest.raises(RosettaError, match="--json and --csv name the same file"):
+        check_outputs(args)
+    assert compare.main(["--frameworks", "pytorch", "--json", same, "--csv", str(tmp_path / ".." / tmp_path.name /
+                                                                              "same.out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --json and --csv name the same file") and len(err.strip().splitlines()) == 1
+    assert not os.path.exists(same)
+
+
+def test_a_row_too_short_for_the_profile_s_window_is_said_once(tmp_path, capsys):
+    """--profile traces the 3rd to 5th steps: a row of 2 steps (512 images, batch 256, one epoch) wrote no trace
+    and said nothing. One line names it, before the first row, however often the files are written."""
+    import compare
+    from harness.run.outputs import write_results
+    from harness.run.plan import row_label, run_specs
+    from harness.training.profile import WINDOW
+    args = compare.parse_args(["--frameworks", "pytorch", "--mode", "scratch", "--devices", "2", "--processes", "2",
+                               "--dataset", "synthetic", "--n-synthetic", "768", "--epochs", "1",
+                               "--per-device-batch", "64,128,192", "--profile", str(tmp_path)])
+    specs = list(run_specs(args))
+    labels = [row_label(spec) for spec, _ in specs]
+    for _ in range(2):
+        write_results(args, {}, {"n_train": 768}, specs, labels, [[] for _ in specs], [1] * len(specs))
+    err = capsys.readouterr().err.splitlines()
+    assert WINDOW == "steps 3-5" and len(err) == 1, err   # 6 steps at batch 128: the window whole, not named
+    assert err[0] == ("note: --profile traces steps 3-5 of each row, counted from 1; too few steps in "
+                      "pytorch scratch (default), 2 device(s), 2 process(es): 3 step(s), step 3 only; "
+                      "pytorch scratch (default), 2 device(s), batch 384, 2 process(es): 2 step(s), no trace")

@@ -6,6 +6,7 @@ import sys
 
 from common.interface import RosettaError
 
+from ..publishing.provenance import commit
 from ..spec import RMSPROP_FIELDS, SCHEDULE_FIELDS, default
 
 # What decides a run's rows and numbers: --resume continues a file only if all of these are the same.
@@ -45,6 +46,11 @@ def previous_run(args):
     if differ:
         raise RosettaError(f"--resume: {args.json} holds a run with other settings ({'; '.join(differ)}); "
                            f"run without --resume to start afresh, or give another --json")
+    here, there = commit()[0], (old.get("environment") or {}).get("commit")
+    if here and there and here != there:   # every row of a file carries the file's one commit
+        raise RosettaError(f"--resume: {args.json} was written at commit {there}, this checkout is at {here}: rows of "
+                           "two versions of the code are never mixed; run without --resume to start afresh, or give "
+                           "another --json")
     return old
 
 

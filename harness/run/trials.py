@@ -35,8 +35,15 @@ def planned_trials(args, specs, old):
     return labels, trials, wanted
 
 
+def all_done(trials, wanted):
+    """Whether every row has the trials it needs: a finished run, resumed."""
+    return all(len(row_trials) >= need for row_trials, need in zip(trials, wanted))
+
+
 def run_trials(args, env, dataset, specs, labels, trials, wanted):
     """Every row's missing trials, trial by trial, the files written after each; the rows as last written."""
+    if all_done(trials, wanted):   # a finished run resumed: nothing measured, its environment kept
+        return write_results(args, env, dataset, specs, labels, trials, wanted)
     timing = timing_view(vars(args))   # the benchmark, or repeated trials: speed is what the run is for
     if timing:
         calibrate(args, env, specs)
