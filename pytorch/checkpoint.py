@@ -16,7 +16,10 @@ one process by torch's own dcp_to_torch_save; the FSDP2 engine writes its checkp
 import contextlib
 import io
 import os
+import pickle
+import zipfile
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -30,12 +33,12 @@ from common.interface import RosettaError
 from common import resnet
 from common.loss_scaling import ScalerState
 from common.optim import Optimizer
-from common.lenet import PARAM_NAMES, init_weights
+from common.lenet import PARAM_NAMES, PARAM_SHAPES, init_weights
 
 from . import resnet as resnet_model
 from .idiomatic import param_names
 from .lenet import build_model
-from .optimizer import canonical_state, get_trainer
+from .optimizer import NAMES_BY_COUNT, canonical_state, get_trainer
 
 KEYS = {name: name for name in PARAM_NAMES}   # canonical name -> key in the file
 CHANNELS_LAST = False                          # PyTorch's layout is the canonical one
@@ -83,6 +86,9 @@ def model_state(path):
     """The model's state_dict in the file (the file itself, or a general checkpoint's model part), without a wrapped
     model's prefix."""
     state = parts(loaded(path))["model"]
+    if state is None:
+        raise RosettaError("a torch.optim state_dict alone (optimizer.state_dict()), not a model's: convert the "
+                           "model's state_dict file and give this one with --state PATH")
     consume_prefix_in_state_dict_if_present(state, WRAPPED)
     return state
 
@@ -97,7 +103,13 @@ def loaded(path):
     """What torch.save saved in the file, or what dcp.save saved in the directory, gathered whole on this process
     (dcp_to_torch_save's own reading, DTensor shards put together into plain tensors)."""
     if not is_distributed(path):
-        return torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:   # weights_only refuses any class but torch's tensors' and containers'
+            if pickled_module(path):
+                raise RosettaError("a whole pickled model (torch.save(model)), which is read only by running its "
+                                   "code: save model.state_dict() and convert that") from None
+            raise
     whole = io.BytesIO()
     try:
         dcp_to_torch_save(path, whole)
@@ -107,6 +119,17 @@ def loaded(path):
         raise ValueError(f"{type(failure).__name__}: {failure}") from None
     whole.seek(0)
     return torch.load(whole, weights_only=True)
+
+
+def pickled_module(path):
+    """Whether torch.save pickled an nn.Module whole into `path` (torch.save(model)): its pickle names torch.nn's
+    layer classes, which no state_dict holds."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(b"torch.nn.modules" in archive.read(name) for name in archive.namelist()
+                       if name.endswith("data.pkl"))
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def save_sharded(net, trainer, replacing):
@@ -145,6 +168,8 @@ def parts(saved):
         raise ValueError(f"holds a {type(saved).__name__}, not a state_dict")
     if all(isinstance(value, torch.Tensor) for value in saved.values()):
         return {"model": saved, "optimizer": None, "scheduler": None, "scaler": None}
+    if {"state", "param_groups"} <= set(saved):   # optimizer.state_dict() alone, as the tutorials save it beside
+        return {"model": None, "optimizer": numbered(saved), "scheduler": None, "scaler": None}   # the model's
     found = {"model": [], "optimizer": [], "scheduler": [], "scaler": []}
     for key, value in entries(saved):
         if all(isinstance(v, torch.Tensor) for v in value.values()):
@@ -246,13 +271,78 @@ def read_state(path):
     if found is None:
         return canonical_state(loaded(path))
     optimizer = {key: found["optimizer"][key] for key in ("state", "param_groups")}
-    canonical = canonical_names(found["optimizer"].get("names"))
-    return canonical_state({"optimizer": optimizer, "scheduler": {"last_epoch": steps_of(found)}}, canonical)
+    canonical = canonical_names(found["optimizer"].get("names")) or given_names(optimizer)
+    state = canonical_state({"optimizer": optimizer, "scheduler": {"last_epoch": steps_of(found)}}, canonical)
+    return with_frozen(state)
 
 
 def canonical_names(names):
-    """The buffers' own names where they are the network's canonical ones (the LeNet's or the ResNet's), else None."""
-    return names if names and set(names) in ({*PARAM_NAMES}, {*resnet.PARAM_NAMES}) else None
+    """The buffers' own names where they are the network's canonical ones (the LeNet's or the ResNet's, or some of
+    them: an optimizer given the trainable parameters alone), else None."""
+    return names if names and any(set(names) <= {*network} for network in (PARAM_NAMES, resnet.PARAM_NAMES)) else None
+
+
+FINE_TUNING = ("a fine-tuning state (parameters frozen, with requires_grad=False): ")
+
+
+def given_names(optimizer):
+    """The LeNet's parameters a torch.optim optimizer was given, in order, where it was given fewer than all (the
+    trainable ones of a fine-tuning run: filter(lambda p: p.requires_grad, model.parameters())) and its buffers'
+    shapes tell which, one way only (the LeNet's parameters all differ in shape); None where it was given all of
+    them. One line where the file cannot say."""
+    count = sum(len(group["params"]) for group in optimizer["param_groups"])
+    if count in NAMES_BY_COUNT or count > len(resnet.PARAM_NAMES):   # all, or no network's (canonical_state says)
+        return None
+    shapes = [(name, PARAM_SHAPES[name]) for name in PARAM_NAMES]   # in the network's order
+    if count < len(shapes):
+        held = [optimizer["state"].get(i) for i in range(count)]
+        shape = [None if not buffers else next(tuple(v.shape) for k, v in buffers.items() if k != "step")
+                 for buffers in held]
+        ways = list(embeddings(shape, shapes))
+        if len(ways) == 1:
+            return [shapes[j][0] for j in ways[0]]
+    raise RosettaError(f"{FINE_TUNING}its optimizer was given {count} parameters, and which of the network's the "
+                       "file does not say: give the optimizer model.named_parameters() (torch 2.6+ saves their "
+                       "names), or all of model.parameters() (a frozen one gets no buffer)")
+
+
+def embeddings(shape, shapes, start=0):
+    """Every increasing choice of positions in `shapes` ((name, shape) in the network's order) whose shapes are
+    `shape`'s in order (None: any)."""
+    if not shape:
+        yield ()
+        return
+    for j in range(start, len(shapes) - len(shape) + 1):
+        if shape[0] is None or tuple(shapes[j][1]) == shape[0]:
+            for rest in embeddings(shape[1:], shapes, j + 1):
+                yield (j, *rest)
+
+
+def with_frozen(state):
+    """The canonical state with a zero momentum buffer for every parameter that has none (torch.optim's SGD makes a
+    parameter's buffer at its first gradient, buf = grad, and so never for a frozen one): the same as torch's next
+    update, mu * 0 + grad = grad, whether the parameter stays frozen or not (dampening is refused elsewhere). Other
+    optimizers count each parameter's steps, which the target's one count cannot: one line."""
+    slots = {key.split(".", 1)[0] for key in state if key != "step"}
+    held = {key.split(".", 1)[1] for key in state if key != "step"}
+    if not slots:
+        return state
+    network = resnet.PARAM_NAMES if held - set(PARAM_NAMES) else PARAM_NAMES
+    missing = [name for name in network if name not in held]
+    if not missing:
+        return state
+    if slots != {"momentum_buffer"}:
+        raise RosettaError(f"{FINE_TUNING}no {', '.join(sorted(slots))} for {len(missing)} of the network's "
+                           f"parameters ({missing[0]}, ...), whose steps torch.optim counts apart and the target's "
+                           "one count cannot: convert the model's state_dict alone (the weights)")
+    if network is PARAM_NAMES:
+        shapes = PARAM_SHAPES
+    else:
+        name = next(iter(held))
+        width = state[f"momentum_buffer.{name}"].shape[0] // resnet.param_shapes(1)[name][0]
+        shapes = resnet.param_shapes(width)
+    dtype = next(a.dtype for key, a in state.items() if key != "step")
+    return {**state, **{f"momentum_buffer.{name}": np.zeros(shapes[name], dtype) for name in missing}}
 
 
 def steps_of(found):

@@ -174,6 +174,11 @@ def test_a_general_checkpoint_it_cannot_carry_is_one_line(tmp_path, networks, ca
     from pytorch_lenet import build_model
     model = build_model(init_weights())
     sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for p in model.conv1.parameters():   # fine-tuning: conv1 frozen, so Adam makes no state for it
+        p.requires_grad = False
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+    torch.nn.functional.cross_entropy(model(torch.zeros(2, 1, 28, 28)), torch.tensor([0, 1])).backward()
+    adam.step()
     cases = {
         "scheduler": ({"model": model.state_dict(), "optimizer": sgd.state_dict(),
                        "scheduler": torch.optim.lr_scheduler.StepLR(sgd, 10).state_dict()}, "scheduler's state"),
@@ -197,6 +202,17 @@ def test_a_general_checkpoint_it_cannot_carry_is_one_line(tmp_path, networks, ca
             [{"params": [p for n, p in model.named_parameters() if n.endswith("weight")], "weight_decay": 5e-4},
              {"params": [p for n, p in model.named_parameters() if n.endswith("bias")], "weight_decay": 0.0}],
             lr=0.1, momentum=0.9).state_dict()}, "with different settings (as no weight decay on the biases makes)"),
+        "frozen adam": ({"model": model.state_dict(), "optimizer": adam.state_dict()},
+                        "a fine-tuning state (parameters frozen, with requires_grad=False): no exp_avg, exp_avg_sq "
+                        "for 2 of the network's parameters (conv1.weight, ...)"),
+        # the optimizer given the trainable ones alone, before any update: the file says neither which nor their shapes
+        "fewer parameters": ({"model": model.state_dict(), "optimizer": torch.optim.SGD(
+            list(model.parameters())[2:], lr=0.1, momentum=0.9).state_dict()},
+            "a fine-tuning state (parameters frozen, with requires_grad=False): its optimizer was given 6 parameters"),
+        "whole model": (model, "a whole pickled model (torch.save(model)), which is read only by running its code: "
+                               "save model.state_dict() and convert that"),
+        "optimizer alone": (sgd.state_dict(), "a torch.optim state_dict alone (optimizer.state_dict()), not a model's: "
+                                              "convert the model's state_dict file and give this one with --state PATH"),
     }
     for name, (content, says) in cases.items():
         path = tmp_path / f"{name.replace(' ', '-')}.pt"
@@ -230,3 +246,48 @@ def test_named_parameter_groups_in_any_order_carry_each_buffer_to_its_parameter(
     for name, p in named:
         np.testing.assert_array_equal(state[f"momentum_buffer.{name}"], sgd.state[p]["momentum_buffer"].numpy(),
                                       err_msg=name)
+
+
+@pytest.mark.parametrize("save", ["general checkpoint", "state_dicts apart"])
+def test_a_fine_tuning_run_s_frozen_layer_continues_as_torch_s_own_once_unfrozen(save, batches, tmp_path, networks,
+                                                                                 capsys):
+    """Fine-tuning with conv1 frozen: torch.optim's SGD makes no momentum buffer for a parameter without a gradient,
+    and at its first gradient sets buf = grad, which is mu * 0 + grad: the converter's zero buffer. Stock torch code
+    unfreezes conv1 and goes on; stock Optax code from the converted files, over every parameter, follows it. The
+    optimizer given the trainable parameters alone (filter, as fine-tuning tutorials write it) or all of them, saved in
+    a general checkpoint, or as the tutorial's two state_dicts apart, the optimizer's given with --state."""
+    framework_or_skip("pytorch")
+    import torch
+    import torch.nn.functional as F
+    from common.lenet import init_weights
+    from pytorch_lenet import build_model
+    model = build_model(init_weights())
+    for p in model.conv1.parameters():
+        p.requires_grad = False
+    trainable = filter(lambda p: p.requires_grad, model.parameters())
+    optimizer = torch.optim.SGD(trainable if save == "general checkpoint" else model.parameters(), lr=0.005,
+                                momentum=0.9)
+    losses = []
+    for step, (X, y) in enumerate(batches[:BEFORE + AFTER]):
+        if step == BEFORE:
+            if save == "general checkpoint":
+                torch.save({"epoch": 1, "model_state_dict": model.state_dict(),
+                            "optimizer_state_dict": optimizer.state_dict()}, tmp_path / "lenet-epoch1.pt")
+                optimizer.add_param_group({"params": list(model.conv1.parameters())})
+            else:
+                torch.save(model.state_dict(), tmp_path / "lenet-epoch1.pt")
+                torch.save(optimizer.state_dict(), tmp_path / "optimizer.pt")
+            for p in model.conv1.parameters():   # unfrozen: its buffer is made at its first gradient
+                p.requires_grad = True
+        loss = F.cross_entropy(model(torch.from_numpy(X)), torch.from_numpy(y).long())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    given = [] if save == "general checkpoint" else ["--state", str(tmp_path / "optimizer.pt")]
+    assert convert.main([str(tmp_path / "lenet-epoch1.pt"), str(tmp_path / "lenet-epoch1.orbax"), *given]) == 0, \
+        capsys.readouterr().err
+    assert "with momentum's state" in capsys.readouterr().out
+    optax_losses = optax_program(batches[BEFORE:BEFORE + AFTER], tmp_path, {"learning_rate": 0.005, "momentum": 0.9},
+                                 0)
+    np.testing.assert_allclose(optax_losses, losses[BEFORE:], rtol=1e-5, err_msg="Optax's continued losses")

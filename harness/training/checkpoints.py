@@ -156,6 +156,8 @@ def read_model(framework, path):
         raise RosettaError(f"{path}: no such file or directory")
     try:
         arrays = checkpoint.read(path)
+    except RosettaError as err:   # a readable file of another kind: the reader says what it is and what to give
+        raise RosettaError(f"{path}: {err}") from None
     except Exception as err:   # every framework fails in its own words
         raise RosettaError(f"{path}: not a readable {FORMATS[framework]} file, or truncated ({reason(err)})")
     keys, extras = resnet_keys(framework)
@@ -302,6 +304,8 @@ def read_state(framework, path, optimizer=None, weights=None, given=None):
                            "a run of the recipe's plain SGD, or without its state")
     try:
         arrays = checkpoint.read_state(file)
+    except RosettaError as err:   # a readable file the reader cannot carry: it says why and what to do
+        raise RosettaError(f"{file}: {err}") from None
     except Exception as err:
         raise RosettaError(f"{file}: not a readable {framework} optimizer state, or truncated ({reason(err)})")
     step = arrays.pop("step", None)
