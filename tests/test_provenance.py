@@ -48,3 +48,11 @@ def test_every_csv_row_carries_the_provenance(tmp_path):
     for r in table:
         assert {k: r[k] for k in CSV_COLUMNS} == {k: str(env[k]) for k in CSV_COLUMNS}
     assert [k for k in table[0] if not any(r[k] for r in table)] == []   # no column that no row fills (usage.md)
+
+
+def test_the_published_command_runs_the_whole_run():
+    """The site shows the file's command without its outputs and without --resume, which needs the --json it drops
+    (the page showed a command that fails: "--resume ... needs the --json PATH"); --resume-from stays."""
+    from harness.publishing.published import command
+    recorded = "compare.py --resume --json r.json --csv r.csv --epochs 3 --resume-from ck/pytorch-epoch1.pt --resume"
+    assert command({"command": recorded}) == "compare.py --epochs 3 --resume-from ck/pytorch-epoch1.pt"

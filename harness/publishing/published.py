@@ -149,8 +149,9 @@ def markdown(result):
 
 
 def command(env):
-    """The command the file records, less where it wrote its outputs (the files are linked beside it)."""
-    return re.sub(r" --(json|csv|plot) \S+", "", env["command"])
+    """The command the file records, less where it wrote its outputs (the files are linked beside it) and --resume
+    (which continues a --json file: the command as published runs the whole run)."""
+    return re.sub(r" --(json|csv|plot) \S+| --resume(?=\s|$)", "", env["command"])
 
 
 def plot_alt(result):
