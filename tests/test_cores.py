@@ -168,3 +168,18 @@ def test_the_benchmark_reports_both_core_settings_in_every_file(benchmark_run):
     assert "Where each step of several devices goes" in markdown
     assert "| builtin (eager+DDP), bucketed all-reduce, 2 devices, 2 processes |" in markdown
     assert float(table[4]["allreduce_ms"]) == pytest.approx(1e3 * runs[4]["allreduce_alone_seconds"], abs=0.01)
+
+
+def test_scaling_is_against_the_1_device_row_of_the_same_batch_per_device():
+    """--per-device-batch 8,64 --devices 1,2: every row was against the batch-8 row (5.46 and 12.20 for the 2-device
+    rows). A row of --per-device-batch is against the 1-device row of its batch per device; a row of --batch-size
+    (every device count sharing one batch) against the 1-device row of its batch, as before; sharded against sharded."""
+    rows = [{**row("pytorch", "scratch", "eager", d, 1, "shared", ips), "batch_size": b}
+            for b, d, ips in ((8, 1, 500), (16, 2, 900), (64, 1, 2000), (128, 2, 3000))]
+    plain = [{**row("pytorch", "scratch", "eager", d, 1, "shared", ips), "batch_size": 256, "shard": shard}
+             for d, ips, shard in ((1, 1000, "none"), (2, 1600, "none"), (1, 800, "parameters"), (2, 1200, "parameters"))]
+    add_scaling(rows + plain)
+    assert [r["scaling_efficiency"] for r in rows] == pytest.approx([1.0, 0.9, 1.0, 0.75])
+    assert rows[3]["scaling_base"] == "scratch (eager), 1 device, batch 64"
+    assert [r["scaling_efficiency"] for r in plain] == pytest.approx([1.0, 0.8, 1.0, 0.75])
+    assert plain[1]["scaling_base"] == "scratch (eager), 1 device"

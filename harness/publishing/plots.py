@@ -12,7 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from common.interface import RosettaError  # noqa: E402
 
 from ..files import replaced_atomically  # noqa: E402
-from ..spec import variant  # noqa: E402
+from ..spec import default, variant  # noqa: E402
 
 COLORS = {"pytorch": "tab:red", "mxnet": "tab:blue", "tensorflow": "tab:orange", "jax": "tab:green"}
 
@@ -21,8 +21,10 @@ def label(r):
     cores = ", core per device" if r.get("cores") == "per-device" else ""
     trials = "" if r.get("trials", 1) > 1 else ", 1 trial"
     layout = (r.get("layout") or "").split(" ")[0]   # NCHW, NHWC: two rows may differ only there
-    return (f"{r['framework']} {r['mode']} {r.get('exec') or ''} {layout} {r['devices']}d/{r['processes']}p"
-            f"{variant(r)}{cores}{trials}")   # or only in their all-reduce, precision, sharding, accumulation
+    model = f" {r['model']} w{r.get('width')} {r.get('bn')} BN" if (r.get("model") or "lenet") != "lenet" else ""
+    batch = f", batch {r['batch_size']}" if r.get("batch_size") not in (None, default("batch_size")) else ""
+    return (f"{r['framework']}{model} {r['mode']} {r.get('exec') or ''} {layout} {r['devices']}d/{r['processes']}p"
+            f"{batch}{variant(r)}{cores}{trials}")   # or only in their batch, BatchNorm, all-reduce, precision, ...
 
 
 def image_format(path):

@@ -85,6 +85,24 @@ def has_buckets(runs):
     return any(r.get("allreduce") == "bucketed" for r in runs)
 
 
+def several_batches(runs):
+    return len({r.get("batch_size") for r in runs}) > 1
+
+
+def sets(field):
+    """Whether a row sets `field` to other than a run without its option has (harness/spec.py's default)."""
+    plain = default(field)
+    return lambda runs: any((r.get(field) or plain) != plain for r in runs)
+
+
+def before(name):
+    return lambda columns: columns.index(name)
+
+
+def after(name):
+    return lambda columns: columns.index(name) + 1
+
+
 def allreduce_cell(r):
     """How the scratch step summed the gradients (--allreduce); an engine sums them its own way ("-"), but for the
     one that runs --allreduce bucketed (JAX's psum, written by hand: the plan refuses it to the others)."""
@@ -194,10 +212,27 @@ def format_table(runs, timing=False, markdown=False):
     return render(*table_cells(runs, timing), markdown=markdown)
 
 
-def after_layout(columns, rows, runs, names, cells):
-    """The table with columns `names` after the layout's, each row's from cells(run): a setting a row may change."""
-    at = columns.index("layout") + 1
-    return (*columns[:at], *names, *columns[at:]), [[*row[:at], *cells(r), *row[at:]] for row, r in zip(rows, runs)]
+# The columns a table shows only where a row needs them, in the order they are put in (each "after the layout" goes
+# in next to it): (shown(rows), where, headings, the row's cells, the CSV's fields that hold the same). The CSV
+# (harness/studies/benchmark.py write_csv) leaves those fields out where the table leaves the columns out.
+OPTIONAL_COLUMNS = (
+    (several_batches, before("devices"), ["batch"], lambda r: [str(r.get("batch_size") or "-")],   # global batches
+     ("batch_size",)),
+    (has_buckets, after("layout"), ["all-reduce"], lambda r: [allreduce_cell(r)],   # per parameter or per bucket
+     ("allreduce",)),
+    (sets("allreduce_dtype"), after("layout"), ["all-reduce dtype"],   # the gradients' sum
+     lambda r: [r.get("allreduce_dtype") or "fp32"], ("allreduce_dtype",)),
+    (sets("precision"), after("layout"), ["precision"], lambda r: [r.get("precision") or "fp32"],   # the network's
+     ("precision",)),
+    (sets("shard"), after("layout"), ["shard", "params/device", "opt. state/device"],   # ZeRO's stage, what it keeps
+     lambda r: [r.get("shard") or "none", bytes_cell(r.get("parameter_bytes_per_device")),
+                bytes_cell(r.get("optimizer_state_bytes_per_device"))],
+     ("shard", "parameter_bytes_per_device", "optimizer_state_bytes_per_device")),
+    (sets("accumulate"), after("layout"), ["accumulate"], lambda r: [str(r.get("accumulate") or 1)],   # micro-batches
+     ("accumulate",)),
+    (has_resnet, after("framework"), MODEL_COLUMNS, model_cells,   # the network, its BatchNorm's distinct states
+     ("model", "width", "bn", "bn_states", "bn_replicas")),
+)
 
 
 def table_cells(runs, timing=False):
@@ -210,27 +245,11 @@ def table_cells(runs, timing=False):
         at = columns.index("test acc")
         columns = (*columns[:at], f"s to {'/'.join(f'{t:g}' for t in targets)} acc", *columns[at:])
         rows = [[*row[:at], target_cell(r), *row[at:]] for row, r in zip(rows, runs)]
-    if len({r.get("batch_size") for r in runs}) > 1:   # before the devices: rows of several global batches
-        at = columns.index("devices")
-        columns = (*columns[:at], "batch", *columns[at:])
-        rows = [[*row[:at], str(r.get("batch_size") or "-"), *row[at:]] for row, r in zip(rows, runs)]
-    if has_buckets(runs):   # after the layout: one all-reduce per parameter or per bucket
-        columns, rows = after_layout(columns, rows, runs, ["all-reduce"], lambda r: [allreduce_cell(r)])
-    if any((r.get("allreduce_dtype") or "fp32") != "fp32" for r in runs):   # after the layout: the gradients' sum
-        columns, rows = after_layout(columns, rows, runs, ["all-reduce dtype"],
-                                     lambda r: [r.get("allreduce_dtype") or "fp32"])
-    if any((r.get("precision") or "fp32") != "fp32" for r in runs):   # after the layout: what the network computes in
-        columns, rows = after_layout(columns, rows, runs, ["precision"], lambda r: [r.get("precision") or "fp32"])
-    if any((r.get("shard") or "none") != "none" for r in runs):   # after the layout: ZeRO's stage and what it keeps
-        columns, rows = after_layout(columns, rows, runs, ["shard", "params/device", "opt. state/device"],
-                                     lambda r: [r.get("shard") or "none",
-                                                bytes_cell(r.get("parameter_bytes_per_device")),
-                                                bytes_cell(r.get("optimizer_state_bytes_per_device"))])
-    if any((r.get("accumulate") or 1) > 1 for r in runs):   # after the layout: the micro-batches per update
-        columns, rows = after_layout(columns, rows, runs, ["accumulate"], lambda r: [str(r.get("accumulate") or 1)])
-    if has_resnet(runs):   # after the framework: the network, and the BatchNorm's distinct running states
-        columns = (columns[0], *MODEL_COLUMNS, *columns[1:])
-        rows = [[row[0], *model_cells(r), *row[1:]] for row, r in zip(rows, runs)]
+    for shown, at, names, cells, _ in OPTIONAL_COLUMNS:
+        if shown(runs):
+            i = at(columns)
+            columns = (*columns[:i], *names, *columns[i:])
+            rows = [[*row[:i], *cells(r), *row[i:]] for row, r in zip(rows, runs)]
     return list(columns), rows
 
 

@@ -8,10 +8,10 @@ from common.precision import wire_bytes
 
 from ..publishing.provenance import CSV_COLUMNS
 from ..files import replaced_atomically
-from ..publishing.tables import has_buckets, has_resnet
+from ..publishing.tables import OPTIONAL_COLUMNS
 
-ROW_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "accumulate", "precision",
-           "allreduce_dtype", "devices", "processes", "cores")
+ROW_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "shard", "accumulate",
+           "precision", "allreduce_dtype", "batch_size", "devices", "processes", "cores")
 TRIAL_METRICS = ("images_per_second", "train_seconds", "epoch_seconds_median", "input_seconds_median",
                  "first_step_seconds",
                  "startup_seconds", "test_accuracy", "seconds_to_target", "peak_rss_bytes", "train_memory_bytes",
@@ -26,10 +26,14 @@ CSV_FIELDS = (
     ("mode", lambda r: r["mode"], None),
     ("exec", lambda r: r.get("exec"), None), ("compiles", lambda r: r.get("compiles"), None),
     ("layout", lambda r: r.get("layout"), None), ("allreduce", lambda r: r.get("allreduce"), None),
+    ("shard", lambda r: r.get("shard", "none"), None),
+    ("parameter_bytes_per_device", lambda r: r.get("parameter_bytes_per_device"), None),
+    ("optimizer_state_bytes_per_device", lambda r: r.get("optimizer_state_bytes_per_device"), None),
     ("accumulate", lambda r: r.get("accumulate", 1), None), ("precision", lambda r: r.get("precision", "fp32"), None),
     ("allreduce_dtype", lambda r: r.get("allreduce_dtype", "fp32"), None),
     ("allreduce_bytes", lambda r: r.get("allreduce_bytes"), None),
     ("cores", lambda r: r.get("cores"), None), ("threads_per_process", lambda r: r.get("threads"), None),
+    ("batch_size", lambda r: r.get("batch_size"), None),
     ("devices", lambda r: r["devices"], None), ("processes", lambda r: r["processes"], None),
     ("hosts", lambda r: len(r["hosts"]) if r.get("hosts") else None, None),
     ("epochs", lambda r: r.get("epochs"), None), ("trials", lambda r: r.get("trials"), None),
@@ -48,9 +52,10 @@ CSV_FIELDS = (
     ("scaling_efficiency_min", lambda r: r.get("scaling_efficiency_min"), 3),
     ("scaling_efficiency_max", lambda r: r.get("scaling_efficiency_max"), 3),
     ("scaling_base", lambda r: r.get("scaling_base"), None),
+    ("scaling_base_images_per_second", lambda r: r.get("scaling_base_images_per_second"), 1),
     *((f"{part}_ms", lambda r, part=part: 1e3 * r["step_split"][part] if part in r.get("step_split", {}) else None,
        2)
-      for part in ("allreduce", "compute", "input", "sharing", "lockstep", "rest")),
+      for part in ("step", "allreduce", "compute", "input", "sharing", "lockstep", "rest")),
     ("train_memory_mib", lambda r: mib(r.get("train_memory_bytes")), 0),
     ("peak_rss_mib", lambda r: mib(r.get("peak_rss_bytes")), 0),
     ("peak_device_memory_mib", lambda r: mib(r.get("peak_device_memory_bytes")), 0),
@@ -63,11 +68,11 @@ CSV_FIELDS = (
     ("error", lambda r: r.get("error"), None),
 )
 # A column no row has a value for is left out of a file (write_csv): device memory exists only on GPUs, errors only
-# when a row failed, the hosts only in a run over several, the share of peak only in a timed run. These columns are
-# also left out where every row has the value a run without their option gives:
-MODEL_CSV_FIELDS = ("model", "width", "bn", "bn_states", "bn_replicas")   # only in a file with a ResNet row
-ALLREDUCE_CSV_FIELDS = ("allreduce",)   # only in a file with a bucketed row
-DEFAULTED_CSV_FIELDS = {"accumulate": 1, "precision": "fp32", "allreduce_dtype": "fp32"}   # only where a row sets one
+# when a row failed, the hosts only in a run over several, the share of peak only in a timed run. The fields of the
+# columns a table shows only where a row needs them (tables.OPTIONAL_COLUMNS: the network and its BatchNorm, several
+# batches, bucketed all-reduces, a precision, all-reduce dtype, sharding or accumulation a row sets) are left out
+# where the table leaves those out: each field by the test of its table column.
+SHOWN_WHERE = {field: shown for shown, *_, fields in OPTIONAL_COLUMNS for field in fields}
 
 
 def mib(n):
@@ -109,28 +114,43 @@ def aggregate(trials):
     return row
 
 
-# what a row and its 1-device base share
-SCALING_KEY = ("framework", "mode", "exec", "layout", "allreduce", "accumulate", "precision", "cores")
+# what a row and its 1-device base share, beside the batch each device computes (scaling_base)
+SCALING_KEY = ("framework", "model", "width", "bn", "mode", "exec", "layout", "allreduce", "shard", "accumulate",
+               "precision", "cores")
 
 
 def add_scaling(rows):
-    """Throughput at N devices / (N x throughput at 1 device): the same framework, mode, exec, layout and
-    cores setting. A built-in engine timed only on several devices is compared with its framework's scratch
-    step on 1 device in the same cores setting, when exactly one such row exists (`scaling_base` says so)."""
+    """Throughput at N devices / (N x throughput at 1 device): the 1-device row of the same settings (SCALING_KEY)
+    and batch per device (scaling_base). A built-in engine timed only on several devices is compared with its
+    framework's scratch step on 1 device in the same cores setting and batch, when exactly one such row exists
+    (`scaling_base` says so)."""
     single = [r for r in rows if r["status"] == "ok" and r["devices"] == 1 and r["processes"] == 1
               and r.get("images_per_second")]
     for r in rows:
-        like = [b for b in single if all(b.get(k) == r.get(k) for k in SCALING_KEY)]
-        scratch = [b for b in single if (b["framework"], b["mode"], b.get("cores"), b.get("precision")) ==
-                   (r["framework"], "scratch", r.get("cores"), r.get("precision"))]
-        base = like[0] if like else scratch[0] if len(scratch) == 1 else None
+        base = scaling_base(r, single)
         ok = r["status"] == "ok" and base and r.get("images_per_second")
         r["scaling_efficiency"] = r["images_per_second"] / (r["devices"] * base["images_per_second"]) if ok else None
-        r["scaling_base"] = f"{base['mode']} ({base['exec']}), 1 device" if ok else None
+        batch = f", batch {base['batch_size']}" if ok and base.get("batch_size") != r.get("batch_size") else ""
+        r["scaling_base"] = f"{base['mode']} ({base['exec']}), 1 device{batch}" if ok else None
         r["scaling_base_images_per_second"] = base["images_per_second"] if ok else None
         rounds = paired_rounds(r, base) if ok else None
         r["scaling_rounds"] = rounds
         r["scaling_efficiency_min"], r["scaling_efficiency_max"] = (min(rounds), max(rounds)) if rounds else (None, None)
+
+
+def scaling_base(r, single):
+    """The 1-device row among `single` that row r's scaling is against, or None. Its batch is r's batch per device
+    where such a row exists (--per-device-batch: each device keeps its batch), else r's batch (--batch-size: the
+    devices share one batch). Rows of --per-device-batch 8,64 on 2 devices were against the row of batch 8 alike."""
+    batch = r.get("batch_size")
+    for size in dict.fromkeys([batch / r["devices"] if batch else batch, batch]):
+        same = [b for b in single if b.get("batch_size") == size]
+        like = [b for b in same if all(b.get(k) == r.get(k) for k in SCALING_KEY)]
+        scratch = [b for b in same if (b["framework"], b["mode"], b.get("cores"), b.get("precision")) ==
+                   (r["framework"], "scratch", r.get("cores"), r.get("precision"))]
+        if like or len(scratch) == 1:
+            return like[0] if like else scratch[0]
+    return None
 
 
 def paired_rounds(row, base):
@@ -149,9 +169,7 @@ def write_csv(path, rows, env):
     table = [{**{name: rounded(value(r), decimals) for name, value, decimals in CSV_FIELDS}, **where} for r in rows]
     columns = [name for name, _, _ in CSV_FIELDS   # a column no row fills is left out (GPU memory on a CPU, ...)
                if any(t[name] is not None for t in table)
-               and (name not in MODEL_CSV_FIELDS or has_resnet(rows))
-               and (name not in ALLREDUCE_CSV_FIELDS or has_buckets(rows))
-               and (name not in DEFAULTED_CSV_FIELDS or any(t[name] != DEFAULTED_CSV_FIELDS[name] for t in table))
+               and (name not in SHOWN_WHERE or SHOWN_WHERE[name](rows))
                ] + list(CSV_COLUMNS)
     with replaced_atomically(path, newline="") as f:
         writer = csv.DictWriter(f, columns, extrasaction="ignore")
