@@ -1,7 +1,8 @@
 """TensorFlow checkpoints: Keras's save_weights and load_weights, a `.weights.h5` file (HDF5). Keras 3 files a
 layer's variables under its class name, numbered by order of appearance (conv2d, conv2d_1, dense, dense_1),
 not under the layer's own name: a file loads into any model of the same structure. The weights are stored in
-Keras's channels-last layout (HWIO kernels, dense (in, out), fc1's rows in H, W, C order).
+Keras's channels-last layout (HWIO kernels, dense (in, out), fc1's rows in H, W, C order). A whole-model `.keras`
+archive (model.save, or ModelCheckpoint without save_weights_only) holds the same file inside, read from it (opened).
 
 The optimizer state is a directory beside the weights holding a TensorFlow checkpoint of the Keras optimizer, as
 TensorFlow saves one: tf.train.Checkpoint(optimizer=...).write. Its variables are the step count (`iterations`,
@@ -13,13 +14,16 @@ stock keras.optimizers.SGD (RMSprop) that restores it goes on as the run would h
 That product is rounded to float32, so the canonical buffers are kept beside the optimizer as well (CANONICAL), for
 a resumed run to go on bit for bit. A directory, so that the rename that finishes an atomic write
 (harness/files.py) moves the checkpoint's index and data files at once."""
+import io
 import os
+import zipfile
 
 import h5py
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf.trackable_object_graph_pb2 import TrackableObjectGraph
 
+from common.interface import RosettaError
 from common.layouts import to_channels_last
 from common import resnet
 from common.lenet import init_weights
@@ -83,13 +87,38 @@ def read(path):
     """The model's arrays by their HDF5 path, as stored (h5py, which Keras itself writes them with): all but the
     compiled optimizer's variables that Keras 3's save_weights adds under OPTIMIZER (not_carried says so)."""
     arrays = {}
-    with h5py.File(path, "r") as f:
+    with opened(path) as f:
         f.visititems(lambda key, item: arrays.update({key: np.asarray(item)}) if isinstance(item, h5py.Dataset)
                      and not key.startswith(f"{OPTIMIZER}/") else None)
     return arrays
 
 
 OPTIMIZER = "optimizer"   # Keras 3's save_weights of a compiled model: its optimizer's variables, optimizer/vars/<i>
+WHOLE_MODEL_WEIGHTS = "model.weights.h5"   # in a .keras archive (model.save): the same file as save_weights writes
+STOCK_CHECKPOINT = ("a stock tf.train.Checkpoint (its save, or a CheckpointManager's), which the converter does not "
+                    "read: restore it into the Keras model and give model.save_weights('x.weights.h5') (a stock Keras "
+                    "optimizer's state is not carried)")
+
+
+def opened(path):
+    """The weights file as h5py opens it: a .weights.h5, or the one inside a whole-model .keras archive (a zip of
+    the model's config and WHOLE_MODEL_WEIGHTS, which Keras's own load_weights reads too). A tf.train.Checkpoint, a
+    directory or the prefix its save returns, is one line."""
+    if is_stock_checkpoint(path):
+        raise RosettaError(STOCK_CHECKPOINT)
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            if WHOLE_MODEL_WEIGHTS not in archive.namelist():
+                raise RosettaError(f"a zip archive without {WHOLE_MODEL_WEIGHTS}: not a Keras model.save file")
+            return h5py.File(io.BytesIO(archive.read(WHOLE_MODEL_WEIGHTS)), "r")
+    return h5py.File(path, "r")
+
+
+def is_stock_checkpoint(path):
+    """Whether `path` is a tf.train.Checkpoint's: a directory a CheckpointManager keeps (its `checkpoint` index of
+    prefixes) or a prefix (ckpt-1, beside its ckpt-1.index), not this project's optimizer directory."""
+    path = path.rstrip("/")
+    return os.path.isfile(os.path.join(path, "checkpoint")) or os.path.isfile(path + ".index")
 
 
 def not_carried(path):
@@ -98,7 +127,7 @@ def not_carried(path):
     by position only (optimizer/vars/0: the step count, then the rate, then the buffers in Keras's order, each
     optimizer its own) and keeps no hyperparameter: nothing says whose parameter or which slot a buffer is. The
     optimizer state is read from a tf.train.Checkpoint of the optimizer (STATE_SUFFIX, or --state), which names them."""
-    with h5py.File(path, "r") as f:
+    with opened(path) as f:
         group = f.get(f"{OPTIMIZER}/vars")
         if not isinstance(group, h5py.Group) or not len(group):
             return None
@@ -146,6 +175,8 @@ def read_state(path):
     names, the LeNet's or the ResNet's, come from the file. Adam's and RMSprop's (with momentum) have the same two
     suffixes: Keras's RMSprop makes all its velocities first, its Adam each parameter's momentum then its velocity.
     SGD's and RMSprop's momentum buffers are the canonical ones kept beside them (Keras's hold the rate, rounded)."""
+    if is_stock_checkpoint(path):
+        raise RosettaError(STOCK_CHECKPOINT)
     reader = tf.train.load_checkpoint(os.path.join(path, PREFIX))
     variables = optimizer_variables(reader)
     state = {"step": int(reader.get_tensor(key)) for name, key in variables if name.endswith("/iteration")}

@@ -519,7 +519,9 @@ def test_a_stock_keras_weights_file_of_a_fitted_model_converts_its_weights(tmp_p
     """Keras 3's save_weights of a compiled and fitted model keeps the optimizer's variables in the weights file too
     (optimizer/vars/<i>, by position: the step count, the rate, the buffers), which say nothing of their parameters
     or slots: the weights convert and verify, and one note says the optimizer's variables are not carried. Stock
-    torch code loading the file computes the Keras model's logits."""
+    torch code loading the file computes the Keras model's logits; so too from model.save's whole-model .keras archive
+    (the same weights file inside). A tf.train.Checkpoint, a CheckpointManager's directory or the prefix its save
+    returns, given as the weights or the state, is one line that says what to give instead."""
     framework_or_skip("tensorflow")
     framework_or_skip("pytorch")
     import keras
@@ -543,11 +545,29 @@ def test_a_stock_keras_weights_file_of_a_fitted_model_converts_its_weights(tmp_p
     note = captured.err.strip()
     assert len(note.splitlines()) == 1 and note.startswith("note: model.weights.h5 also holds 10 variables of its "
                                                            "compiled optimizer (sgd") and "not carried" in note, note
-    net = build_model(init_weights())
-    net.load_state_dict(torch.load(tmp_path / "model.pt"))
-    with torch.no_grad():
-        logits = net(torch.from_numpy(X.transpose(0, 3, 1, 2))).numpy()
-    np.testing.assert_allclose(logits, np.asarray(model(X)), atol=1e-5)
+    model.save(tmp_path / "model.keras")   # the whole model: the same weights file inside a zip
+    assert convert.main([str(tmp_path / "model.keras"), str(tmp_path / "whole.pt"), "--from", "tensorflow"]) == 0
+    assert "model.keras also holds 10 variables of its compiled optimizer" in capsys.readouterr().err
+    for converted in ("model.pt", "whole.pt"):
+        net = build_model(init_weights())
+        net.load_state_dict(torch.load(tmp_path / converted))
+        with torch.no_grad():
+            logits = net(torch.from_numpy(X.transpose(0, 3, 1, 2))).numpy()
+        np.testing.assert_allclose(logits, np.asarray(model(X)), atol=1e-5, err_msg=converted)
+    import tensorflow as tf   # TensorFlow's own checkpoint of the model and its optimizer: one line, as the weights
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=model.optimizer),
+                                         str(tmp_path / "tf_ckpts"), max_to_keep=3)
+    prefix = manager.save()   # tf_ckpts/ckpt-1, beside ckpt-1.index
+    for args in ([str(tmp_path / "tf_ckpts"), str(tmp_path / "out.pt"), "--from", "tensorflow"],
+                 [prefix, str(tmp_path / "out.pt"), "--from", "tensorflow"],
+                 [str(tmp_path / "model.weights.h5"), str(tmp_path / "out.pt"), "--state", str(tmp_path / "tf_ckpts")],
+                 [str(tmp_path / "model.weights.h5"), str(tmp_path / "out.pt"), "--state", prefix]):
+        assert convert.main(args) == 1, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "a stock tf.train.Checkpoint (its save, or a CheckpointManager's), which the " \
+            "converter does not read: restore it into the Keras model and give model.save_weights('x.weights.h5')" \
+            in err and "truncated" not in err, (args, err)
+        assert not (tmp_path / "out.pt").exists()
 
 
 @pytest.mark.parametrize("optimizer, params, scheduler, says", [

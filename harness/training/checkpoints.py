@@ -153,7 +153,7 @@ def read_model(framework, path):
     the first offending entry otherwise."""
     checkpoint = load_module(framework, "checkpoint")
     if not os.path.exists(path):
-        raise RosettaError(f"{path}: no such file or directory")
+        raise RosettaError(f"{path}: {stock_checkpoint(framework, path) or 'no such file or directory'}")
     try:
         arrays = checkpoint.read(path)
     except RosettaError as err:   # a readable file of another kind: the reader says what it is and what to give
@@ -168,6 +168,14 @@ def read_model(framework, path):
     found = checked(framework, path, arrays, keys, {**resnet.param_shapes(width), **resnet.bn_state_shapes(width)},
                     f"ResNet-18 (width {width})", extras)
     return {n: found[n] for n in resnet.PARAM_NAMES}, {n: found[n] for n in resnet.BN_STATE_NAMES}
+
+
+def stock_checkpoint(framework, path):
+    """What a path that names no file of its own is, where it is a stock checkpoint this converter does not read (a
+    tf.train.Checkpoint's prefix, ckpt-1 beside ckpt-1.index: tensorflow/checkpoint.is_stock_checkpoint), or None."""
+    checkpoint = load_module(framework, "checkpoint")
+    stock = getattr(checkpoint, "is_stock_checkpoint", None)
+    return checkpoint.STOCK_CHECKPOINT if stock is not None and stock(path) else None
 
 
 def checked(framework, path, arrays, keys, shapes, model, extras):

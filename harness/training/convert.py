@@ -82,7 +82,8 @@ def main(argv=None):
     from common.resnet import width_of
 
     from .checkpoints import (FORMATS, framework_of, has_state, not_carried, other_states, read_model, read_optimizer,
-                              read_scaler, read_state, state_file, state_path, write_scaler, write_state, write_weights)
+                              read_scaler, read_state, state_file, state_path, stock_checkpoint, write_scaler, write_state,
+                              write_weights)
     written = False   # once DST is written, a failed --verify says so: the file stays, untrusted
     try:
         source = args.source or framework_of(args.src, "; give --from")
@@ -92,7 +93,7 @@ def main(argv=None):
         optimizer = Optimizer(args.optimizer) if args.optimizer else None
         given = args.state
         if given is not None and not has_state(source, args.src, given):
-            raise RosettaError(f"{given}: no such optimizer state (--state)")
+            raise RosettaError(f"{given}: {stock_checkpoint(source, given) or 'no such optimizer state (--state)'}")
         told, gap = read_optimizer(source, args.src, args.accept_gap, given)   # a file naming its optimizer is believed
         if told and optimizer and told.name != optimizer.name:
             raise RosettaError(f"{args.src}: its optimizer state is {told.name}'s, not {optimizer.name}'s")
