@@ -94,7 +94,8 @@ def report(args, env, dataset, runs):
         print(f"\nWhere each step of several devices goes (harness/studies/split.py):\n{format_split(runs)}")
     if args.plot:
         from harness.publishing.plots import plot_runs
-        plot_runs(args.plot, runs, title=f"{dataset['name']}, batch {runs[0]['batch_size']}, {env['cpu']}")
+        batches = ", ".join(map(str, sorted({r.get("batch_size") for r in runs} - {None})))   # --per-device-batch: several
+        plot_runs(args.plot, runs, title=f"{dataset['name']}, batch {batches}, {env['cpu']}")
     for path in output_paths(args).values():
         print(f"wrote {path}", file=sys.stderr)
     for r in runs:
