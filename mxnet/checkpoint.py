@@ -12,6 +12,7 @@ import mxnet as mx
 import numpy as np
 
 from common import resnet
+from common.interface import RosettaError
 from common.lenet import PARAM_NAMES, init_weights
 
 from . import resnet as resnet_model
@@ -53,6 +54,11 @@ def read(path):
     arrays = mx.nd.load(path)
     if not isinstance(arrays, dict):
         raise ValueError("its arrays have no names (not written by save_parameters)")
+    if arrays and all(key.startswith(("arg:", "aux:")) for key in arrays):
+        raise RosettaError("a HybridBlock.export file (its parameters named by the symbol's, arg:conv0_weight): "
+                           "build the network in Gluon, net.load_parameters(this file) and net.save_parameters("
+                           "'x.params'), then convert that; or move its weights into your own network with python -m "
+                           "harness.training.transfer")
     return {key: value.asnumpy() for key, value in arrays.items()}
 
 

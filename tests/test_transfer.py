@@ -243,6 +243,33 @@ def test_the_command_writes_the_user_s_model_natively(gluon, tmp_path, capsys):
                                               "(.params)"
 
 
+def test_a_hybrid_block_s_exported_file_moves_too(tmp_path, capsys):
+    """HybridBlock.export writes the parameters under their symbol's names (arg:conv0_weight, aux:
+    batchnorm0_running_mean), with no structure: the layer is the name before its role. convert, which reads the
+    LeNet's save_parameters file, says in one line what the file is and what to do."""
+    framework_or_skip("mxnet")
+    framework_or_skip("pytorch")
+    import mxnet as mx
+    from mxnet import gluon
+    from harness.training import convert
+    mx.random.seed(1)
+    net = gluon_convnet(gluon.nn)
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    want = net(mx.nd.array(IMAGES)).asnumpy()
+    net.export(str(tmp_path / "convnet"), epoch=0)   # convnet-symbol.json, convnet-0000.params
+    model = torch_models()[1]
+    rows = transfer(str(tmp_path / "convnet-0000.params"), model)
+    assert len(rows) == 12 and rows[6][0].endswith("_running_mean") and rows[6][2] == "4.running_mean"
+    np.testing.assert_allclose(torch_logits(model, IMAGES), want, atol=TOLERANCE)
+    capsys.readouterr()
+    assert convert.main([str(tmp_path / "convnet-0000.params"), str(tmp_path / "convnet.pt")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a HybridBlock.export file (its parameters named by the symbol's, " \
+        "arg:conv0_weight): build the network in Gluon, net.load_parameters(this file) and " \
+        "net.save_parameters('x.params'), then convert that" in err, err
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_1d_3d_transposed_and_depthwise_convs_move_laid_out(target, gluon):
     """Every conv kernel goes (out, in, *spatial) <-> (*spatial, in, out), the flatten's rows C, L and C, D, H, W
