@@ -20,6 +20,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from common import resnet
+from common.interface import RosettaError
 from common.layouts import to_canonical, to_channels_last
 from common.lenet import LAYERS, init_weights
 
@@ -100,8 +101,28 @@ def any_weights(width=None):
 
 def read(path):
     """The file's arrays by key (module/parameter, e.g. conv1/kernel), as stored."""
+    said = manager_directory(path)
+    if said:
+        raise RosettaError(said)
     with checkpointer() as restorer:
         return dict(flatten(restored(restorer, os.path.abspath(path))))
+
+
+def manager_directory(path):
+    """A line saying what to give where `path` is an Orbax CheckpointManager's directory or one of its steps (mgr, or
+    mgr/5, whose items are mgr/5/default, or mgr/5/model and mgr/5/optimizer for a Composite), not an item; else
+    None."""
+    path = os.fspath(path).rstrip("/")
+    if not os.path.isdir(path) or os.path.exists(os.path.join(path, "_METADATA")):
+        return None
+    steps = sorted((int(name) for name in os.listdir(path) if name.isdigit()), reverse=True)
+    step = os.path.join(path, str(steps[0])) if steps else path
+    items = sorted(name for name in os.listdir(step) if os.path.isfile(os.path.join(step, name, "_METADATA")))
+    if not items:
+        return None
+    what = "an Orbax CheckpointManager's directory" if steps else "an Orbax CheckpointManager's step"
+    given = " or ".join(os.path.join(step, name) for name in items)
+    return f"{what}, not one of its items: give {given}" + (" (an optimizer's with --state)" if len(items) > 1 else "")
 
 
 def restored(restorer, path):
@@ -217,6 +238,9 @@ def read_state(path):
     momentum buffers from CANONICAL where the trace holds the rate (without it, a stock optax.rmsprop's own file, the
     rate is unknown: refused). The network is the file's: the ResNet's tree has its residual blocks (the paths do
     not depend on the width)."""
+    said = manager_directory(path)
+    if said:
+        raise RosettaError(said)
     path = os.path.abspath(path)
     with checkpointer() as restorer:
         tree = unwrapped(restored(restorer, path))   # the guide's nnx.state(optimizer) too, each leaf {"value": x}

@@ -99,7 +99,8 @@ def test_a_flax_checkpoint_saved_as_flax_s_guide_converts_and_verifies(tmp_path,
     """Flax's checkpointing guide saves the nnx.State of nnx.split(model) itself with Orbax (each variable a
     {"value": array}), not its pure dict: such a file converts, and --verify's JAX side restores it as the guide
     does. Stock torch code finds the Flax model's weights in the converted file. The guide saves the nnx.Optimizer's
-    nnx.State so too, beside the weights: its Adam moments reach torch.optim's exactly."""
+    nnx.State so too, beside the weights: its Adam moments reach torch.optim's exactly. A CheckpointManager's
+    directory or step, given for its item, is one line naming the item."""
     framework_or_skip("jax")
     framework_or_skip("pytorch")
     import optax
@@ -140,6 +141,13 @@ def test_a_flax_checkpoint_saved_as_flax_s_guide_converts_and_verifies(tmp_path,
     weights = torch.load(tmp_path / "model.pt")
     np.testing.assert_array_equal(weights["conv1.weight"].numpy(), np.transpose(model.conv1.kernel.value, (3, 2, 0, 1)))
     np.testing.assert_array_equal(weights["fc2.weight"].numpy(), np.asarray(model.fc2.kernel.value).T)
+    manager = ocp.CheckpointManager((tmp_path / "ckpt").absolute())   # Orbax's docs: a step's items in its directory
+    manager.save(5, args=ocp.args.StandardSave(state))
+    manager.wait_until_finished()
+    for given in ("ckpt", "ckpt/5"):
+        assert convert([str(tmp_path / given), str(tmp_path / "out.pt"), "--from", "jax"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"not one of its items: give {tmp_path / 'ckpt/5/default'}\n" in err, err
     saved = torch.load(tmp_path / "model.optimizer.pt")["optimizer"]
     adam = optimizer.opt_state[0]   # optax.adam's ScaleByAdamState
     assert [s["step"] for s in saved["state"].values()] == [1.0] * 8
