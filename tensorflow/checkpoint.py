@@ -117,7 +117,7 @@ def opened(path):
 def is_stock_checkpoint(path):
     """Whether `path` is a tf.train.Checkpoint's: a directory a CheckpointManager keeps (its `checkpoint` index of
     prefixes) or a prefix (ckpt-1, beside its ckpt-1.index), not this project's optimizer directory."""
-    path = path.rstrip("/")
+    path = os.fspath(path).rstrip("/")
     return os.path.isfile(os.path.join(path, "checkpoint")) or os.path.isfile(path + ".index")
 
 
