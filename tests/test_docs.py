@@ -141,7 +141,8 @@ def test_the_framework_folders_hold_the_same_files():
 # (bf16_hook, bf16_on_gloo: DDP's communication hook for --allreduce-dtype bf16; the others cast in their own step;
 # grad_scaler: the GradScaler both engines hold, where Keras wraps the optimizer and MXNet sets the Trainer's scaler;
 # a PyTorch program's own checkpoint, one torch.save of the model's, torch.optim's and GradScaler's state_dicts, which
-# the converter reads: its parts, and the state, optimizer and scaler inside it)
+# the converter reads: its parts, and the state, optimizer and scaler inside it; torch.save(model) told apart, and a
+# fine-tuning state's parameters and its frozen ones' buffers, the names torch.optim keeps for its buffers)
 # (FSDP2 and ZeroRedundancyOptimizer, the engines for --shard: fully_sharded and its blocks, their modules' and
 # optimizers' unwrapping (module_of, optimizer_of, local), the bytes a device holds (state_bytes, parameter_bytes: JAX's
 # engine shards too, TensorFlow's and MXNet's do not), EXEC and LAYOUT by the engine a model runs)
@@ -150,7 +151,8 @@ PYTORCH_ONLY = {"builtin.py": {"primitives_step", "bf16_hook", "bf16_on_gloo", "
                                "LAYOUT"},
                 "checkpoint.py": {"width_of_state", "model_state", "parts", "general_parts", "holds_state", "steps_of",
                                   "read_optimizer", "read_scaler", "is_distributed", "loaded",
-                                  "save_sharded", "entries", "entry", "numbered", "keeps_rate"},
+                                  "save_sharded", "entries", "entry", "numbered", "keeps_rate", "canonical_names",
+                                  "pickled_module", "given_names", "embeddings", "with_frozen"},
                 "execution.py": {"compiled_forward"}, "idiomatic.py": {"param_names", "grad_scaler"},
                 "optimizer.py": {"buffer_like"},
                 "lenet.py": {"accuracy", "loss_and_grads", "widened", "autocast"}, "resnet.py": {"to_layout", "accuracy", "loss_and_grads",
