@@ -176,6 +176,22 @@ def test_a_failed_verify_says_the_output_is_written_but_untrusted(tmp_path, monk
     assert line.startswith("error: ") and "copy.pt is written, but did not pass --verify" in line, line
 
 
+def test_a_state_whose_file_gives_no_rate_says_so_where_the_target_keeps_one(tmp_path, capsys):
+    """An Orbax state holds no rate; torch.optim's file does, and load_state_dict takes it: converted without --lr,
+    the default (0.2, where a Flax program's Adam ran at 1e-3) went in silently. With --lr it is the rate given."""
+    import torch
+    framework_or_skip("jax")
+    framework_or_skip("pytorch")
+    src = saved_with_state("jax", tmp_path, "adam", a_state("adam"))
+    capsys.readouterr()
+    assert convert([src, str(tmp_path / "default.pt")]) == 0
+    assert "gives no rate the converter reads: default.pt's optimizer holds lr 0.2" in capsys.readouterr().err
+    assert convert([src, str(tmp_path / "given.pt"), "--lr", "0.001"]) == 0
+    assert "no rate" not in capsys.readouterr().err
+    saved = torch.load(tmp_path / "given.optimizer.pt", weights_only=False)
+    assert saved["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.001)
+
+
 def test_verify_fails_on_logits_that_are_not_numbers(tmp_path, capsys):
     """A diverged run's NaN weights convert to NaN weights; --verify must not pass them (NaN > 1e-4 is False)."""
     framework_or_skip("pytorch")

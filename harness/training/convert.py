@@ -128,6 +128,10 @@ def main(argv=None):
                  f"{os.path.basename(state_path(target, args.dst))}" if state is not None else "")
               + (f", and its loss scaler (scale {scaler[0].scale:g}, {scaler[0].good_steps} finite steps towards its "
                  "growth)" if scaler is not None else ""))
+        if state is not None and told is None and args.lr is None and target != "jax":   # torch.optim's, Gluon's and
+            print(f"note: {os.path.basename(args.src)} gives no rate the converter reads: "  # Keras's states hold the
+                  f"{os.path.basename(args.dst)}'s optimizer holds lr {optimizer.lr:g}, its default, which a stock "  # rate
+                  "optimizer takes on loading; give --lr, the rate of its last update", file=sys.stderr)
         if state is not None and not gap:
             stock_note(target, optimizer, state, args.dst)
         if state is not None and args.verify:
