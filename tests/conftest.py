@@ -209,6 +209,8 @@ SLOW_REPEATS = {
       if f != "jax"],   # JAX's 5 steps stay fast, the others' first step
     # the ResNet at fp16 on one device: its BatchNorm at a low precision is the ResNet's bf16 case, fp16's casts the
     # LeNet's fp16 case, both fast (MXNet's fp16 is refused in a second: it stays)
+    # JAX's ResNet at bf16 compiles for seconds: its LeNet at bf16 and the other frameworks' ResNets are fast
+    "test_precision.py::test_one_device_s_low_precision_gradients_are_the_reference_s[jax-resnet-bf16]",
     *[f"test_precision.py::test_one_device_s_low_precision_gradients_are_the_reference_s[{f}-resnet-fp16]"
       for f in FRAMEWORKS if f != "mxnet"],
     # the idiomatic loop at bf16: the framework's own API on the LeNet is fast, the ResNet's bf16 on one device too

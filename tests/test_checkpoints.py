@@ -139,10 +139,11 @@ def test_a_flax_checkpoint_saved_as_flax_s_guide_converts_and_verifies(steps, tm
     checkpointer.save((tmp_path / "state.optimizer.orbax").absolute(), nnx.state(optimizer))
     checkpointer.wait_until_finished()
     capsys.readouterr()
-    assert convert([str(tmp_path / "state.orbax"), str(tmp_path / "model.pt"), "--verify"]) == 0, \
+    verify = ["--verify"] if steps else []   # --verify's Flax and torch inference: with the Adam step, in the slow tier
+    assert convert([str(tmp_path / "state.orbax"), str(tmp_path / "model.pt"), *verify]) == 0, \
         capsys.readouterr().err
     out = capsys.readouterr().out
-    assert "verify on digits" in out and f"with adam's state after {steps} steps" in out, out
+    assert ("verify on digits" in out) == bool(steps) and f"with adam's state after {steps} steps" in out, out
     weights = torch.load(tmp_path / "model.pt")
     np.testing.assert_array_equal(weights["conv1.weight"].numpy(), np.transpose(model.conv1.kernel.value, (3, 2, 0, 1)))
     np.testing.assert_array_equal(weights["fc2.weight"].numpy(), np.asarray(model.fc2.kernel.value).T)
