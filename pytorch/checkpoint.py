@@ -227,7 +227,7 @@ def numbered(optimizer_state):
     number = {name: i for i, name in enumerate(names)}
     return {"state": {number[name]: buffers for name, buffers in optimizer_state["state"].items()},
             "param_groups": [{**group, "params": [number[name] for name in group["params"]]} for group in groups],
-            "names": [name[len(WRAPPED):] if name.startswith(WRAPPED) else name for name in names]}
+            "names": [name.removeprefix(WRAPPED) for name in names]}
 
 
 def general_parts(path):

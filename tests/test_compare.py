@@ -390,21 +390,19 @@ def test_the_json_and_the_csv_may_not_name_one_file(tmp_path, capsys):
     assert not os.path.exists(same)
 
 
-def test_a_row_too_short_for_the_profile_s_window_is_said_once(tmp_path, capsys):
+def test_a_row_too_short_for_the_profile_s_window_is_said_once(tmp_path):
     """--profile traces the 3rd to 5th steps: a row of 2 steps (512 images, batch 256, one epoch) wrote no trace
-    and said nothing. One line names it, before the first row, however often the files are written."""
+    and said nothing. One line names it, before the first row (run_trials says profile_note's line once)."""
     import compare
-    from harness.run.outputs import write_results
     from harness.run.plan import row_label, run_specs
+    from harness.run.trials import profile_note
     from harness.training.profile import WINDOW
     args = compare.parse_args(["--frameworks", "pytorch", "--mode", "scratch", "--devices", "2", "--processes", "2",
                                "--dataset", "synthetic", "--n-synthetic", "768", "--epochs", "1",
                                "--per-device-batch", "64,128,192", "--profile", str(tmp_path)])
     specs = list(run_specs(args))
     labels = [row_label(spec) for spec, _ in specs]
-    for _ in range(2):
-        write_results(args, {}, {"n_train": 768}, specs, labels, [[] for _ in specs], [1] * len(specs))
-    err = capsys.readouterr().err.splitlines()
+    err = profile_note(args, {"n_train": 768}, specs, labels, [[] for _ in specs], [1] * len(specs)).splitlines()
     assert WINDOW == "steps 3-5" and len(err) == 1, err   # 6 steps at batch 128: the window whole, not named
     assert err[0] == ("note: --profile traces steps 3-5 of each row, counted from 1; too few steps in "
                       "pytorch scratch (default), 2 device(s), 2 process(es): 3 step(s), step 3 only; "

@@ -2,7 +2,6 @@
 rewritten whole after every finished trial, so that an interrupted run leaves valid files behind."""
 import json
 import os
-import sys
 
 from common.interface import RosettaError
 
@@ -13,7 +12,6 @@ from ..publishing.provenance import environment_line
 from ..publishing.tables import add_parity, format_scaling, format_split, format_table
 from .resume import settings
 from ..studies.split import add_split
-from ..training.profile import short_rows
 
 
 def output_paths(args):
@@ -61,9 +59,6 @@ def write_results(args, env, dataset, specs, labels, trials, wanted):
     runs = [row for row, t in zip(rows, trials) if t]
     not_run = [label + (f" ({len(t)} of {w} trials done)" if t else "")
                for label, t, w in zip(labels, trials, wanted) if len(t) < w]
-    if getattr(args, "profile", None):   # said once, before the first row: a row too short for the window
-        say_once(short_rows([(label, spec) for (spec, skip), label, t, w in zip(specs, labels, trials, wanted)
-                             if not skip and len(t) < w], dataset["n_train"]))
     add_scaling(runs)
     add_parity(runs)
     add_peak_fraction(runs, env.get("calibration"))
@@ -71,16 +66,6 @@ def write_results(args, env, dataset, specs, labels, trials, wanted):
     write_files(args, {"environment": env, "settings": settings(args), "dataset": dataset,
                        "complete": not not_run, "not_run": not_run, "runs": runs}, rows)
     return runs
-
-
-SAID = set()   # the notes this process has printed (say_once)
-
-
-def say_once(line):
-    """A note on stderr, once in a process however often its rows' files are written (after every trial)."""
-    if line and line not in SAID:
-        SAID.add(line)
-        print(line, file=sys.stderr, flush=True)
 
 
 def write_files(args, content, rows):

@@ -17,7 +17,7 @@ from ..publishing.tables import one_line, progress_bar, timing_view
 from ..studies.calibration import LoadRecord, low_matmul_peaks, machine_lockstep, matmul_peak, warning
 from ..studies.split import allreduce_alone, alongside
 from ..training.checkpoints import latest_checkpoint
-from ..training.profile import trace_folder
+from ..training.profile import short_rows, trace_folder
 from .merge import merge_records
 from .outputs import write_results
 from .plan import row_label
@@ -40,10 +40,22 @@ def all_done(trials, wanted):
     return all(len(row_trials) >= need for row_trials, need in zip(trials, wanted))
 
 
+def profile_note(args, dataset, specs, labels, trials, wanted):
+    """With --profile, the line said before the first row naming the rows to run that are too short for its window
+    (training/profile.short_rows), or None."""
+    if not getattr(args, "profile", None):
+        return None
+    return short_rows([(label, spec) for (spec, skip), label, t, w in zip(specs, labels, trials, wanted)
+                       if not skip and len(t) < w], dataset["n_train"])
+
+
 def run_trials(args, env, dataset, specs, labels, trials, wanted):
     """Every row's missing trials, trial by trial, the files written after each; the rows as last written."""
     if all_done(trials, wanted):   # a finished run resumed: nothing measured, its environment kept
         return write_results(args, env, dataset, specs, labels, trials, wanted)
+    note = profile_note(args, dataset, specs, labels, trials, wanted)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     timing = timing_view(vars(args))   # the benchmark, or repeated trials: speed is what the run is for
     if timing:
         calibrate(args, env, specs)
@@ -87,15 +99,14 @@ def calibrate(args, env, specs):
     print(f"calibration: float32 matmul peak at {args.threads} thread(s) ...", file=sys.stderr, flush=True)
     env["calibration"] = {"threads": args.threads, "matmul_peak_gflops_start": matmul_peak(args.threads)}
     lows = tuple(precision for precision in PRECISIONS if is_low(precision) and precision in args.precision)
-    low = bool(lows)
-    if low or installed_version("pytorch"):   # numpy's BLAS may not know the CPU: PyTorch's fp32 peak beside it
+    if lows or installed_version("pytorch"):   # numpy's BLAS may not know the CPU: PyTorch's fp32 peak beside it
         names = ("fp32", *lows)   # the run's own precisions: fp16's is slow to measure where the CPU has no kernel
-        print(f"calibration: {', '.join(names)} matmul peak{'s' if low else ''} (PyTorch) at {args.threads} "
+        print(f"calibration: {', '.join(names)} matmul peak{'s' if lows else ''} (PyTorch) at {args.threads} "
               f"thread(s) ...", file=sys.stderr, flush=True)
         try:
             env["calibration"]["low_matmul_peaks_gflops"] = low_matmul_peaks(args.threads, names)
         except (subprocess.SubprocessError, ValueError) as err:   # a broken PyTorch: fp32 rows keep numpy's yardstick
-            if low:
+            if lows:
                 hint = "it took too long" if isinstance(err, subprocess.TimeoutExpired) else "check that `import torch` works"
                 raise RosettaError(f"PyTorch's {' and '.join(lows)} matmul peak{'s' if len(lows) > 1 else ''}, the "
                                    f"yardstick of --precision's rows, could not be measured ({type(err).__name__}: "
@@ -160,7 +171,7 @@ def supervise_restarts(spec, dataset, args, label):
         restarts += 1
         attempt = spec.replace(resume_from=latest_checkpoint(spec, say, written_since=started))
         thrown_away += time.time() - max(attempt_started, saved_at(attempt.resume_from))
-        print(f"  failed: {result['error']}\n  restart {restarts} of {args.max_restarts}, from "
+        print(f"  failed: {one_line(result['error'])}\n  restart {restarts} of {args.max_restarts}, from "
               f"{os.path.basename(attempt.resume_from) if attempt.resume_from else 'the start'}", file=sys.stderr)
     if args.max_restarts:
         result["restarts"] = restarts
