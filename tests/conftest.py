@@ -177,6 +177,10 @@ SLOW_REPEATS = {
                    "parameters-momentum-2-per-tensor")],
     # the same concept in the other frameworks, fast
     "test_execution.py::test_steps_configured_differently_run_one_after_the_other_with_no_reset[jax]",
+    "test_execution.py::test_steps_configured_differently_run_one_after_the_other_with_no_reset[tensorflow]",
+    # a torch general checkpoint continued by Optax is [momentum]'s; the frozen layer's zero buffer: the other case
+    "test_pytorch_general_checkpoints.py::test_a_fine_tuning_run_s_frozen_layer_continues_as_torch_s_own_once_unfrozen"
+    "[general checkpoint]",
     "test_expert.py::test_the_expert_step_is_the_recipe_s_step[jax]",
     "test_buckets.py::test_a_bucketed_lenet_step_is_the_per_tensor_step[jax]",   # its bucketed sum: fast
     "test_optimizers.py::test_every_mode_computes_the_spec[jax-scratch-2d-momentum]",   # test_optimizers_jax: fast
